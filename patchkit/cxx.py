@@ -93,7 +93,7 @@ class Function:
 
 
 def _statement_start(mask: str, pos: int) -> int:
-    """Start of the declaration that contains ``pos``: just after the previous ``;``, ``}`` or ``{``.
+    """Start of the declaration containing ``pos``: just after the previous ``;``/``}``/``{``.
 
     Includes a ``template <...>`` header and attributes, and skips leading blank lines.
     """
@@ -142,7 +142,9 @@ def find_function(text: str, name: str, index: int | None = None) -> Function:
         raise AnchorError(f"function '{name}' not found in upstream source")
     if index is None:
         if len(found) > 1:
-            raise AnchorError(f"function '{name}' is defined {len(found)} times; the edit must name an index")
+            raise AnchorError(
+                f"function '{name}' is defined {len(found)} times; the edit must name an index"
+            )
         return found[0]
     if index >= len(found):
         raise AnchorError(f"function '{name}' has {len(found)} definitions, not {index + 1}")
@@ -194,9 +196,23 @@ def find_statement(text: str, head: str) -> Span:
         end = match_brace(mask, m.end() - 1)
     else:
         end = mask.index(";", m.end() - 1) + 1
-    start = text.rfind("\n", 0, m.start()) + 1
+    start = _leading_comment_start(text, text.rfind("\n", 0, m.start()) + 1)
     nl = text.find("\n", end)
     return (start, len(text) if nl < 0 else nl + 1)
+
+
+def _leading_comment_start(text: str, line_start: int) -> int:
+    """Move ``line_start`` up over the ``//`` comment lines directly above it.
+
+    A comment right above a statement describes it, so inserting before the
+    statement must not separate the two.
+    """
+    while line_start > 0:
+        prev = text.rfind("\n", 0, line_start - 1) + 1
+        if not text[prev:line_start].lstrip().startswith("//"):
+            break
+        line_start = prev
+    return line_start
 
 
 def line_end(text: str, pos: int) -> int:

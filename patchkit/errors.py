@@ -29,5 +29,6 @@ class ToolError(PatchkitError):
         self.stderr = stderr
         tail = (stderr or stdout).strip().splitlines()[-20:]
         super().__init__(
-            f"{cmd[0]} exited with {returncode}: {' '.join(cmd)}" + ("\n" + "\n".join(tail) if tail else "")
+            f"{cmd[0]} exited with {returncode}: {' '.join(cmd)}"
+            + ("\n" + "\n".join(tail) if tail else "")
         )

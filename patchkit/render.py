@@ -121,7 +121,9 @@ def load_plans(templates_dir: Path = TEMPLATES_DIR) -> list[FilePlan]:
                     for d in data.get("derive", ())
                 ),
                 edits=tuple(
-                    Edit(op=e["op"], anchor=e["anchor"], template=e["template"], index=e.get("index"))
+                    Edit(
+                        op=e["op"], anchor=e["anchor"], template=e["template"], index=e.get("index")
+                    )
                     for e in data.get("edit", ())
                 ),
                 template_dir=manifest.parent,
@@ -157,7 +159,8 @@ def derive(source: str, spec: Derive) -> str:
         text, n = re.subn(pattern, replacement, text)
         if n == 0:
             raise AnchorError(
-                f"deriving '{spec.rename}' from '{spec.function}': pattern {pattern!r} no longer matches"
+                f"deriving '{spec.rename}' from '{spec.function}': "
+                f"pattern {pattern!r} no longer matches"
             )
     return text
 
@@ -167,6 +170,10 @@ def _environment(template_dir: Path) -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(str(template_dir)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
+        # Block tags take their own line in C++ snippets; trimming them keeps
+        # the rendered code exactly as formatted in the template.
+        trim_blocks=True,
+        lstrip_blocks=True,
         autoescape=False,
     )
 
@@ -233,7 +240,9 @@ def render_file(plan: FilePlan, upstream_text: str, options: RenderOptions) -> s
     return text
 
 
-def render_tree(read: Callable[[str], str], options: RenderOptions = RenderOptions()) -> dict[str, str]:
+def render_tree(
+    read: Callable[[str], str], options: RenderOptions = RenderOptions()
+) -> dict[str, str]:
     """Patched texts of every touched file, given ``read(upstream_path) -> text``.
 
     Raises :class:`AnchorError` (a :class:`UserError`) naming the file and anchor
@@ -248,7 +257,9 @@ def render_tree(read: Callable[[str], str], options: RenderOptions = RenderOptio
     return out
 
 
-def dependencies(options: RenderOptions = RenderOptions()) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+def dependencies(
+    options: RenderOptions = RenderOptions(),
+) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
     """``{path: (mirrored, called)}``: upstream functions whose change a rebase must judge."""
     return {p.path: (p.mirrored, p.called) for p in selected_plans(options)}
 
