@@ -1,0 +1,265 @@
+"""Project-agnostic git wrappers: one small function per verb.
+
+Contract: every function takes the repository path first, runs ``git -C repo``
+with an argument list (never a shell string), returns stripped text or a simple
+value, and raises :class:`ToolError` carrying the command, exit code and both
+output streams when git fails. Nothing here knows about patchkit, pins or
+templates, so the module can be tested against any repository.
+
+Output-shaping flags carry a comment saying why they are there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from patchkit.errors import ToolError
+
+# Pinned identity for commits patchkit makes, so the same tree + parent + message
+# always gives the same commit id and re-running is a true no-op.
+FIXED_AUTHOR = ("patchkit", "patchkit@users.noreply.github.com")
+
+_BASE_ENV = {
+    # Never prompt for credentials: a missing network must fail, not hang.
+    "GIT_TERMINAL_PROMPT": "0",
+    # Ignore the user's and system's config (aliases, hooks paths, signing,
+    # autocrlf) so outputs are the same on every machine.
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    # Stable, untranslated messages for error matching and reports.
+    "LC_ALL": "C",
+}
+
+
+def run(
+    repo: Path | str | None,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    ok_codes: Sequence[int] = (0,),
+) -> subprocess.CompletedProcess[str]:
+    """Run ``git [-C repo] args`` and return the completed process; raise ToolError otherwise."""
+    cmd = ["git"] + (["-C", str(repo)] if repo is not None else []) + list(args)
+    full_env = {**os.environ, **_BASE_ENV, **(env or {})}
+    try:
+        # Bytes in and out, decoded without newline translation: file texts must
+        # round-trip byte for byte or blob ids would not match.
+        raw = subprocess.run(
+            cmd,
+            capture_output=True,
+            env=full_env,
+            input=None if input is None else input.encode("utf-8", "surrogateescape"),
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise ToolError(cmd, 127, "", "git is not installed or not on PATH") from exc
+    proc = subprocess.CompletedProcess(
+        cmd,
+        raw.returncode,
+        raw.stdout.decode("utf-8", "surrogateescape"),
+        raw.stderr.decode("utf-8", "surrogateescape"),
+    )
+    if proc.returncode not in ok_codes:
+        raise ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def out(repo: Path | str | None, *args: str, env: Mapping[str, str] | None = None) -> str:
+    """Stdout of a git command, with the trailing newline removed."""
+    return run(repo, *args, env=env).stdout.rstrip("\n")
+
+
+def init(path: Path, *, bare: bool = False) -> None:
+    """Create an empty repository whose first branch is ``main``."""
+    run(None, "init", "--quiet", "--initial-branch=main", *(["--bare"] if bare else []), str(path))
+
+
+def clone_bare(url: str, dest: Path) -> None:
+    """Bare clone of ``url`` into ``dest`` (local paths are hard-linked by git)."""
+    run(None, "clone", "--bare", "--quiet", url, str(dest))
+
+
+def fetch(repo: Path, remote: str = "origin") -> None:
+    """Fetch branches and tags from ``remote`` into the same ref names (bare-clone layout)."""
+    # Explicit refspec: a bare clone has none configured, and "+" lets upstream
+    # force-pushes through instead of failing the whole fetch.
+    run(repo, "fetch", "--quiet", "--tags", remote, "+refs/heads/*:refs/heads/*")
+
+
+def rev_parse(repo: Path, rev: str) -> str:
+    """Full object id of ``rev`` peeled to a commit."""
+    # --verify: exactly one object or an error; ^{commit}: tags resolve to commits.
+    return out(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+
+
+def try_rev_parse(repo: Path, rev: str) -> str | None:
+    """Like :func:`rev_parse` but ``None`` when ``rev`` does not name a commit."""
+    proc = run(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", ok_codes=(0, 1, 128))
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def blob_id(repo: Path, rev: str, path: str) -> str | None:
+    """Blob id of ``path`` at ``rev``, or ``None`` when the file does not exist there."""
+    proc = run(repo, "rev-parse", "--verify", "--quiet", f"{rev}:{path}", ok_codes=(0, 1, 128))
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def show_file(repo: Path, rev: str, path: str) -> str:
+    """Text of ``path`` at ``rev``, byte-exact (no textconv, no EOL conversion)."""
+    return run(repo, "cat-file", "blob", f"{rev}:{path}").stdout
+
+
+def hash_object(repo: Path | None, text: str, *, write: bool = False) -> str:
+    """Git blob id of ``text`` (optionally stored in ``repo``)."""
+    args = ["hash-object", "--stdin"] + (["-w"] if write else [])
+    return run(repo, *args, input=text).stdout.strip()
+
+
+def commit_date(repo: Path, rev: str) -> str:
+    """Committer date of ``rev`` in strict ISO 8601, used as a reproducible timestamp."""
+    return out(repo, "show", "-s", "--format=%cI", rev)
+
+
+def subject(repo: Path, rev: str) -> str:
+    """First line of ``rev``'s message."""
+    return out(repo, "show", "-s", "--format=%s", rev)
+
+
+def is_ancestor(repo: Path, ancestor: str, rev: str) -> bool:
+    """Whether ``ancestor`` is reachable from ``rev``."""
+    return run(repo, "merge-base", "--is-ancestor", ancestor, rev, ok_codes=(0, 1)).returncode == 0
+
+
+def worktree_add(repo: Path, path: Path, rev: str) -> None:
+    """Check ``rev`` out, detached, in a new worktree at ``path``."""
+    # --detach: never move or create a branch in the repository by checking out.
+    run(repo, "worktree", "add", "--quiet", "--detach", str(path), rev)
+
+
+def worktree_remove(repo: Path, path: Path) -> None:
+    """Remove a worktree and its administrative files, even if it has changes."""
+    run(repo, "worktree", "remove", "--force", str(path))
+    run(repo, "worktree", "prune")
+
+
+def update_ref(repo: Path, ref: str, rev: str) -> None:
+    """Point ``ref`` at ``rev`` (creating it if needed)."""
+    run(repo, "update-ref", ref, rev)
+
+
+def delete_ref(repo: Path, ref: str) -> None:
+    """Delete ``ref`` if it exists."""
+    run(repo, "update-ref", "-d", ref, ok_codes=(0, 1))
+
+
+def branch_force(repo: Path, name: str, rev: str) -> None:
+    """Create or move branch ``name`` to ``rev`` without checking it out."""
+    run(repo, "branch", "--force", "--no-track", name, rev)
+
+
+def status_porcelain(repo: Path) -> str:
+    """Machine-readable working-tree status; empty when clean."""
+    # --porcelain=v1: stable format across git versions; untracked files count as dirt.
+    return run(repo, "status", "--porcelain=v1", "--untracked-files=all").stdout
+
+
+def add(repo: Path, paths: Sequence[str]) -> None:
+    """Stage ``paths`` exactly as they are in the worktree."""
+    run(repo, "add", "--", *paths)
+
+
+def commit(repo: Path, message: str, *, date: str, author: tuple[str, str] = FIXED_AUTHOR) -> str:
+    """Commit the index with a fixed identity and date; return the new commit id."""
+    name, email = author
+    env = {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+        "GIT_COMMITTER_DATE": date,
+    }
+    # --no-verify: hooks of the repository must not alter generated commits;
+    # --cleanup=verbatim: the message is ours, keep it byte for byte.
+    run(repo, "commit", "--quiet", "--no-verify", "--cleanup=verbatim", "-m", message, env=env)
+    return rev_parse(repo, "HEAD")
+
+
+def format_patch(repo: Path, base: str, head: str, outdir: Path) -> list[Path]:
+    """Write ``base..head`` as a patch series into ``outdir``; return the files in order."""
+    proc = run(
+        repo,
+        "format-patch",
+        # The parent commit id is not useful in a carried patch and changes on
+        # every re-commit; zero it so re-export is byte-identical.
+        "--zero-commit",
+        # Full blob ids in "index" lines let `git am -3` find the base blobs.
+        "--full-index",
+        # The signature holds the git version: it would churn with the tool.
+        "--no-signature",
+        # The diffstat is derived data and noisy in review of patch changes.
+        "--no-stat",
+        # Plain "Subject: [PATCH n/m]" numbering, independent of user config.
+        "--numbered",
+        # Rename detection depends on config; keep what git writes explicit.
+        "--no-renames",
+        # No encoding guesswork: write what the commit holds.
+        "--encoding=UTF-8",
+        "-o",
+        str(outdir),
+        f"{base}..{head}",
+    )
+    return [Path(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def diff_blobs(repo: Path, old_blob: str, new_blob: str) -> str:
+    """Unified diff between two stored blobs (read for its hunks, not applied)."""
+    return run(
+        repo,
+        "diff",
+        # Fixed context and algorithm: hunk boundaries must not depend on config.
+        "--unified=3",
+        "--diff-algorithm=myers",
+        "--no-color",
+        "--no-ext-diff",
+        old_blob,
+        new_blob,
+    ).stdout
+
+
+def merge_file(
+    repo: Path | None,
+    current: Path,
+    base: Path,
+    other: Path,
+    labels: tuple[str, str, str] = ("overlay", "old-upstream", "new-upstream"),
+) -> int:
+    """3-way merge ``base -> other`` into ``current`` in place; return the conflict count."""
+    # -L sets the conflict-marker labels so the report names each side; rc > 0
+    # is the number of conflicts (capped at 127), rc < 0 / >127 is an error.
+    proc = run(
+        repo,
+        "merge-file",
+        "-L",
+        labels[0],
+        "-L",
+        labels[1],
+        "-L",
+        labels[2],
+        str(current),
+        str(base),
+        str(other),
+        ok_codes=range(0, 128),
+    )
+    return proc.returncode
+
+
+def list_worktrees(repo: Path) -> list[Path]:
+    """Paths of all worktrees of ``repo`` (the main one included)."""
+    text = out(repo, "worktree", "list", "--porcelain")
+    return [
+        Path(line[len("worktree ") :]) for line in text.splitlines() if line.startswith("worktree ")
+    ]
