@@ -116,7 +116,12 @@ def commit_patch(clone: Path, upstream: str, rendered: Rendered) -> str:
     """Commit ``rendered`` on top of ``upstream`` in a fresh worktree; return the head commit."""
     date = git.commit_date(clone, upstream)
     with source.worktree(clone, upstream) as wt:
-        for backend in sorted(set(rendered.backend_of.values())):
+        present = set(rendered.backend_of.values())
+        # Metal first: it is the primary target, and the series order is the review order.
+        order = [b for b in render.BACKENDS if b in present] + sorted(
+            present - set(render.BACKENDS)
+        )
+        for backend in order:
             paths = sorted(p for p, b in rendered.backend_of.items() if b == backend)
             changed = [p for p in paths if rendered.patched[p] != rendered.upstream[p]]
             if not changed:
@@ -143,6 +148,13 @@ def build(
 ) -> tuple[str, list[str]]:
     """Render, commit and export for ``upstream`` into directory ``dest``; return (head, files)."""
     rendered = render_all(source.reader(clone, upstream), options, templates_dir)
+    return build_from(clone, upstream, rendered, pin_info, dest)
+
+
+def build_from(
+    clone: Path, upstream: str, rendered: Rendered, pin_info: export.PinInfo, dest: Path
+) -> tuple[str, list[str]]:
+    """Commit an already rendered patch on ``upstream`` and export it into ``dest``."""
     head = commit_patch(clone, upstream, rendered)
     overlay = [
         export.OverlayFile(p, rendered.upstream[p], rendered.overlay[p]) for p in rendered.upstream

@@ -1,0 +1,173 @@
+"""The ``patchkit`` command line: thin subcommands over the library's public functions.
+
+Only this module prints and exits. Each subcommand is one function that parses
+its options, calls one library function and reports the result (a rich line for
+people, ``--json`` for machines). Errors are mapped to messages and exit codes
+once, in :class:`_Main`. To add a subcommand, write one more decorated function
+using :func:`common_options`; nothing else needs to change.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from patchkit import apply as apply_mod
+from patchkit import check as check_mod
+from patchkit import rebase as rebase_mod
+from patchkit import render
+from patchkit.errors import PatchkitError, ToolError, UserError
+
+EXIT_FAIL = 1  # a check that ran and found problems, or a user-fixable error
+EXIT_TOOL = 3  # an external tool failed unexpectedly
+
+err_console = Console(stderr=True)
+out_console = Console(soft_wrap=True)  # results on stdout, unwrapped so they can be piped
+
+
+class _Main(click.Group):
+    """Click group that turns patchkit errors into one clear line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PatchkitError as exc:
+            code = EXIT_TOOL if isinstance(exc, ToolError) else EXIT_FAIL
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if ctx.meta.get("json"):
+                click.echo(json.dumps({"ok": False, "error": str(exc), "kind": type(exc).__name__}))
+            err_console.print(f"[bold red]patchkit: error:[/] {first}", highlight=False)
+            if isinstance(exc, ToolError):
+                err_console.print(str(exc), highlight=False, markup=False)
+            ctx.exit(code)
+
+
+def find_root(start: Path) -> Path:
+    """The patchkit checkout containing ``start``: the first ancestor with ``templates/``."""
+    for d in (start, *start.parents):
+        if (d / "templates").is_dir() and (d / "pyproject.toml").is_file():
+            return d
+    raise UserError(f"no patchkit checkout at or above {start}; cd into it or pass --root")
+
+
+@contextmanager
+def progress(quiet: bool) -> Iterator[Callable[[str], None]]:
+    """A progress callback shown as a spinner on stderr (silent for --json)."""
+    if quiet or not err_console.is_terminal:
+        yield lambda msg: None if quiet else err_console.print(f"[dim]{msg}…[/]")
+        return
+    with err_console.status("starting") as st:
+        yield lambda msg: st.update(f"{msg}…")
+
+
+def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every tree-touching subcommand shares; resolves them into keyword arguments."""
+
+    @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+    @click.option(
+        "--mlx-repo",
+        metavar="PATH_OR_URL",
+        help="MLX source to clone from (default: env PATCHKIT_MLX_REPO, else pin.toml's URL).",
+    )
+    @click.option(
+        "--root", type=click.Path(file_okay=False, path_type=Path), help="patchkit checkout."
+    )
+    @click.option("--templates", type=click.Path(file_okay=False, path_type=Path))
+    @click.option(
+        "--backend",
+        "backends",
+        multiple=True,
+        type=click.Choice(render.BACKENDS),
+        help="Backends to render (repeatable; default all).",
+    )
+    @click.option("--routing", type=click.Choice(["stream", "opt_in"]), default="stream")
+    @wraps(fn)
+    def wrapper(as_json: bool, mlx_repo, root, templates, backends, routing, **kw: Any) -> Any:
+        click.get_current_context().meta["json"] = as_json
+        root = (root or find_root(Path.cwd())).resolve()
+        common = {
+            "root": root,
+            "mlx_repo": mlx_repo,
+            "templates_dir": templates or root / "templates",
+            "options": render.RenderOptions(tuple(backends) or render.BACKENDS, routing),
+        }
+        return fn(as_json=as_json, common=common, **kw)
+
+    return wrapper
+
+
+def emit(as_json: bool, payload: dict[str, Any], human: str) -> None:
+    """Print the result once, in the requested form."""
+    if as_json:
+        click.echo(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        out_console.print(human, highlight=False, markup=False)
+
+
+@click.group(cls=_Main)
+@click.version_option(package_name="patchkit")
+def main() -> None:
+    """Carry the order-preserving streamed qmv patch over a pinned MLX commit."""
+
+
+@main.command("apply")
+@click.option("--pin", "rev", required=True, metavar="REV", help="Upstream commit to patch.")
+@click.option("--release", help="Release whose touched files are byte-identical (pin.toml).")
+@common_options
+def apply_cmd(rev: str, release: str | None, as_json: bool, common: dict[str, Any]) -> None:
+    """Render, commit on patchkit/<short> and export patches/<short>/."""
+    with progress(as_json) as say:
+        r = apply_mod.apply(rev, release=release, progress=say, **common)
+    what = "updated" if (r.patches_changed or r.pin_changed) else "unchanged (no-op)"
+    emit(
+        as_json,
+        r.to_json(),
+        f"applied {r.upstream[:8]} -> {r.branch} ({r.head[:8]}); {r.patches_dir} {what}",
+    )
+
+
+@main.command("rebase")
+@click.option("--to", "rev", required=True, metavar="REV", help="Upstream commit to move to.")
+@click.option("--release", help="Release twin of the new pin (default: none recorded).")
+@common_options
+def rebase_cmd(rev: str, release: str | None, as_json: bool, common: dict[str, Any]) -> None:
+    """Move the pin to REV, gated on dependency changes and CPU parity."""
+    with progress(as_json) as say:
+        r = rebase_mod.rebase(rev, release=release, progress=say, **common)
+    emit(as_json, r.to_json(), r.summary())
+
+
+@main.command("check")
+@common_options
+def check_cmd(as_json: bool, common: dict[str, Any]) -> None:
+    """Fail when patches/ or pin.toml differ from what apply would produce now."""
+    with progress(as_json) as say:
+        r = check_mod.check(progress=say, **common)
+    lines = "\n".join(r.problems()) or f"patches/{r.commit[:8]} is current"
+    emit(as_json, r.to_json(), lines)
+    if not r.ok:
+        sys.exit(EXIT_FAIL)
+
+
+@main.command("status")
+@common_options
+def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
+    """What is pinned, where it is applied, and whether patches/ is current."""
+    with progress(as_json) as say:
+        s = check_mod.status(progress=say, **common)
+    current = "current" if s["patches_current"] else "STALE: " + "; ".join(s["problems"])
+    emit(
+        as_json,
+        s,
+        f"pinned {s['pinned']} ({s['release'] or 'no release twin'}), {s['bumps']} pin event(s)\n"
+        f"applied on {s['branch']} = {s['branch_head']} in {s['clone']}\n"
+        f"{s['patches_dir']}: {current}",
+    )
