@@ -1,0 +1,440 @@
+"""CUDA harness: the streamed qmv through ``mx.fast.cuda_kernel`` on stock MLX wheels.
+
+Two halves with a file between them, because the GPU host has no MLX clone:
+
+* ``build_bundle`` (here, with the pinned ``qmv.cu`` text) writes one header:
+  an NVRTC preamble, upstream's ``dequant_fma`` and ``qmv_kernel_impl`` taken
+  from the pinned text by structure, a ``__device__`` copy of ``qmv_kernel``
+  derived from it (the M = 1 sanity arm), and the streamed kernel rendered from
+  ``templates/.../qmv.cu/streamed_kernel.cu.j2`` with the patch's own context.
+  The bundle is written under a git-ignored folder and never committed, since
+  it holds MLX source.
+* ``run_config`` (on the GPU host, MLX imported lazily) compiles per-instance
+  kernel bodies against that header, checks every row bit for bit against
+  MLX's compiled ``quantized_matmul(x[i:i+1])``, and times the arms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from patchkit import cxx, render
+
+QMV_PATH = "mlx/backend/cuda/quantized/qmm/qmv.cu"
+KERNEL_TEMPLATE = "streamed_kernel.cu.j2"
+HEADER_NAME = "qmv_jit_header.cuh"
+ROWS_PER_BLOCK = 8
+WARP = 32
+H200_COPY_BW = 4.3e12  # bytes/s, device-to-device copy measured on this workplace's H200s
+
+# Under NVRTC the default cuda_kernel header has already pulled in libcu++'s
+# <cuda/std/limits>, which defines FP_NAN & co.; cutlass's NVRTC fallback header
+# defines them again and fails. MLX's own JIT'd qmm_sm90 header undefines them
+# the same way; cutlass also wants a few std:: names NVRTC has no STL for.
+NVRTC_PREAMBLE = """\
+#if defined(__CUDACC_RTC__)
+#include <cuda/cmath>
+#include <cuda/std/type_traits>
+namespace std {
+using cuda::std::is_pointer_v;
+using cuda::std::max;
+using cuda::std::void_t;
+} // namespace std
+#undef FP_NAN
+#undef FP_INFINITE
+#undef FP_ZERO
+#undef FP_SUBNORMAL
+#undef FP_NORMAL
+#endif
+#include "mlx/backend/cuda/device/cute_dequant.cuh"
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+"""
+
+# The M = 1 kernel, as a device function the cuda_kernel body can call.
+M1_DERIVE = render.Derive(
+    function="qmv_kernel",
+    name="qmv_kernel_jit",
+    rename="qmv_kernel_jit",
+    replace=((r"__global__", "__device__ __forceinline__"),),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One problem: weights N x K quantized to ``bits`` with ``group_size``, in ``dtype``."""
+
+    K: int
+    N: int
+    bits: int
+    group_size: int
+    dtype: str  # "bfloat16" | "float16"
+
+    @property
+    def cxx_type(self) -> str:
+        return {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}[self.dtype]
+
+    @property
+    def cxx_quant(self) -> str:
+        return {4: "cutlass::uint4b_t", 8: "uint8_t"}[self.bits]
+
+    @property
+    def elems_per_thread(self) -> int:
+        """qmv's choice: 16 for 16-bit T with at most 4-bit Q, else 8."""
+        return 16 if self.bits <= 4 else 8
+
+    @property
+    def has_residue_k(self) -> bool:
+        return self.K % (WARP * self.elems_per_thread) != 0
+
+    @property
+    def tag(self) -> str:
+        return f"{self.dtype}_b{self.bits}_g{self.group_size}_r{int(self.has_residue_k)}"
+
+
+def _qmv_plan() -> render.FilePlan:
+    for plan in render.load_plans():
+        if plan.path == QMV_PATH:
+            return plan
+    raise FileNotFoundError(f"no template plan for {QMV_PATH}")
+
+
+def streamed_kernel_text(options: render.RenderOptions | None = None) -> str:
+    """The streamed kernel snippet exactly as the patch inserts it into ``qmv.cu``."""
+    options = options or render.RenderOptions()
+    plan = _qmv_plan()
+    # The same context render_file builds; this plan derives nothing, so no upstream text.
+    context = render._context(options, {})
+    return render.render_snippet(plan, KERNEL_TEMPLATE, context)
+
+
+def jit_header(qmv_source: str, options: render.RenderOptions | None = None) -> str:
+    """The cuda_kernel header: upstream helpers by structure, plus the rendered snippet."""
+    upstream = [f.text(qmv_source) for f in cxx.find_functions(qmv_source, "dequant_fma")]
+    upstream.append(cxx.function_text(qmv_source, "qmv_kernel_impl"))
+    upstream.append(render.derive(qmv_source, M1_DERIVE))
+    parts = [
+        NVRTC_PREAMBLE,
+        "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n",
+        *upstream,
+        streamed_kernel_text(options),
+        "} // namespace mlx::core::cu\n",
+    ]
+    return "\n".join(parts)
+
+
+def build_bundle(
+    qmv_source: str, out_dir: Path, options: render.RenderOptions | None = None
+) -> Path:
+    """Write the JIT header for the GPU host; returns its path (write-if-different)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / HEADER_NAME
+    text = jit_header(qmv_source, options)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def _casts(cfg: Config) -> str:
+    return (
+        f"  using T = {cfg.cxx_type};\n  using Q = {cfg.cxx_quant};\n  using S = T;\n"
+        "  auto* x_ = reinterpret_cast<const T*>(x);\n"
+        "  auto* w_ = reinterpret_cast<const Q*>(w);\n"
+        "  auto* s_ = reinterpret_cast<const S*>(scales);\n"
+        "  auto* b_ = reinterpret_cast<const T*>(biases);\n"
+        "  auto* o_ = reinterpret_cast<T*>(out);\n"
+    )
+
+
+def m1_body(cfg: Config) -> str:
+    """Body calling the derived copy of upstream's M = 1 ``qmv_kernel`` (grid.y = M)."""
+    residue = str(cfg.has_residue_k).lower()
+    targs = f"{ROWS_PER_BLOCK}, {cfg.elems_per_thread}, {cfg.group_size}, true, {residue}"
+    return _casts(cfg) + (
+        f"  qmv_kernel_jit<{targs}, T, Q, S>(\n"
+        "      x_, w_, s_, b_, nullptr, o_, params[1], params[2], false);\n"
+    )
+
+
+def streamed_body(cfg: Config, vecs: int) -> str:
+    """Body calling the rendered streamed kernel body with V = ``vecs``; M read from params."""
+    targs = (
+        f"{vecs}, {ROWS_PER_BLOCK}, {cfg.elems_per_thread}, {cfg.group_size}, true, "
+        f"{str(cfg.has_residue_k).lower()}"
+    )
+    return _casts(cfg) + (
+        f"  qmv_streamed_kernel_body<{targs}, T, Q, S>(\n"
+        "      x_, w_, s_, b_, nullptr, o_, params[0], params[1], params[2], false);\n"
+    )
+
+
+def pick_vecs(m: int, vecs: Sequence[int]) -> int:
+    """The launcher's rule: the smallest V holding all of M, else the largest V (M tiles)."""
+    for v in sorted(vecs):
+        if m <= v:
+            return v
+    return max(vecs)
+
+
+def m1_grid(cfg: Config, m: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """cuda_kernel grid (in threads) and block for qmv's (ceil(N/8), M, 1) x (32, 8) launch."""
+    blocks_x = math.ceil(cfg.N / ROWS_PER_BLOCK)
+    return (WARP * blocks_x, ROWS_PER_BLOCK * m, 1), (WARP, ROWS_PER_BLOCK, 1)
+
+
+def streamed_grid(
+    cfg: Config, m: int, vecs: int
+) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Grid (in threads) and block of the streamed launch: row blocks x M tiles in x."""
+    blocks_x = math.ceil(cfg.N / ROWS_PER_BLOCK) * math.ceil(m / vecs)
+    return (WARP * blocks_x, ROWS_PER_BLOCK, 1), (WARP, ROWS_PER_BLOCK, 1)
+
+
+def weight_bytes(cfg: Config) -> int:
+    """Bytes of packed weights plus scales and biases one pass must read."""
+    packed = cfg.N * cfg.K * cfg.bits // 8
+    groups = cfg.N * (cfg.K // cfg.group_size)
+    return packed + 2 * groups * 2  # scales + biases, 16-bit each
+
+
+# --------------------------------------------------------------------------
+# GPU half: everything below imports mlx lazily.
+# --------------------------------------------------------------------------
+
+
+def _mx() -> Any:
+    import mlx.core as mx  # lazy: the CPU half must not need MLX
+
+    return mx
+
+
+class Kernels:
+    """Compiled cuda_kernel objects, one per (arm, config, V), built from one header."""
+
+    def __init__(self, header: str):
+        self.header = header
+        self._cache: dict[str, Any] = {}
+
+    def get(self, name: str, body: str) -> Any:
+        """A cuda_kernel for ``body``; ``name`` must be unique per body (MLX caches by name)."""
+        if name not in self._cache:
+            self._cache[name] = _mx().fast.cuda_kernel(
+                name=name,
+                input_names=["x", "w", "scales", "biases", "params"],
+                output_names=["out"],
+                source=body,
+                header=self.header,
+            )
+        return self._cache[name]
+
+
+@dataclass
+class Problem:
+    """Quantized weights (possibly several copies, to defeat L2) and 16 input vectors.
+
+    ``rows`` and ``prefixes`` are sliced and evaluated once, so timed loops launch
+    only the kernels under test.
+    """
+
+    cfg: Config
+    weights: list[tuple[Any, Any, Any]]
+    x: Any
+    rows: list[Any]
+    prefixes: list[Any]
+
+    def qmm(self, xx: Any, copy: int = 0) -> Any:
+        """MLX's compiled quantized_matmul (the stock routing decides the kernel)."""
+        wq, s, b = self.weights[copy]
+        c = self.cfg
+        return _mx().quantized_matmul(
+            xx, wq, s, b, transpose=True, group_size=c.group_size, bits=c.bits
+        )
+
+
+def make_problem(cfg: Config, seed: int, min_bytes: int = 0, max_m: int = 16) -> Problem:
+    """Random weights and vectors; enough weight copies to exceed ``min_bytes`` in total."""
+    mx = _mx()
+    dtype = getattr(mx, cfg.dtype)
+    mx.random.seed(seed)
+    copies = max(1, min(8, math.ceil(min_bytes / weight_bytes(cfg)))) if min_bytes else 1
+    weights = []
+    for _ in range(copies):
+        w = mx.random.normal((cfg.N, cfg.K)).astype(dtype)
+        weights.append(tuple(mx.quantize(w, group_size=cfg.group_size, bits=cfg.bits)))
+    x = (mx.random.normal((max_m, cfg.K)) * 0.5).astype(dtype)
+    rows = [mx.contiguous(x[i : i + 1]) for i in range(max_m)]
+    prefixes = [mx.contiguous(x[:m]) for m in range(max_m + 1)]
+    mx.eval(weights, x, rows, prefixes)
+    return Problem(cfg, weights, x, rows, prefixes)
+
+
+def run_jit(kernels: Kernels, prob: Problem, m: int, vecs: int | None, copy: int = 0) -> Any:
+    """Launch the M = 1 copy (``vecs`` None, grid.y = M) or the streamed kernel on x[:m]."""
+    mx = _mx()
+    cfg = prob.cfg
+    if vecs is None:
+        kern = kernels.get(f"qmv_m1_{cfg.tag}", m1_body(cfg))
+        grid, block = m1_grid(cfg, m)
+    else:
+        kern = kernels.get(f"qmv_streamed_v{vecs}_{cfg.tag}", streamed_body(cfg, vecs))
+        grid, block = streamed_grid(cfg, m, vecs)
+    wq, s, b = prob.weights[copy]
+    params = mx.array([m, cfg.N, cfg.K], dtype=mx.int32)
+    return kern(
+        inputs=[prob.prefixes[m], wq, s, b, params],
+        output_shapes=[(m, cfg.N)],
+        output_dtypes=[prob.x.dtype],
+        grid=grid,
+        threadgroup=block,
+        init_value=float("nan"),  # an unwritten element then fails the bitwise check
+    )[0]
+
+
+def _bits(arr: Any) -> Any:
+    """The array's 16-bit patterns as numpy, for bitwise comparison (NaN-safe)."""
+    import numpy as np
+
+    mx = _mx()
+    return np.array(arr.view(mx.uint16))
+
+
+def rows_differing(got: Any, singles: Any) -> int:
+    """How many rows of ``got`` differ in any bit from the M = 1 rows ``singles``."""
+    g = _bits(got)
+    return int(sum(not (g[i] == singles[i]).all() for i in range(g.shape[0])))
+
+
+def max_abs_diff(got: Any, singles_f32: Any) -> float:
+    """Largest absolute difference to the M = 1 rows, in float32 (NaN shows as NaN)."""
+    import numpy as np
+
+    g = np.array(got.astype(_mx().float32))
+    return float(np.max(np.abs(g - singles_f32[: g.shape[0]])))
+
+
+def parity(kernels: Kernels, prob: Problem, vec_sets: dict[str, Sequence[int]]) -> dict[str, Any]:
+    """Bitwise verdicts for every M: JIT M = 1 copy, streamed arms, and MLX batched (control)."""
+    import numpy as np
+
+    mx = _mx()
+    max_m = len(prob.rows)
+    singles = [prob.qmm(r) for r in prob.rows]
+    mx.eval(singles)
+    ref = np.concatenate([_bits(s) for s in singles])
+    ref_f32 = np.concatenate([np.array(s.astype(mx.float32)) for s in singles])
+    out: dict[str, Any] = {"jit_m1_copy": {}, "batched_control": {}}
+    for m in range(1, max_m + 1):
+        y = run_jit(kernels, prob, m, None)
+        out["jit_m1_copy"][m] = rows_differing(y, ref)
+        yb = prob.qmm(prob.prefixes[m])
+        out["batched_control"][m] = [rows_differing(yb, ref), max_abs_diff(yb, ref_f32)]
+    for label, vecs in vec_sets.items():
+        arm: dict[int, Any] = {}
+        for m in range(1, max_m + 1):
+            v = pick_vecs(m, vecs)
+            y = run_jit(kernels, prob, m, v)
+            arm[m] = [v, rows_differing(y, ref), max_abs_diff(y, ref_f32)]
+        out[f"streamed_{label}"] = arm
+    return out
+
+
+def gpu_time(fn: Callable[[int], Any], iters: int, repeats: int = 3, warm: int = 3) -> float:
+    """Seconds per call: ``iters`` calls queued, one eval, one sync; median of ``repeats``.
+
+    Queuing many calls before one synchronisation keeps the GPU busy back to back,
+    so the host's per-call encoding overlaps kernels instead of adding to them.
+    """
+    mx = _mx()
+    for i in range(warm):
+        mx.eval(fn(i))
+    mx.synchronize()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval([fn(i) for i in range(iters)])
+        mx.synchronize()
+        samples.append((time.perf_counter() - t0) / iters)
+    return sorted(samples)[len(samples) // 2]
+
+
+def timing(
+    kernels: Kernels,
+    prob: Problem,
+    vec_sets: dict[str, Sequence[int]],
+    ms: Sequence[int],
+    iters: int,
+) -> dict[int, Any]:
+    """Per M: streamed (per vector set), M separate M = 1 calls, MLX batched, JIT qmv copy (us)."""
+    copies = len(prob.weights)
+    wb = weight_bytes(prob.cfg)
+    res: dict[int, Any] = {}
+    for m in ms:
+        row: dict[str, Any] = {}
+        for label, vecs in vec_sets.items():
+            v = pick_vecs(m, vecs)
+            t = gpu_time(lambda i, m=m, v=v: run_jit(kernels, prob, m, v, i % copies), iters)
+            row[f"streamed_{label}_V"] = v
+            row[f"streamed_{label}_us"] = t * 1e6
+            row[f"streamed_{label}_bw_frac"] = wb / t / H200_COPY_BW
+        t_c = gpu_time(lambda i, m=m: [prob.qmm(prob.rows[j], i % copies) for j in range(m)], iters)
+        t_b = gpu_time(lambda i, m=m: prob.qmm(prob.prefixes[m], i % copies), iters)
+        t_j = gpu_time(lambda i, m=m: run_jit(kernels, prob, m, None, i % copies), iters)
+        row.update(
+            separate_m1_us=t_c * 1e6,
+            batched_us=t_b * 1e6,
+            batched_bw_frac=wb / t_b / H200_COPY_BW,
+            jit_qmv_copy_us=t_j * 1e6,
+        )
+        res[m] = row
+    return res
+
+
+def run_config(
+    kernels: Kernels,
+    cfg: Config,
+    vec_sets: dict[str, Sequence[int]],
+    timing_sets: dict[str, Sequence[int]] | None,
+    ms: Sequence[int] = tuple(range(1, 17)),
+    iters: int = 30,
+) -> dict[str, Any]:
+    """Parity for every vector set, then (if ``timing_vecs``) the timing sweep, for one config."""
+    t0 = time.perf_counter()
+    min_bytes = 256 << 20 if timing_sets else 0  # several copies: timed passes miss in L2
+    prob = make_problem(cfg, seed=cfg.K + cfg.N + cfg.bits, min_bytes=min_bytes)
+    result: dict[str, Any] = {
+        "config": asdict(cfg),
+        "weight_bytes": weight_bytes(cfg),
+        "weight_copies": len(prob.weights),
+        "parity": parity(kernels, prob, vec_sets),
+    }
+    if timing_sets:
+        result["timing_sets"] = {k: list(v) for k, v in timing_sets.items()}
+        result["timing"] = timing(kernels, prob, timing_sets, ms, iters)
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+def verdict(result: dict[str, Any]) -> dict[str, Any]:
+    """One line per config: is every streamed row exact, did the control differ?"""
+    p = result["parity"]
+    arms = {k: arm for k, arm in p.items() if k.startswith("streamed_")}
+    streamed = {k: sum(r[1] for r in arm.values()) for k, arm in arms.items()}
+    control = p["batched_control"]
+    return {
+        "jit_m1_copy_rows_differing": sum(p["jit_m1_copy"].values()),
+        "streamed_rows_differing": streamed,
+        "control_rows_differing_m_ge_8": sum(v[0] for m, v in control.items() if int(m) >= 8),
+    }
+
+
+def dump(path: Path, payload: dict[str, Any]) -> None:
+    """Write JSON atomically enough for a run that may be cut off: temp file, then rename."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)

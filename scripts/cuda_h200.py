@@ -1,0 +1,87 @@
+"""Driver for one GPU run: JIT-vs-compiled sanity, the parity matrix and the timing sweep.
+
+Thin on purpose: the work is in ``patchkit.harness.cuda``. Run on the GPU host
+with the stock mlx + mlx-cuda-13 wheels importable and the header built here by
+``scripts/cuda_jit_bundle.py`` (see docs/cuda.md). Configs run in
+priority order and the JSON is rewritten after each, so a run cut off by its
+deadline still returns everything it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from patchkit import render
+from patchkit.harness import cuda
+
+SHAPES = [(8192, 28672), (3840, 15360), (15360, 3840), (4096, 4096), (4160, 4096)]  # K x N
+PARITY_SETS = {
+    "render": render.STREAMED_VECS,  # what the patch renders today
+    "v248": (2, 4, 8),
+    "v8": (8,),  # every M through V = 8: tails nv < V for M < 8 and M = 9..15
+    "v16": (16,),
+}
+TIMING_SETS = {"render": render.STREAMED_VECS, "v248": (2, 4, 8), "v24816": (2, 4, 8, 16)}
+
+
+def plan() -> list[tuple[cuda.Config, bool]]:
+    """(config, timed?) in priority order: the headline shape first, gs 32/128 last."""
+    big = [
+        (cuda.Config(8192, 28672, b, 64, d), True)
+        for b, d in ((4, "bfloat16"), (4, "float16"), (8, "bfloat16"))
+    ]
+    rest = [(cuda.Config(k, n, b, 64, "bfloat16"), True) for b in (4, 8) for k, n in SHAPES[1:]]
+    fp16 = [(cuda.Config(k, n, b, 64, "float16"), False) for b in (4, 8) for k, n in SHAPES]
+    groups = [
+        (cuda.Config(k, n, 4, g, d), False)
+        for g in (32, 128)
+        for d in ("bfloat16", "float16")
+        for k, n in ((8192, 28672), (4160, 4096))
+    ]
+    seen, out = set(), []
+    for cfg, timed in big + rest + fp16 + groups:
+        if cfg not in seen:
+            seen.add(cfg)
+            out.append((cfg, timed))
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """Versions and GPU, recorded beside the numbers."""
+    import mlx.core as mx
+
+    info: dict[str, Any] = {"mlx": mx.__version__, "python": platform.python_version()}
+    try:
+        info["device"] = mx.device_info()
+    except (AttributeError, RuntimeError):
+        info["device"] = str(mx.default_device())
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--header", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--deadline", type=float, default=480.0, help="seconds; no new config after")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    kernels = cuda.Kernels(args.header.read_text())
+    payload: dict[str, Any] = {"environment": environment(), "results": [], "skipped": []}
+    for cfg, timed in plan():
+        if time.perf_counter() - t0 > args.deadline:
+            payload["skipped"].append(cfg.__dict__)
+            continue
+        res = cuda.run_config(kernels, cfg, PARITY_SETS, TIMING_SETS if timed else None)
+        payload["results"].append(res)
+        print(cfg, cuda.verdict(res), f"{res['seconds']:.1f}s", flush=True)
+        cuda.dump(args.out / "cuda_h200.json", payload)
+    payload["wall_s"] = time.perf_counter() - t0
+    cuda.dump(args.out / "cuda_h200.json", payload)
+
+
+if __name__ == "__main__":
+    main()

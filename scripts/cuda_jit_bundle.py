@@ -1,0 +1,29 @@
+"""Build the cuda_kernel header for the GPU host from the pinned ``qmv.cu`` (CPU only).
+
+Usage: python scripts/cuda_jit_bundle.py [MLX_GIT_DIR] [COMMIT]  -> .device/cuda_jit/
+The output holds upstream MLX text, so it goes to the git-ignored ``.device/``
+and travels with ``run --carry .device``; it is never committed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from patchkit.harness import cuda
+
+PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
+DEFAULT_GIT = "/work/.mirror/ml-explore+mlx/repo"
+
+
+def main() -> None:
+    git_dir = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_GIT
+    commit = sys.argv[2] if len(sys.argv) > 2 else PIN
+    cmd = ["git", "-C", git_dir, "show", f"{commit}:{cuda.QMV_PATH}"]
+    source = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    print(cuda.build_bundle(source, Path(".device/cuda_jit")))
+
+
+if __name__ == "__main__":
+    main()
