@@ -1,0 +1,89 @@
+"""Pull the functions the emulator runs out of a real (patched or stock) quantized.h.
+
+The emulator never carries its own copy of MLX's kernels: it takes them from
+the header of the tree under test, by structure, at run time. Functions are
+emitted in the order the header defines them, which already satisfies their
+dependencies (the patch inserts its functions after the ones they call).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from patchkit import cxx
+from patchkit.errors import AnchorError, UserError
+
+# Helpers every kernel below needs; (name, overload index or None).
+HELPERS: tuple[tuple[str, int | None], ...] = (
+    ("get_pack_factor", None),
+    ("get_bytes_per_pack", None),
+    ("load_vector", None),
+    ("load_vector_safe", None),
+    ("qdot", None),
+    ("qdot_safe", None),
+    ("dequantize", None),
+    # The strided batch overload; the gather overload is not used by qmv.
+    ("adjust_matrix_offsets", 0),
+)
+
+# Kernel kind -> the functions (impl + [[kernel]] entry) it needs beyond HELPERS.
+KERNELS: dict[str, tuple[str, ...]] = {
+    "qmv_fast": ("qmv_fast_impl", "affine_qmv_fast"),
+    "qmv": ("qmv_impl", "affine_qmv"),
+    "qmv_wide": ("qmv_wide_impl", "affine_qmv_wide"),
+    "qmv_fast_streamed": (
+        "qdot_thread",
+        "load_packed_weights",
+        "qmv_fast_streamed_impl",
+        "affine_qmv_fast_streamed",
+    ),
+    "qmv_streamed": (
+        "qdot_thread",
+        "qdot_safe_thread",
+        "load_packed_weights",
+        "qmv_streamed_impl",
+        "affine_qmv_streamed",
+    ),
+}
+
+UPSTREAM_KERNELS = ("qmv_fast", "qmv", "qmv_wide")
+STREAMED_KERNELS = ("qmv_fast_streamed", "qmv_streamed")
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """Kernel source ready to compile against the shim, and which kernels it holds."""
+
+    source: str
+    kernels: tuple[str, ...]
+
+
+def _constants(header: str) -> str:
+    """The header's ``MLX_MTL_CONST`` lines (SIMD_SIZE and friends)."""
+    return "\n".join(re.findall(r"^MLX_MTL_CONST\b.*;$", header, re.M))
+
+
+def extract(header: str, kernels: tuple[str, ...]) -> Extracted:
+    """Source for ``kernels`` taken from ``header``, in header order.
+
+    Raises a :class:`UserError` naming the function when the header lacks one:
+    asking for the streamed kernels from an unpatched header is the usual cause.
+    """
+    unknown = set(kernels) - set(KERNELS)
+    if unknown:
+        raise UserError(f"unknown kernel(s) {sorted(unknown)}; choose from {sorted(KERNELS)}")
+    wanted: list[tuple[str, int | None]] = list(HELPERS)
+    for kernel in kernels:
+        wanted += [(name, None) for name in KERNELS[kernel] if (name, None) not in wanted]
+    spans = []
+    for name, index in wanted:
+        try:
+            fn = cxx.find_function(header, name, index)
+        except AnchorError as exc:
+            raise UserError(
+                f"the kernel header has no '{name}' (needed for {', '.join(kernels)}): {exc}"
+            ) from exc
+        spans.append(fn.span)
+    body = "\n\n".join(header[a:b] for a, b in sorted(spans))
+    return Extracted(source=_constants(header) + "\n\n" + body + "\n", kernels=tuple(kernels))

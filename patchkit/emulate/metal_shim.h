@@ -1,0 +1,293 @@
+// patchkit: a host shim for the subset of the Metal Shading Language that MLX's
+// quantized matrix-vector kernels use, so their real source compiles as C++
+// and runs on the CPU.
+//
+// What it models, and how:
+// - Address-space words (device, thread, constant, threadgroup) expand to
+//   nothing. The standard headers are included first: `thread` as an empty
+//   macro would otherwise break <thread>.
+// - half and bfloat16_t are 16-bit storage types. Every arithmetic operation
+//   between two of them is done in float and rounded once to the narrow type
+//   (round to nearest even); since float carries more than twice their
+//   precision plus two bits, this equals a correctly rounded narrow operation.
+//   Mixed narrow/float arithmetic promotes to float, as in Metal.
+// - A simdgroup is 32 lanes run as fibers on one OS thread, in lock step at
+//   each cross-lane operation: every lane runs until it reaches simd_sum or
+//   simd_shuffle_down, then the operation is evaluated for all 32 lanes at
+//   once. simd_sum uses one fixed reduction tree for every kernel (a butterfly:
+//   v[l] += v[l ^ d] for d = 16, 8, 4, 2, 1), so two kernels agree exactly when
+//   they hand simd_sum identical per-lane values, which is the property the
+//   parity suite checks. Lanes that reach different cross-lane operations are
+//   reported as an error rather than guessed at.
+#pragma once
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+// ---- Metal words -----------------------------------------------------------
+#define device
+#define thread
+#define constant
+#define threadgroup
+#define METAL_FUNC inline
+#define MLX_MTL_CONST static constexpr const
+
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned long ulong;
+
+struct uint3 {
+  uint x, y, z;
+};
+struct ulong2 {
+  ulong x, y;
+};
+struct ulong3 {
+  ulong x, y, z;
+};
+
+using std::max;
+using std::min;
+
+template <typename T>
+inline T clamp(T x, T lo, T hi) {
+  return std::min(std::max(x, lo), hi);
+}
+
+// ---- 16-bit float types ----------------------------------------------------
+struct half_traits {
+  // Bit-level IEEE binary16 conversion with round to nearest even; written out
+  // because not every host compiler has _Float16 (Debian's clang 14 on x86).
+  static uint16_t from_float(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) {
+      return sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u);  // NaN, inf
+    }
+    if (ax >= 0x477ff000u) {
+      return sign | 0x7c00u;  // rounds past 65504
+    }
+    if (ax < 0x38800000u) {
+      // Subnormal (or zero) result: count units of 2^-24, rounding to even.
+      float a;
+      std::memcpy(&a, &ax, 4);
+      return sign | static_cast<uint32_t>(std::nearbyintf(a * 16777216.0f));
+    }
+    uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | ((ax & 0x7fffffu) >> 13));
+    uint32_t rest = ax & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) {
+      h++;  // a carry into the exponent is the correct rounding
+    }
+    return static_cast<uint16_t>(sign | h);
+  }
+  static float to_float(uint16_t b) {
+    uint32_t sign = static_cast<uint32_t>(b & 0x8000u) << 16;
+    uint32_t exp = (b >> 10) & 0x1fu;
+    uint32_t mant = b & 0x3ffu;
+    if (exp == 0) {
+      float f = std::ldexp(static_cast<float>(mant), -24);
+      return sign ? -f : f;
+    }
+    uint32_t u = sign |
+        (exp == 31 ? (0xffu << 23) | (mant << 13)
+                   : ((exp - 15 + 127) << 23) | (mant << 13));
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+struct bfloat_traits {
+  static uint16_t from_float(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    return static_cast<uint16_t>(u >> 16);
+  }
+  static float to_float(uint16_t b) {
+    uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+template <typename Traits>
+struct narrow_float {
+  uint16_t bits_;
+  narrow_float() = default;
+  narrow_float(float f) : bits_(Traits::from_float(f)) {}
+  narrow_float(double f) : bits_(Traits::from_float(static_cast<float>(f))) {}
+  narrow_float(int i) : bits_(Traits::from_float(static_cast<float>(i))) {}
+  operator float() const {
+    return Traits::to_float(bits_);
+  }
+};
+
+#define PATCHKIT_NARROW_OP(op)                                        \
+  template <typename Tr>                                              \
+  inline narrow_float<Tr> operator op(                                \
+      narrow_float<Tr> a, narrow_float<Tr> b) {                       \
+    return narrow_float<Tr>(float(a) op float(b));                    \
+  }
+PATCHKIT_NARROW_OP(+)
+PATCHKIT_NARROW_OP(-)
+PATCHKIT_NARROW_OP(*)
+PATCHKIT_NARROW_OP(/)
+#undef PATCHKIT_NARROW_OP
+
+typedef narrow_float<half_traits> half;
+typedef half float16_t;
+typedef narrow_float<bfloat_traits> bfloat16_t;
+
+// ---- lock-step simdgroups --------------------------------------------------
+namespace patchkit {
+
+constexpr int kSimdSize = 32;
+constexpr size_t kFiberStack = 256 * 1024;
+
+enum class LaneOp { kNone, kSum, kShuffleDown, kDone };
+
+struct Simdgroup {
+  ucontext_t scheduler;
+  ucontext_t lanes[kSimdSize];
+  std::vector<char> stacks[kSimdSize];
+  LaneOp op[kSimdSize];
+  float in[kSimdSize];
+  float out[kSimdSize];
+  int arg[kSimdSize];
+  int current = 0;
+  const void* body = nullptr;
+  void (*trampoline)(const void*, int) = nullptr;
+  std::string error;
+};
+
+inline thread_local Simdgroup* current_simdgroup = nullptr;
+
+inline void lane_entry() {
+  Simdgroup& sg = *current_simdgroup;
+  int lane = sg.current;
+  try {
+    sg.trampoline(sg.body, lane);
+  } catch (const std::exception& e) {
+    if (sg.error.empty()) {
+      sg.error = e.what();
+    }
+  }
+  sg.op[lane] = LaneOp::kDone;
+  swapcontext(&sg.lanes[lane], &sg.scheduler);
+}
+
+inline float cross_lane(LaneOp op, float v, int arg) {
+  Simdgroup& sg = *current_simdgroup;
+  int lane = sg.current;
+  sg.op[lane] = op;
+  sg.in[lane] = v;
+  sg.arg[lane] = arg;
+  swapcontext(&sg.lanes[lane], &sg.scheduler);
+  return sg.out[lane];
+}
+
+// Evaluates the cross-lane operation all 32 lanes are waiting at.
+inline bool resolve(Simdgroup& sg) {
+  if (!sg.error.empty()) {
+    return false;
+  }
+  LaneOp op = sg.op[0];
+  for (int l = 1; l < kSimdSize; l++) {
+    if (sg.op[l] != op || sg.arg[l] != sg.arg[0]) {
+      sg.error = "lanes diverged at a cross-lane operation";
+      return false;
+    }
+  }
+  if (op == LaneOp::kDone) {
+    return false;
+  }
+  if (op == LaneOp::kSum) {
+    float v[kSimdSize];
+    std::copy(sg.in, sg.in + kSimdSize, v);
+    for (int d = kSimdSize / 2; d >= 1; d /= 2) {
+      float next[kSimdSize];
+      for (int l = 0; l < kSimdSize; l++) {
+        next[l] = v[l] + v[l ^ d];
+      }
+      std::copy(next, next + kSimdSize, v);
+    }
+    std::copy(v, v + kSimdSize, sg.out);
+  } else {
+    int d = sg.arg[0];
+    for (int l = 0; l < kSimdSize; l++) {
+      sg.out[l] = (l + d < kSimdSize) ? sg.in[l + d] : sg.in[l];
+    }
+  }
+  return true;
+}
+
+// Runs body(lane) for 32 lanes in lock step. Throws on divergent lanes.
+template <typename F>
+void run_simdgroup(const F& body) {
+  thread_local Simdgroup sg;
+  current_simdgroup = &sg;
+  sg.body = &body;
+  sg.trampoline = [](const void* b, int lane) {
+    (*static_cast<const F*>(b))(lane);
+  };
+  sg.error.clear();
+  for (int l = 0; l < kSimdSize; l++) {
+    sg.stacks[l].resize(kFiberStack);
+    getcontext(&sg.lanes[l]);
+    sg.lanes[l].uc_stack.ss_sp = sg.stacks[l].data();
+    sg.lanes[l].uc_stack.ss_size = kFiberStack;
+    sg.lanes[l].uc_link = nullptr;
+    makecontext(&sg.lanes[l], lane_entry, 0);
+    sg.op[l] = LaneOp::kNone;
+  }
+  do {
+    for (int l = 0; l < kSimdSize; l++) {
+      sg.current = l;
+      swapcontext(&sg.scheduler, &sg.lanes[l]);
+    }
+  } while (resolve(sg));
+  current_simdgroup = nullptr;
+  if (!sg.error.empty()) {
+    throw std::runtime_error(sg.error);
+  }
+}
+
+}  // namespace patchkit
+
+inline float simd_sum(float v) {
+  return patchkit::cross_lane(patchkit::LaneOp::kSum, v, 0);
+}
+
+inline float simd_shuffle_down(float v, ushort delta) {
+  return patchkit::cross_lane(patchkit::LaneOp::kShuffleDown, v, delta);
+}
+
+// Batched entry points call these only when a batch has more than one
+// dimension; the parity suite's batches are one-dimensional (strided), so
+// they must never run. Reaching one is an error, not a silent zero.
+template <typename... Args>
+inline ulong3 elem_to_loc_broadcast(Args...) {
+  throw std::runtime_error("elem_to_loc_broadcast: multi-dim batch not emulated");
+}
+template <typename... Args>
+inline long elem_to_loc(Args...) {
+  throw std::runtime_error("elem_to_loc: multi-dim batch not emulated");
+}

@@ -1,0 +1,174 @@
+// patchkit: grid runner for the extracted kernels. Appended, after the shim
+// and the kernel source, to each translation unit the emulator builds; the
+// PATCHKIT_COMBOS list (type, dtype code, group size, bits) is prepended by
+// the build step, which also defines one PATCHKIT_HAS_<kind> per kernel kind
+// the source holds.
+
+namespace patchkit {
+
+struct Problem {
+  const uint32_t* w;
+  const void* scales;
+  const void* biases;
+  const void* x;
+  void* y;
+  int K, N, M, B;
+};
+
+// Launches one [[kernel]] over its grid: threadgroups of 2 simdgroups of 32
+// lanes, grid (gx, gy, B), the shape MLX's host code dispatches.
+template <typename T, typename Kernel>
+void launch(const Problem& p, int gx, int gy, const Kernel& kernel) {
+  // Batch layout: x (B, M, K), w (B, N, K * bits / 32), scales/biases
+  // (B, N, K / group_size), y (B, M, N); one batch dimension.
+  for (uint z = 0; z < uint(p.B); z++) {
+    for (uint ty = 0; ty < uint(gy); ty++) {
+      for (uint tx = 0; tx < uint(gx); tx++) {
+        for (uint sg = 0; sg < 2; sg++) {
+          run_simdgroup([&](int lane) { kernel(uint3{tx, ty, z}, sg, uint(lane)); });
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int group_size, int bits, bool batched>
+struct Launcher {
+  const Problem& p;
+  const uint32_t* w;
+  const T* s;
+  const T* b;
+  const T* x;
+  T* y;
+  int x_batch_ndims = 1;
+  int x_shape[3];
+  int64_t x_strides[3];
+  int w_batch_ndims = 1;
+  int w_shape[3];
+  int64_t w_strides[3];
+  int64_t s_strides[3];
+  int64_t b_strides[3];
+
+  explicit Launcher(const Problem& p_)
+      : p(p_),
+        w(p_.w),
+        s(static_cast<const T*>(p_.scales)),
+        b(static_cast<const T*>(p_.biases)),
+        x(static_cast<const T*>(p_.x)),
+        y(static_cast<T*>(p_.y)) {
+    x_shape[0] = p.B;
+    x_shape[1] = p.M;
+    x_shape[2] = p.K;
+    x_strides[0] = int64_t(p.M) * p.K;
+    x_strides[1] = p.K;
+    x_strides[2] = 1;
+    int w_cols = p.K * bits / 32;
+    w_shape[0] = p.B;
+    w_shape[1] = p.N;
+    w_shape[2] = w_cols;
+    w_strides[0] = int64_t(p.N) * w_cols;
+    w_strides[1] = w_cols;
+    w_strides[2] = 1;
+    s_strides[0] = int64_t(p.N) * (p.K / group_size);
+    s_strides[1] = p.K / group_size;
+    s_strides[2] = 1;
+    for (int i = 0; i < 3; i++) {
+      b_strides[i] = s_strides[i];
+    }
+  }
+
+  // M = 1 kernels (qmv_fast, qmv): grid (M, ceil(N / 8), B), as qmv dispatches.
+  template <typename F>
+  void per_vector(F f) {
+    launch<T>(p, p.M, (p.N + 7) / 8, [&](uint3 tid, uint sg, uint lane) {
+      f(w, s, b, x, y, p.K, p.N, x_batch_ndims, x_shape, x_strides, w_batch_ndims,
+        w_shape, w_strides, s_strides, b_strides, tid, sg, lane);
+    });
+  }
+
+  // Kernels that stream V vectors per threadgroup: grid (ceil(M / V), ceil(N / rows), B).
+  template <typename F>
+  void streamed(int V, int rows_per_tg, F f) {
+    launch<T>(p, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
+              [&](uint3 tid, uint sg, uint lane) {
+                f(w, s, b, x, y, p.K, p.N, p.M, x_batch_ndims, x_shape, x_strides,
+                  w_batch_ndims, w_shape, w_strides, s_strides, b_strides, tid, sg, lane);
+              });
+  }
+};
+
+template <typename T, int gs, int bits, bool batched, int V>
+int run_v(int kind, const Problem& p) {
+  Launcher<T, gs, bits, batched> l(p);
+  switch (kind) {
+#ifdef PATCHKIT_HAS_qmv_wide
+    case 2:  // k_lanes 8 as the affine dispatch sets it: 4 rows per simdgroup.
+      l.streamed(V, 8, affine_qmv_wide<T, gs, bits, V, 8, batched>);
+      return 0;
+#endif
+#ifdef PATCHKIT_HAS_qmv_fast_streamed
+    case 3:
+      l.streamed(V, 8, affine_qmv_fast_streamed<T, gs, bits, V, batched>);
+      return 0;
+#endif
+#ifdef PATCHKIT_HAS_qmv_streamed
+    case 4:
+      l.streamed(V, 8, affine_qmv_streamed<T, gs, bits, V, batched>);
+      return 0;
+#endif
+    default:
+      return 2;
+  }
+}
+
+template <typename T, int gs, int bits, bool batched>
+int run_batched(int kind, int V, const Problem& p) {
+  Launcher<T, gs, bits, batched> l(p);
+  if (kind == 0) {
+#ifdef PATCHKIT_HAS_qmv_fast
+    l.per_vector(affine_qmv_fast<T, gs, bits, batched>);
+    return 0;
+#endif
+  } else if (kind == 1) {
+#ifdef PATCHKIT_HAS_qmv
+    l.per_vector(affine_qmv<T, gs, bits, batched>);
+    return 0;
+#endif
+  } else {
+    switch (V) {
+      case 2:
+        return run_v<T, gs, bits, batched, 2>(kind, p);
+      case 3:
+        return run_v<T, gs, bits, batched, 3>(kind, p);
+      case 4:
+        return run_v<T, gs, bits, batched, 4>(kind, p);
+      case 5:
+        return run_v<T, gs, bits, batched, 5>(kind, p);
+    }
+  }
+  return 2;
+}
+
+}  // namespace patchkit
+
+// Returns 0 on success, 1 on a runtime error (message in err), 2 when the
+// requested combination is not compiled into this library.
+extern "C" int pk_run(
+    int dtype, int gs, int bits, int kind, int V, int B, int M, int N, int K,
+    const void* w, const void* scales, const void* biases, const void* x,
+    void* y, char* err, int err_len) {
+  patchkit::Problem p{static_cast<const uint32_t*>(w), scales, biases, x, y, K, N, M, B};
+  try {
+#define PATCHKIT_COMBO(T, code, G, BITS)                                     \
+  if (dtype == code && gs == G && bits == BITS) {                            \
+    return B > 1 ? patchkit::run_batched<T, G, BITS, true>(kind, V, p)       \
+                 : patchkit::run_batched<T, G, BITS, false>(kind, V, p);     \
+  }
+    PATCHKIT_COMBOS
+#undef PATCHKIT_COMBO
+  } catch (const std::exception& e) {
+    std::snprintf(err, err_len, "%s", e.what());
+    return 1;
+  }
+  return 2;
+}
