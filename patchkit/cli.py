@@ -171,3 +171,47 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
         f"applied on {s['branch']} = {s['branch_head']} in {s['clone']}\n"
         f"{s['patches_dir']}: {current}",
     )
+
+
+@main.command("emulate")
+@click.option(
+    "--kernel",
+    type=click.Choice(["streamed", "wide"]),
+    help="Check one case with this batched kernel (needs -K -N -M ...); default: the matrix.",
+)
+@click.option("-K", "K", type=int, help="Input size (columns of the weight matrix).")
+@click.option("-N", "N", type=int, help="Output size (rows of the weight matrix).")
+@click.option("-M", "M", type=int, default=6, show_default=True, help="Vectors in the batch.")
+@click.option("-B", "B", type=int, default=1, show_default=True, help="Batch count.")
+@click.option("--bits", type=int, default=4, show_default=True)
+@click.option("--group-size", type=int, default=64, show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float16")
+@click.option(
+    "--toolchain",
+    type=click.Choice(["gcc", "clang", "both"]),
+    default="both",
+    show_default=True,
+    help="g++ -ffp-contract=off, clang -ffp-contract=on -mfma, or both.",
+)
+@click.option(
+    "--full", is_flag=True, help="Run the full matrix (~8,100 cases) instead of the default subset."
+)
+@click.option(
+    "--header",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The pin's upstream quantized.h (default: the release-twin wheel's); hash-checked.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: Any) -> None:
+    """Run the Metal kernels on the CPU and compare batched rows with M = 1, bit for bit."""
+    from patchkit.emulate import cli_support
+
+    root = find_root(Path.cwd())
+    with progress(as_json) as say:
+        if kernel:
+            payload, human, ok = cli_support.one_case(root, header, kernel, opts, say)
+        else:
+            payload, human, ok = cli_support.matrix(root, header, opts, say)
+    emit(as_json, payload, human)
+    if not ok:
+        sys.exit(EXIT_FAIL)

@@ -37,6 +37,7 @@ DEFAULT_M = (2, 3, 4, 5, 6, 7, 9, 11, 16)
 BATCHES = (1, 3)
 
 STREAMED = "streamed"
+ALL_KERNELS = extract.UPSTREAM_KERNELS + extract.STREAMED_KERNELS
 WIDE = "qmv_wide"
 
 

@@ -1,0 +1,115 @@
+"""What ``patchkit emulate`` computes, shaped for printing; cli.py only prints it.
+
+Kept out of cli.py because it is not terminal code: it validates a case,
+runs the suite and builds the JSON payload and the human summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from patchkit import emulate
+from patchkit.emulate import build, parity, suite
+from patchkit.errors import UserError
+
+
+def _toolchains(choice: str) -> list[str]:
+    return ["gcc", "clang"] if choice == "both" else [choice]
+
+
+def validate_case(opts: dict[str, Any]) -> parity.Case:
+    """A Case from CLI options, or a one-line UserError saying what is wrong."""
+    missing = [f"-{k}" for k in ("K", "N") if opts.get(k) is None]
+    if missing:
+        raise UserError(f"--kernel checks one case: give {' and '.join(missing)}")
+    bits, gs = opts["bits"], opts["group_size"]
+    if bits not in parity.BITS:
+        raise UserError(f"unsupported --bits {bits}; choose from {list(parity.BITS)}")
+    if gs not in parity.GROUP_SIZES:
+        raise UserError(f"unsupported --group-size {gs}; choose from {list(parity.GROUP_SIZES)}")
+    K, N, M, B = opts["K"], opts["N"], opts["M"], opts["B"]
+    if K <= 0 or N <= 0 or M < 1 or B < 1:
+        raise UserError("-K, -N, -M and -B must be positive")
+    if K % gs:
+        raise UserError(f"-K {K} is not a multiple of --group-size {gs}")
+    if K in (64, 128):
+        raise UserError(f"-K {K} runs qmv_quad in MLX, which this kernel does not replace")
+    return parity.Case(K, N, bits, gs, opts["dtype"], M, B)
+
+
+def one_case(
+    root: Path, header: Path | None, kernel: str, opts: dict[str, Any], say: Callable[[str], None]
+) -> tuple[dict[str, Any], str, bool]:
+    """Check one case; ok means the streamed kernel matched (or the wide one diverged)."""
+    case = validate_case(opts)
+    say("reading the pinned header")
+    text = emulate.patched_header(emulate.pinned_header(root, header))
+    batched = case.streamed_kernel if kernel == "streamed" else suite.WIDE
+    results = []
+    for name in _toolchains(opts["toolchain"]):
+        say(f"building with {name}")
+        libs = suite.build_libraries(text, [case], build.TOOLCHAINS[name], suite.ALL_KERNELS)
+        lib = libs[(case.dtype, case.bits)]
+        inputs = parity.make_inputs(case)
+        say(f"running {case.label()} with {name}")
+        ref = parity.run_m1(lib, case, inputs)
+        results.append(
+            (
+                name,
+                parity.compare(case, batched, ref, parity.run_batched(lib, case, inputs, batched)),
+            )
+        )
+    identical = all(r.identical for _, r in results)
+    verdict = "identical" if identical else "DIFFERENT"
+    payload = {
+        **results[0][1].as_dict(),
+        "rows_differing": max(r.rows_differing for _, r in results),
+        "identical": identical,
+        "toolchains": {name: r.as_dict() for name, r in results},
+    }
+    lines = [
+        f"{name}: {r.kernel} vs {r.m1_kernel} (V={r.V}): {r.rows_differing}/{r.rows} rows differ, "
+        f"max |diff| {r.max_abs_diff:g}"
+        for name, r in results
+    ]
+    human = f"{case.label()}: {verdict}\n" + "\n".join(lines)
+    # For the control, divergence is the expected outcome, not a failure.
+    return payload, human, identical if kernel == "streamed" else True
+
+
+def matrix(
+    root: Path, header: Path | None, opts: dict[str, Any], say: Callable[[str], None]
+) -> tuple[dict[str, Any], str, bool]:
+    """Run the default (or full) matrix with each toolchain and judge it."""
+    say("reading the pinned header")
+    text = emulate.patched_header(emulate.pinned_header(root, header))
+    cases = suite.full_matrix() if opts["full"] else suite.default_matrix()
+    payload: dict[str, Any] = {"cases": len(cases), "toolchains": {}}
+    lines, ok = [], True
+    for name in _toolchains(opts["toolchain"]):
+        report = suite.run(
+            text,
+            cases,
+            build.TOOLCHAINS[name],
+            progress=lambda i, n, name=name: say(f"{name}: case {i}/{n}"),
+        )
+        divergence = report.control_divergence()
+        toolchain_ok = report.streamed_identical and divergence >= suite.MIN_CONTROL_DIVERGENCE
+        ok = ok and toolchain_ok
+        payload["toolchains"][name] = {
+            "ok": toolchain_ok,
+            "streamed_cases": len(report.streamed()),
+            "streamed_differing": sum(not r.identical for r in report.streamed()),
+            "wide_divergence_f32_f16": divergence,
+            "wide_divergence_bf16": report.control_divergence(("bfloat16",)),
+            "failures": report.failures(),
+        }
+        lines.append(
+            f"{name}: streamed {len(report.streamed())} cases, "
+            f"{payload['toolchains'][name]['streamed_differing']} differing; "
+            f"control qmv_wide differs on {divergence:.0%} of float32/float16 cases"
+        )
+    payload["ok"] = ok
+    return payload, "\n".join(lines) + ("\nOK" if ok else "\nFAILED"), ok
