@@ -97,15 +97,30 @@ def dumps(pin: Pin, existing: str | None = None) -> str:
     for path in sorted(pin.blobs):
         blobs[path] = pin.blobs[path]
     doc["blobs"] = blobs
-    history = tomlkit.aot()
-    for bump in pin.history:
-        entry = tomlkit.table()
-        entry["from"], entry["to"], entry["date"] = bump.old, bump.new, bump.date
-        if bump.note:
-            entry["note"] = bump.note
-        history.append(entry)
-    doc["history"] = history
+    _set_history(doc, pin.history)
     return tomlkit.dumps(doc)
+
+
+def _entry(bump: Bump) -> tomlkit.items.Table:
+    entry = tomlkit.table()
+    entry["from"], entry["to"], entry["date"] = bump.old, bump.new, bump.date
+    if bump.note:
+        entry["note"] = bump.note
+    return entry
+
+
+def _set_history(doc: tomlkit.TOMLDocument, history: tuple[Bump, ...]) -> None:
+    """Append new bumps to the existing array of tables (keeping its comments) when possible."""
+    current = doc.get("history")
+    known = [Bump(h["from"], h["to"], h["date"], h.get("note", "")) for h in (current or [])]
+    if current is not None and tuple(known) == history[: len(known)]:
+        for bump in history[len(known) :]:
+            current.append(_entry(bump))
+        return
+    aot = tomlkit.aot()
+    for bump in history:
+        aot.append(_entry(bump))
+    doc["history"] = aot
 
 
 def save(pin: Pin, path: Path) -> bool:

@@ -1,0 +1,119 @@
+"""git.py against real repositories: determinism, stable export, errors carrying output."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from patchkit import git, wheels
+from patchkit.errors import ToolError
+
+QH = "mlx/backend/metal/kernels/quantized.h"
+PIN_QH_BLOB = "f628c0561227b709e455d91dc0a0f5885368f26a"
+DATE = "2026-08-17T00:00:00+00:00"
+
+
+def _repo(tmp: Path, text: str = "a\n") -> Path:
+    repo = tmp / "r"
+    git.init(repo)
+    (repo / "f.txt").write_text(text)
+    git.add(repo, ["f.txt"])
+    git.commit(repo, "base", date=DATE)
+    return repo
+
+
+def test_hash_object_matches_pinned_blob_of_real_header() -> None:
+    # The 0.32.1 wheel's quantized.h is byte-identical to the pin: same blob id.
+    text = wheels.read_header("0.32.1", QH)
+    assert git.hash_object(None, text) == PIN_QH_BLOB
+    # Control: the 0.32.4 header is a different blob.
+    assert git.hash_object(None, wheels.read_header("0.32.4", QH)) != PIN_QH_BLOB
+
+
+@pytest.mark.parametrize(
+    ("same_date", "same_message"),
+    # axis 1: commit date; axis 2: message. Only both equal gives the same id.
+    list(itertools.product([True, False], [True, False])),
+    ids=lambda v: "same" if v else "differs",
+)
+def test_commit_ids_are_a_function_of_inputs(
+    tmp_path: Path, same_date: bool, same_message: bool
+) -> None:
+    ids = []
+    for i in range(2):
+        repo = _repo(tmp_path / str(i))
+        (repo / "f.txt").write_text("b\n")
+        git.add(repo, ["f.txt"])
+        date = DATE if (same_date or i == 0) else "2026-08-18T00:00:00+00:00"
+        msg = "change" if (same_message or i == 0) else "other"
+        ids.append(git.commit(repo, msg, date=date))
+    assert (ids[0] == ids[1]) == (same_date and same_message)
+
+
+def test_format_patch_reexport_is_byte_identical(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    base = git.rev_parse(repo, "HEAD")
+    (repo / "f.txt").write_text("a\nb\n")
+    git.add(repo, ["f.txt"])
+    head = git.commit(repo, "add b", date=DATE)
+    one = git.format_patch(repo, base, head, tmp_path / "one")
+    two = git.format_patch(repo, base, head, tmp_path / "two")
+    assert [p.read_bytes() for p in one] == [p.read_bytes() for p in two]
+    text = one[0].read_text()
+    assert text.startswith("From 0000000000000000000000000000000000000000 ")  # --zero-commit
+    assert "\n-- \n" not in text  # --no-signature
+    assert " 1 file changed" not in text  # --no-stat
+    blob = git.blob_id(repo, base, "f.txt")
+    assert f"index {blob}.." in text  # --full-index
+
+
+def test_tool_error_carries_command_and_output(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    with pytest.raises(ToolError) as info:
+        git.rev_parse(repo, "no-such-rev")
+    assert info.value.cmd[:3] == ["git", "-C", str(repo)]
+    assert info.value.returncode != 0
+    assert git.try_rev_parse(repo, "no-such-rev") is None
+    with pytest.raises(ToolError) as info:
+        git.show_file(repo, "HEAD", "missing.txt")
+    assert "missing.txt" in info.value.stderr
+
+
+def test_show_file_is_byte_exact_with_crlf(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    git.init(repo)
+    (repo / "f.txt").write_bytes(b"a\r\nb\n")
+    git.add(repo, ["f.txt"])
+    git.commit(repo, "crlf", date=DATE)
+    text = git.show_file(repo, "HEAD", "f.txt")
+    assert text == "a\r\nb\n"
+    assert git.hash_object(None, text) == git.blob_id(repo, "HEAD", "f.txt")
+
+
+@pytest.mark.parametrize(
+    ("theirs", "conflicts"),
+    [
+        # Lines 1 and 5 are far apart (git treats adjacent edits as one conflict).
+        ("A\nb\nc\nd\ne\n", 0),  # other side edits line 1, ours line 5: clean
+        ("a\nb\nc\nd\nE\n", 1),  # both sides edit line 5: one conflict
+    ],
+)
+def test_merge_file_counts_conflicts(tmp_path: Path, theirs: str, conflicts: int) -> None:
+    base, ours, other = (tmp_path / n for n in ("base", "ours", "other"))
+    base.write_text("a\nb\nc\nd\ne\n")
+    ours.write_text("a\nb\nc\nd\ne-ours\n")
+    other.write_text(theirs)
+    assert git.merge_file(None, ours, base, other) == conflicts
+    assert ("<<<<<<< overlay" in ours.read_text()) == bool(conflicts)
+
+
+def test_worktree_add_detached_and_removed(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    wt = tmp_path / "wt"
+    git.worktree_add(repo, wt, "HEAD")
+    assert git.out(wt, "rev-parse", "--abbrev-ref", "HEAD") == "HEAD"  # detached
+    assert wt in git.list_worktrees(repo)
+    git.worktree_remove(repo, wt)
+    assert not wt.exists() and git.list_worktrees(repo) == [repo]
