@@ -1,0 +1,190 @@
+"""rebase: the exactness gates, the anchor-following re-render, the 3-way fallback, atomicity.
+
+Upstream material is real: the 0.32.1 and 0.32.4 quantized.h from the mlx-cpu
+wheels, and commits made by editing the 0.32.1 text in the ways upstream does
+(code moved, an unrelated function changed, a called helper replaced by its
+0.32.4 version, an anchor renamed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support_git import QH, write_templates
+
+from patchkit import apply, cxx, git, pin, rebase, wheels
+from patchkit.errors import UserError
+
+# Fixtures (header_repo, upstream, env) live in tests/support_git.py.
+pytest_plugins = ("support_git",)
+
+DATE = "2026-08-20T00:00:00+00:00"
+
+
+class ParityStub:
+    """Stands in for the CPU emulator (too slow for every case); records what it was given."""
+
+    def __init__(self, ok: bool | None) -> None:
+        self.ok, self.headers = ok, []
+
+    def __call__(self, header: str) -> rebase.Parity | None:
+        self.headers.append(header)
+        if self.ok is None:
+            return None
+        return rebase.Parity(
+            self.ok, "stub: 3 cases", () if self.ok else ("qmv M=3 row 1 differs",)
+        )
+
+
+def commit_edit(e: dict, edit: Callable[[str], str], branch: str) -> str:
+    """Commit ``edit(quantized.h at the old pin)`` on a new upstream branch; return its id."""
+    repo = e["path"]
+    git.run(repo, "checkout", "--quiet", "-B", branch, e["old"])
+    path = repo / QH
+    path.write_bytes(edit(path.read_bytes().decode()).encode())
+    git.add(repo, [QH])
+    return git.commit(repo, f"upstream: {branch}", date=DATE, author=("MLX", "mlx@example.com"))
+
+
+def replace_function(text: str, name: str, new_text: str) -> str:
+    fn = cxx.find_function(text, name)
+    return text[: fn.span[0]] + new_text + text[fn.span[1] :]
+
+
+def moved_and_unrelated(text: str) -> str:
+    """Code above the anchors grows and qvm_impl (not a dependency) changes."""
+    qvm = cxx.function_text(text, "qvm_impl")
+    text = replace_function(text, "qvm_impl", qvm.replace("{", "{\n  // upstream tweak", 1))
+    return text.replace(
+        "using namespace metal;\n", "using namespace metal;\n\n// moved\n// down\n", 1
+    )
+
+
+def new_load_vector(text: str) -> str:
+    """Only a called helper changes: 0.32.4's load_vector in the 0.32.1 file."""
+    newer = cxx.function_text(wheels.read_header("0.32.4", QH), "load_vector")
+    return replace_function(text, "load_vector", newer)
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def do_rebase(e: dict, rev: str, parity: ParityStub, templates: Path | None = None):
+    return rebase.rebase(
+        rev, root=e["root"], templates_dir=templates or e["templates"], parity_check=parity
+    )
+
+
+def test_follows_moved_anchor_and_accepts_unrelated_change(env: dict) -> None:
+    old = apply.apply(env["old"], root=env["root"], templates_dir=env["templates"])
+    old_overlay = (old.patches_dir / "overlay" / QH).read_text()
+    new = commit_edit(env, moved_and_unrelated, "unrelated")
+    parity = ParityStub(True)
+    r = do_rebase(env, new[:10], parity)
+    assert (r.changed_mirrored, r.changed_called, r.merged_files) == ({}, {}, [])
+    assert r.parity and r.parity.ok and "// patchkit test payload" in parity.headers[0]
+    root = env["root"]
+    assert not (root / "patches" / env["old"][:8]).exists()  # superseded export dropped
+    overlay = (root / "patches" / new[:8] / "overlay" / QH).read_text()
+    # The insertion followed qmv_impl three lines down: 982 -> 985 in the hunk header.
+    assert "//   @@ -982,6 +982," in old_overlay
+    assert "//   @@ -985,6 +985," in overlay, overlay[:800]
+    p = pin.load(root / "pin.toml")
+    assert p.commit == new and [b.new for b in p.history] == [env["old"], new]
+    assert "changed called functions: none" in p.history[-1].note
+    assert p.blobs[QH] == git.blob_id(env["path"], new, QH)
+
+
+def test_refuses_when_a_mirrored_function_changes(env: dict) -> None:
+    """0.32.4 (a real release) rewrites qmv_fast_impl's loop: the M = 1 order may differ."""
+    apply.apply(env["old"], root=env["root"], templates_dir=env["templates"])
+    before = snapshot(env["root"])
+    parity = ParityStub(True)
+    with pytest.raises(rebase.RebaseRefused, match=r"mirrors \(.*quantized.h: qmv_fast_impl\)"):
+        do_rebase(env, env["new"], parity)
+    assert snapshot(env["root"]) == before and parity.headers == []
+
+
+@pytest.mark.parametrize(
+    ("parity_ok", "accepted"),
+    [
+        (True, True),  # called helper changed, parity passes: accept and report
+        (False, False),  # control: parity fails -> refuse, naming the failure
+        (None, False),  # emulator unavailable: a changed helper cannot be judged
+    ],
+    ids=["parity-pass", "parity-fail", "parity-missing"],
+)
+def test_called_function_change_is_gated_on_parity(
+    env: dict, parity_ok: bool | None, accepted: bool
+) -> None:
+    apply.apply(env["old"], root=env["root"], templates_dir=env["templates"])
+    new = commit_edit(env, new_load_vector, "load-vector")
+    before = snapshot(env["root"])
+    if accepted:
+        r = do_rebase(env, new, ParityStub(parity_ok))
+        assert r.changed_called == {QH: ["load_vector"]} and r.written
+        assert "load_vector" in pin.load(env["root"] / "pin.toml").history[-1].note
+        return
+    match = "row 1 differs" if parity_ok is False else "not available to judge"
+    with pytest.raises(rebase.RebaseRefused, match=match):
+        do_rebase(env, new, ParityStub(parity_ok))
+    assert snapshot(env["root"]) == before
+
+
+QUAD_EDITS = """\
+backend = "metal"
+[depends]
+mirrored = ["qmv_impl"]
+called = []
+[[edit]]
+op = "after_function"
+anchor = "qmv_quad_impl"
+template = "copy.j2"
+"""
+QUAD_SNIPPET = "// patchkit payload after qmv_quad_impl\n"
+
+
+def rename_quad(text: str) -> str:
+    return text.replace("METAL_FUNC void qmv_quad_impl(", "METAL_FUNC void qmv_quad_impl_v2(", 1)
+
+
+def rename_quad_and_touch_end(text: str) -> str:
+    """Rename the anchor and add a line exactly where the patch inserts: a real conflict."""
+    fn = cxx.find_function(text, "qmv_quad_impl")
+    end = text.index("\n\n", fn.span[1]) + 2  # after the blank line, where the snippet goes
+    return rename_quad(text[:end] + "// upstream note\n" + text[end:])
+
+
+@pytest.mark.parametrize(
+    ("edit", "conflict"),
+    [(rename_quad, False), (rename_quad_and_touch_end, True)],
+    ids=["anchor-renamed-clean-merge", "anchor-renamed-conflict"],
+)
+def test_vanished_anchor_falls_back_to_three_way_merge(
+    env: dict, tmp_path: Path, edit: Callable[[str], str], conflict: bool
+) -> None:
+    templates = write_templates(tmp_path / "quad", QUAD_EDITS, QUAD_SNIPPET)
+    apply.apply(env["old"], root=env["root"], templates_dir=templates)
+    new = commit_edit(env, edit, edit.__name__)
+    before = snapshot(env["root"])
+    if not conflict:
+        r = do_rebase(env, new, ParityStub(True), templates)
+        assert r.merged_files == [QH]
+        text = (env["root"] / "patches" / new[:8] / "overlay" / QH).read_text()
+        assert "qmv_quad_impl_v2(" in text and QUAD_SNIPPET in text
+        assert "<<<<<<<" not in text
+        return
+    with pytest.raises(rebase.MergeConflictError, match=rf"conflicts at {QH}:\d+-\d+") as info:
+        do_rebase(env, new, ParityStub(True), templates)
+    assert "nothing was written" in str(info.value)
+    assert isinstance(info.value, UserError)
+    assert snapshot(env["root"]) == before
+
+
+def test_conflicts_in_reports_line_ranges() -> None:
+    text = "a\n<<<<<<< overlay\nx\n=======\ny\n>>>>>>> new-upstream\nb\n"
+    assert [str(c) for c in rebase.conflicts_in("f.h", text)] == ["f.h:2-6"]
+    assert rebase.conflicts_in("f.h", "a\nb\n") == []  # control: clean text
