@@ -21,6 +21,7 @@
 //   reported as an error rather than guessed at.
 #pragma once
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -165,8 +166,14 @@ constexpr size_t kFiberStack = 256 * 1024;
 enum class LaneOp { kNone, kSum, kShuffleDown, kDone };
 
 struct Simdgroup {
-  ucontext_t scheduler;
-  ucontext_t lanes[kSimdSize];
+  // Each lane starts once through swapcontext (to get its own stack), then
+  // switches with _setjmp/_longjmp, which unlike swapcontext make no system
+  // call for the signal mask: the suite switches lanes millions of times.
+  ucontext_t boot;
+  ucontext_t lane_start[kSimdSize];
+  jmp_buf scheduler;
+  jmp_buf lanes[kSimdSize];
+  bool started[kSimdSize] = {};
   std::vector<char> stacks[kSimdSize];
   LaneOp op[kSimdSize];
   float in[kSimdSize];
@@ -178,20 +185,29 @@ struct Simdgroup {
   std::string error;
 };
 
+// One per OS thread, shared by every kernel instantiation (its fibers' stacks
+// are allocated once).
+inline thread_local Simdgroup this_thread_simdgroup;
 inline thread_local Simdgroup* current_simdgroup = nullptr;
 
+// A lane's fiber lives as long as its OS thread: it runs one simdgroup's body,
+// reports done, and waits to be resumed with the next body.
 inline void lane_entry() {
   Simdgroup& sg = *current_simdgroup;
   int lane = sg.current;
-  try {
-    sg.trampoline(sg.body, lane);
-  } catch (const std::exception& e) {
-    if (sg.error.empty()) {
-      sg.error = e.what();
+  for (;;) {
+    try {
+      sg.trampoline(sg.body, lane);
+    } catch (const std::exception& e) {
+      if (sg.error.empty()) {
+        sg.error = e.what();
+      }
+    }
+    sg.op[lane] = LaneOp::kDone;
+    if (!_setjmp(sg.lanes[lane])) {
+      _longjmp(sg.scheduler, 1);
     }
   }
-  sg.op[lane] = LaneOp::kDone;
-  swapcontext(&sg.lanes[lane], &sg.scheduler);
 }
 
 inline float cross_lane(LaneOp op, float v, int arg) {
@@ -200,7 +216,9 @@ inline float cross_lane(LaneOp op, float v, int arg) {
   sg.op[lane] = op;
   sg.in[lane] = v;
   sg.arg[lane] = arg;
-  swapcontext(&sg.lanes[lane], &sg.scheduler);
+  if (!_setjmp(sg.lanes[lane])) {
+    _longjmp(sg.scheduler, 1);
+  }
   return sg.out[lane];
 }
 
@@ -242,7 +260,7 @@ inline bool resolve(Simdgroup& sg) {
 // Runs body(lane) for 32 lanes in lock step. Throws on divergent lanes.
 template <typename F>
 void run_simdgroup(const F& body) {
-  thread_local Simdgroup sg;
+  Simdgroup& sg = this_thread_simdgroup;
   current_simdgroup = &sg;
   sg.body = &body;
   sg.trampoline = [](const void* b, int lane) {
@@ -250,22 +268,32 @@ void run_simdgroup(const F& body) {
   };
   sg.error.clear();
   for (int l = 0; l < kSimdSize; l++) {
-    sg.stacks[l].resize(kFiberStack);
-    getcontext(&sg.lanes[l]);
-    sg.lanes[l].uc_stack.ss_sp = sg.stacks[l].data();
-    sg.lanes[l].uc_stack.ss_size = kFiberStack;
-    sg.lanes[l].uc_link = nullptr;
-    makecontext(&sg.lanes[l], lane_entry, 0);
+    if (!sg.started[l]) {
+      sg.stacks[l].resize(kFiberStack);
+      getcontext(&sg.lane_start[l]);
+      sg.lane_start[l].uc_stack.ss_sp = sg.stacks[l].data();
+      sg.lane_start[l].uc_stack.ss_size = kFiberStack;
+      sg.lane_start[l].uc_link = nullptr;
+      makecontext(&sg.lane_start[l], lane_entry, 0);
+    }
     sg.op[l] = LaneOp::kNone;
   }
   do {
     for (int l = 0; l < kSimdSize; l++) {
       sg.current = l;
-      swapcontext(&sg.scheduler, &sg.lanes[l]);
+      if (!_setjmp(sg.scheduler)) {
+        if (sg.started[l]) {
+          _longjmp(sg.lanes[l], 1);
+        }
+        sg.started[l] = true;
+        swapcontext(&sg.boot, &sg.lane_start[l]);
+      }
     }
   } while (resolve(sg));
   current_simdgroup = nullptr;
   if (!sg.error.empty()) {
+    // Lanes may be suspended inside the failed body: never resume them.
+    std::fill(sg.started, sg.started + kSimdSize, false);
     throw std::runtime_error(sg.error);
   }
 }

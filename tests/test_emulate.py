@@ -1,0 +1,223 @@
+"""The streamed kernel is bit-identical to M = 1 on the CPU execution path, and the
+harness can see a difference when there is one.
+
+These run the real kernel source: upstream's functions from the pinned wheel's
+quantized.h (hash-checked) and ours rendered onto it by the templates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from patchkit import emulate
+from patchkit.emulate import build, extract, parity, suite
+from patchkit.errors import BlobMismatchError, UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def upstream_header() -> str:
+    return emulate.pinned_header(ROOT)
+
+
+@pytest.fixture(scope="module")
+def patched(upstream_header: str) -> str:
+    return emulate.patched_header(upstream_header)
+
+
+@pytest.fixture(scope="module", params=["gcc", "clang"])
+def toolchain(request: pytest.FixtureRequest) -> build.Toolchain:
+    tc = build.TOOLCHAINS[request.param]
+    build.require_compiler(tc)
+    return tc
+
+
+# The clang default covers fewer combinations than gcc's to keep the default
+# suite under a minute on two cores; `patchkit emulate --full` runs all of them.
+CLANG_BITS = (3, 4, 8)
+
+
+def _cases_for(toolchain: build.Toolchain) -> list[parity.Case]:
+    cases = suite.default_matrix()
+    if toolchain.name == "clang":
+        cases = [c for c in cases if c.bits in CLANG_BITS]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def report(patched: str, toolchain: build.Toolchain) -> suite.Report:
+    return suite.run(patched, _cases_for(toolchain), toolchain)
+
+
+def test_streamed_rows_equal_m1_bitwise(report: suite.Report) -> None:
+    assert report.streamed(), "no streamed cases ran"
+    assert report.failures() == []
+
+
+def test_matrix_reaches_every_m1_path_and_tile(report: suite.Report) -> None:
+    ran = {(r.m1_kernel, r.V, r.case.B > 1, r.case.dtype) for r in report.streamed()}
+    for m1, V, batched, dtype in itertools.product(
+        ("qmv_fast", "qmv"),  # both M = 1 kernels
+        (2, 3, 4, 5),  # every tile size
+        (False,),  # unbatched everywhere; batched is checked below
+        parity.DTYPES,
+    ):
+        assert (m1, V, batched, dtype) in ran
+    assert any(r.case.B > 1 and r.m1_kernel == "qmv" for r in report.streamed())
+    assert any(r.case.B > 1 and r.m1_kernel == "qmv_fast" for r in report.streamed())
+
+
+def test_negative_control_qmv_wide_diverges(report: suite.Report) -> None:
+    # Measured: 94% of float32/float16 cases differ; bf16 hides some ulps.
+    assert report.control_divergence(("float32",)) >= 0.9
+    assert report.control_divergence(("float16",)) >= 0.8
+    assert report.control_divergence() >= suite.MIN_CONTROL_DIVERGENCE
+
+
+def test_harness_catches_a_reordered_streamed_kernel(patched: str) -> None:
+    # Mutation: the same value summed in another order inside the derived
+    # qdot_thread. A harness that cannot see this could not prove identity.
+    fold = "return scale * accum + sum * bias;"
+    start = patched.index("qdot_thread(")
+    at = patched.index(fold, start)
+    mutated = (
+        patched[:at] + "return scale * (accum + sum * (bias / scale));" + patched[at + len(fold) :]
+    )
+    cases = [parity.Case(1024, 64, 4, 64, "float32", 5), parity.Case(640, 37, 4, 64, "float32", 7)]
+    mutant = suite.run(mutated, cases, build.TOOLCHAINS["gcc"], controls=False)
+    assert not mutant.streamed_identical
+    assert len(mutant.failures()) == len(cases)
+
+
+def test_unwritten_rows_cannot_pass() -> None:
+    # Outputs start as NaN/all-ones: a kernel that writes nothing must differ.
+    case = parity.Case(512, 16, 4, 64, "float16", 2)
+    written = np.zeros((1, 2, 16), dtype=np.float16)
+    untouched = parity._empty_out(case, 2, 1, written)
+    assert parity.compare(case, "x", written, untouched).rows_differing == 2
+
+
+def test_clang_build_fuses_and_gcc_build_does_not(patched: str) -> None:
+    # The two toolchains exist to cover both contraction behaviours; check
+    # they really produce different instruction mixes on x86-64.
+    if subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() != "x86_64":
+        pytest.skip("the FMA instruction check is written for x86-64")
+    src = extract.extract(patched, suite.ALL_KERNELS)
+    counts = {}
+    for name in ("gcc", "clang"):
+        build.require_compiler(build.TOOLCHAINS[name])
+        lib = build.build(src, [("float32", 64, 4)], build.TOOLCHAINS[name])
+        asm = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True).stdout
+        counts[name] = len(re.findall(r"\bvfn?m(add|sub)\d+[sp]s\b", asm))
+    assert counts["gcc"] == 0
+    assert counts["clang"] > 0
+
+
+@pytest.mark.parametrize(
+    "edge",
+    # zero, one, the largest half, just below and at the overflow threshold,
+    # subnormals around the smallest half, ties, ordinary values
+    [[0.0, -0.0, 1.0], [65504.0, 65519.0, 65520.0], [6.0e-8, 2.9e-8, 3.0e-8, 1e-5], [0.1, -1234.5]],
+)
+def test_shim_half_rounding_matches_numpy(edge: list[float]) -> None:
+    # Narrow types round like IEEE binary16: the shim's float -> half must
+    # agree with numpy bit for bit, on edges and on random values.
+    rng = np.random.default_rng(1)
+    sample = np.concatenate([edge, rng.standard_normal(256) * 10.0 ** rng.integers(-7, 5, 256)])
+    sample = sample.astype(np.float32)
+    with np.errstate(over="ignore"):
+        expected = sample.astype(np.float16).view(np.uint16)
+    assert np.array_equal(_shim_half(sample).view(np.uint16), expected)
+
+
+def _shim_half(values: np.ndarray) -> np.ndarray:
+    """Convert float32 values with the shim's half type via a tiny C++ program."""
+    src = (
+        '#include "metal_shim.h"\nint main() {\n  float f;\n'
+        "  while (std::fread(&f, 4, 1, stdin) == 1) {\n"
+        "    half h = f;\n    std::fwrite(&h, 2, 1, stdout);\n  }\n}\n"
+    )
+    shim = (build.HERE / "metal_shim.h").read_bytes()
+    exe = build.cache_dir() / f"half-{hashlib.sha256(shim + src.encode()).hexdigest()[:16]}"
+    if not exe.exists():
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        cpp = exe.with_suffix(".cpp")
+        cpp.write_text(src)
+        cmd = ["g++", "-std=c++20", f"-I{build.HERE}", str(cpp), "-o", str(exe)]
+        subprocess.run(cmd, check=True)
+    out = subprocess.run([str(exe)], input=values.tobytes(), capture_output=True, check=True).stdout
+    return np.frombuffer(out, dtype=np.float16)
+
+
+def test_pinned_header_refuses_a_different_blob(tmp_path: Path, upstream_header: str) -> None:
+    other = tmp_path / "quantized.h"
+    other.write_text(upstream_header + "\n// not the pin\n")
+    with pytest.raises(BlobMismatchError, match=r"pin\.toml records f628c056"):
+        emulate.pinned_header(ROOT, other)
+
+
+def test_streamed_kernels_need_the_patched_header(upstream_header: str) -> None:
+    with pytest.raises(
+        UserError, match=r"no '(qdot_thread|load_packed_weights|qmv_fast_streamed_impl)'"
+    ):
+        extract.extract(upstream_header, ("qmv_fast_streamed",))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--bits", "7"], "unsupported --bits 7"),
+        (["--group-size", "48"], "unsupported --group-size 48"),
+        (["-K", "100"], "not a multiple of --group-size"),
+    ],
+)
+def test_cli_rejects_bad_input_in_one_line(args: list[str], message: str) -> None:
+    base = ["patchkit", "emulate", "--kernel", "streamed", "-K", "512", "-N", "8"]
+    proc = subprocess.run(base + args, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_missing_compiler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(build.TOOLCHAINS, "gcc", build.Toolchain("gcc", "g++-not-installed", ()))
+    with pytest.raises(UserError, match="g\\+\\+-not-installed not found"):
+        build.require_compiler(build.TOOLCHAINS["gcc"])
+
+
+def test_cli_one_case_json_has_rows_and_rows_differing() -> None:
+    cmd = ["patchkit", "emulate", "--kernel", "streamed", "-K", "2048", "-N", "96"]
+    cmd += [
+        "--bits",
+        "4",
+        "--group-size",
+        "64",
+        "--dtype",
+        "float16",
+        "-M",
+        "6",
+        "-B",
+        "1",
+        "--json",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    data = json.loads(proc.stdout)
+    assert data["rows"] == 6 and data["rows_differing"] == 0 and data["identical"] is True
+
+
+@pytest.mark.wide
+def test_full_matrix(patched: str, toolchain: build.Toolchain) -> None:
+    full = suite.run(patched, suite.full_matrix(), toolchain)
+    assert full.failures() == []
+    assert full.control_divergence() >= suite.MIN_CONTROL_DIVERGENCE
