@@ -18,6 +18,7 @@ from patchkit import git, wheels
 QH = "mlx/backend/metal/kernels/quantized.h"
 OLD, NEW = "0.32.1", "0.32.4"
 DATE = "2026-08-17T00:00:00+00:00"
+PIN_SHA = "9a795735ad9a42664e08f42361b405ed570bcf1a"
 
 # A tiny template set over the real quantized.h: a derived copy of qmv_impl
 # (renamed, one substitution) inserted after it. It exercises derive, an
@@ -96,12 +97,16 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream: dict[str, obj
     return {"root": root, "templates": templates, **upstream}
 
 
-def mlx_clone() -> Path | None:
-    """A full MLX clone from PATCHKIT_MLX_REPO, if it has the pinned commit."""
+def mlx_clone() -> str | None:
+    """A source spec for a full MLX clone holding the pin: PATCHKIT_MLX_REPO, else the cache."""
+    from patchkit import pin, source
+
     spec = os.environ.get("PATCHKIT_MLX_REPO")
-    if not spec or not Path(spec).exists():
-        return None
-    path = Path(spec)
-    if git.try_rev_parse(path, "9a795735ad9a42664e08f42361b405ed570bcf1a") is None:
-        return None
-    return path
+    candidates = [Path(spec)] if spec and Path(spec).exists() else []
+    if not spec:
+        spec = pin.UPSTREAM_URL
+        candidates = [source.clone_dir(spec)]
+    for path in candidates:
+        if path.exists() and git.try_rev_parse(path, PIN_SHA) is not None:
+            return spec
+    return None

@@ -8,6 +8,7 @@ wheels, and commits made by editing the 0.32.1 text in the ways upstream does
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -188,3 +189,19 @@ def test_conflicts_in_reports_line_ranges() -> None:
     text = "a\n<<<<<<< overlay\nx\n=======\ny\n>>>>>>> new-upstream\nb\n"
     assert [str(c) for c in rebase.conflicts_in("f.h", text)] == ["f.h:2-6"]
     assert rebase.conflicts_in("f.h", "a\nb\n") == []  # control: clean text
+
+
+@pytest.mark.wide
+def test_real_parity_accepts_a_called_helper_change(env: dict, tmp_path: Path) -> None:
+    """The real gate: lead's quantized.h templates, CPU emulator, load_vector from 0.32.4.
+
+    Runs with --wide: the quick parity suite alone takes ~45 s (two toolchains).
+    """
+    real = Path(__file__).resolve().parent.parent / "templates" / QH
+    templates = tmp_path / "real" / "templates"
+    shutil.copytree(real, templates / QH)
+    apply.apply(env["old"], root=env["root"], templates_dir=templates)
+    new = commit_edit(env, new_load_vector, "load-vector")
+    r = rebase.rebase(new, root=env["root"], templates_dir=templates)  # default: the emulator
+    assert r.parity is not None and r.parity.ok, r.parity
+    assert r.changed_called == {QH: ["load_vector"]}
