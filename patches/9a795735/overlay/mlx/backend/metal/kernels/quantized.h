@@ -1338,7 +1338,7 @@ METAL_FUNC void qmv_fast_streamed_impl(
   typedef float U;
 
   thread U x_thread[vecs_per_tg][values_per_thread];
-  thread U result[vecs_per_tg][results_per_simdgroup] = 0;
+  thread U result[vecs_per_tg][results_per_simdgroup] = {};
   // Word storage keeps the 16-bit reads of the 4-bit qdot aligned.
   thread uint32_t w_words[(w_bytes_per_thread + 3) / 4];
   thread uint8_t* w_local = (thread uint8_t*)w_words;
@@ -1430,7 +1430,7 @@ METAL_FUNC void qmv_streamed_impl(
   typedef float U;
 
   thread U x_thread[vecs_per_tg][values_per_thread];
-  thread U result[vecs_per_tg][results_per_simdgroup] = 0;
+  thread U result[vecs_per_tg][results_per_simdgroup] = {};
   thread uint32_t w_words[(w_bytes_per_thread + 3) / 4];
   thread uint8_t* w_local = (thread uint8_t*)w_words;
 
