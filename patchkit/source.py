@@ -68,6 +68,10 @@ def ensure_clone(spec: str, *, root: Path | None = None, progress: Progress = _q
     """Return the cached bare clone of ``spec``, cloning it (staged, then renamed) if absent."""
     dest = clone_dir(spec, root)
     if dest.exists():
+        if git.try_rev_parse(dest, "HEAD") is None and not (dest / "objects").is_dir():
+            raise UserError(
+                f"{dest} is not a git clone (foreign or damaged cache); remove it and retry"
+            )
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     progress(f"cloning {spec}")

@@ -167,3 +167,18 @@ def test_cli_apply_check_status_json(env: dict) -> None:
     assert res.exit_code == 1 and '"ok": false' in res.output  # control: drift fails CI
     res = runner.invoke(cli.main, ["apply", "--pin", "nope", *args])
     assert res.exit_code == 1 and "unknown revision 'nope'" in res.output
+
+
+def test_exported_series_reproduces_the_branch_with_git_am(env: dict, tmp_path: Path) -> None:
+    """The series is a faithful export: `git am` on the pin rebuilds the branch's exact tree."""
+    r = run_apply(env)
+    wt = tmp_path / "am"
+    git.run(None, "clone", "--quiet", str(env["path"]), str(wt))
+    git.run(wt, "checkout", "--quiet", "--detach", env["old"])
+    series = (r.patches_dir / "series").read_text().split()
+    ident = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    git.run(wt, *ident, "am", "--quiet", *[str(r.patches_dir / s) for s in series])
+    clone = source.clone_dir(str(env["path"]))
+    assert git.out(wt, "rev-parse", "HEAD^{tree}") == git.out(
+        clone, "rev-parse", f"{r.head}^{{tree}}"
+    )
