@@ -4,8 +4,8 @@
 // base blob:  f628c0561227b709e455d91dc0a0f5885368f26a
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -1079,6 +1079,454 @@ METAL_FUNC void qmv_wide_impl(
-//   @@ -1771,6 +2219,112 @@ template <
+//   @@ -1079,6 +1079,457 @@ METAL_FUNC void qmv_wide_impl(
+//   @@ -1771,6 +2222,112 @@ template <
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -1337,11 +1337,14 @@ METAL_FUNC void qmv_fast_streamed_impl(
 
   typedef float U;
 
-  thread U x_thread[vecs_per_tg][values_per_thread];
+  // One vector's x_thread at a time: the block's packed weights stay in
+  // registers instead, which is the smaller of the two for every bits.
+  thread U x_thread[values_per_thread];
   thread U result[vecs_per_tg][results_per_simdgroup] = {};
   // Word storage keeps the 16-bit reads of the 4-bit qdot aligned.
-  thread uint32_t w_words[(w_bytes_per_thread + 3) / 4];
-  thread uint8_t* w_local = (thread uint8_t*)w_words;
+  thread uint32_t w_words[results_per_simdgroup][(w_bytes_per_thread + 3) / 4];
+  thread U s[results_per_simdgroup];
+  thread U b[results_per_simdgroup];
 
   // Adjust positions
   const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
@@ -1363,22 +1366,24 @@ METAL_FUNC void qmv_fast_streamed_impl(
   y += vec0 * out_vec_size + out_row;
 
   for (int k = 0; k < in_vec_size; k += block_size) {
-    U sum[vecs_per_tg];
-    for (int v = 0; v < vecs_per_tg; v++) {
-      sum[v] = load_vector<T, U, values_per_thread, bits>(xv[v], x_thread[v]);
-    }
-
+    // The block's packed weights, scales and biases, read once for all
+    // vectors.
     for (int row = 0; row < results_per_simdgroup; row++) {
       load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, w_local);
+          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device T* sl = scales + row * in_vec_size_g;
       const device T* bl = biases + row * in_vec_size_g;
 
-      U s = sl[0];
-      U b = bl[0];
-      for (int v = 0; v < vecs_per_tg; v++) {
+      s[row] = sl[0];
+      b[row] = bl[0];
+    }
+
+    // Each vector: qmv_fast_impl's load_vector and qdot, on the same bytes.
+    for (int v = 0; v < vecs_per_tg; v++) {
+      U sum = load_vector<T, U, values_per_thread, bits>(xv[v], x_thread);
+      for (int row = 0; row < results_per_simdgroup; row++) {
         result[v][row] += qdot_thread<U, values_per_thread, bits>(
-            w_local, x_thread[v], s, b, sum[v]);
+            (thread uint8_t*)w_words[row], x_thread, s[row], b[row], sum);
       }
     }
 
@@ -1429,10 +1434,11 @@ METAL_FUNC void qmv_streamed_impl(
 
   typedef float U;
 
-  thread U x_thread[vecs_per_tg][values_per_thread];
+  thread U x_thread[values_per_thread];
   thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  thread uint32_t w_words[(w_bytes_per_thread + 3) / 4];
-  thread uint8_t* w_local = (thread uint8_t*)w_words;
+  thread uint32_t w_words[results_per_simdgroup][(w_bytes_per_thread + 3) / 4];
+  thread U s[results_per_simdgroup];
+  thread U b[results_per_simdgroup];
 
   // Adjust positions
   const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
@@ -1468,25 +1474,21 @@ METAL_FUNC void qmv_streamed_impl(
 
   int k = 0;
   for (; k < in_vec_size - block_size; k += block_size) {
-    U sum[vecs_per_tg];
-    for (int v = 0; v < vecs_per_tg; v++) {
-      sum[v] = load_vector<T, U, values_per_thread, bits>(xv[v], x_thread[v]);
-    }
-
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      if (row >= n_rows) {
-        break;
-      }
+    for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
       load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, w_local);
+          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device T* sl = scales + row * in_vec_size_g;
       const device T* bl = biases + row * in_vec_size_g;
 
-      U s = sl[0];
-      U b = bl[0];
-      for (int v = 0; v < vecs_per_tg; v++) {
+      s[row] = sl[0];
+      b[row] = bl[0];
+    }
+
+    for (int v = 0; v < vecs_per_tg; v++) {
+      U sum = load_vector<T, U, values_per_thread, bits>(xv[v], x_thread);
+      for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
         result[v][row] += qdot_thread<U, values_per_thread, bits>(
-            w_local, x_thread[v], s, b, sum[v]);
+            (thread uint8_t*)w_words[row], x_thread, s[row], b[row], sum);
       }
     }
 
@@ -1502,26 +1504,27 @@ METAL_FUNC void qmv_streamed_impl(
       0,
       values_per_thread);
   if (remaining > 0) {
-    U sum[vecs_per_tg];
-    for (int v = 0; v < vecs_per_tg; v++) {
-      sum[v] = load_vector_safe<T, U, values_per_thread, bits>(
-          xv[v], x_thread[v], remaining);
-    }
-
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      if (row >= n_rows) {
-        break;
-      }
+    for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
       load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, w_local);
+          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device T* sl = scales + row * in_vec_size_g;
       const device T* bl = biases + row * in_vec_size_g;
 
-      U s = sl[0];
-      U b = bl[0];
-      for (int v = 0; v < vecs_per_tg; v++) {
+      s[row] = sl[0];
+      b[row] = bl[0];
+    }
+
+    for (int v = 0; v < vecs_per_tg; v++) {
+      U sum = load_vector_safe<T, U, values_per_thread, bits>(
+          xv[v], x_thread, remaining);
+      for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
         result[v][row] += qdot_safe_thread<U, values_per_thread, bits>(
-            w_local, x_thread[v], s, b, sum[v], remaining);
+            (thread uint8_t*)w_words[row],
+            x_thread,
+            s[row],
+            b[row],
+            sum,
+            remaining);
       }
     }
   }
