@@ -76,9 +76,10 @@ def test_matrix_reaches_every_m1_path_and_tile(report: suite.Report) -> None:
 
 
 def test_negative_control_qmv_wide_diverges(report: suite.Report) -> None:
-    # Measured: 94% of float32/float16 cases differ; bf16 hides some ulps.
-    assert report.control_divergence(("float32",)) >= 0.9
-    assert report.control_divergence(("float16",)) >= 0.8
+    # Measured on the default matrix: 100% of float32 cases differ, 90% (g++)
+    # and 82% (clang) of float16 ones; bf16's short mantissa hides more.
+    assert report.control_divergence(("float32",)) >= 0.95
+    assert report.control_divergence(("float16",)) >= 0.75
     assert report.control_divergence() >= suite.MIN_CONTROL_DIVERGENCE
 
 
