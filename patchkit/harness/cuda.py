@@ -105,13 +105,16 @@ def _qmv_plan() -> render.FilePlan:
     raise FileNotFoundError(f"no template plan for {QMV_PATH}")
 
 
-def streamed_kernel_text(options: render.RenderOptions | None = None) -> str:
-    """The streamed kernel snippet exactly as the patch inserts it into ``qmv.cu``."""
+def streamed_kernel_text(qmv_source: str, options: render.RenderOptions | None = None) -> str:
+    """The streamed kernel snippet exactly as the patch inserts it into ``qmv.cu``.
+
+    The context is built the way ``render.render_file`` builds it: the plan's
+    derivations from the same upstream text, plus the options.
+    """
     options = options or render.RenderOptions()
     plan = _qmv_plan()
-    # The same context render_file builds; this plan derives nothing, so no upstream text.
-    context = render._context(options, {})
-    return render.render_snippet(plan, KERNEL_TEMPLATE, context)
+    derived = {d.name: render.derive(qmv_source, d) for d in plan.derives}
+    return render.render_snippet(plan, KERNEL_TEMPLATE, render._context(options, derived))
 
 
 def jit_header(qmv_source: str, options: render.RenderOptions | None = None) -> str:
@@ -123,7 +126,7 @@ def jit_header(qmv_source: str, options: render.RenderOptions | None = None) -> 
         NVRTC_PREAMBLE,
         "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n",
         *upstream,
-        streamed_kernel_text(options),
+        streamed_kernel_text(qmv_source, options),
         "} // namespace mlx::core::cu\n",
     ]
     return "\n".join(parts)
