@@ -4,9 +4,9 @@
 // base blob:  4ec6b95a7a2d8a0680d74d2a4849dc63a04a387d
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -208,6 +208,178 @@ __global__ void qmv_kernel(
-//   @@ -293,6 +465,76 @@ void qmv(
-//   @@ -439,6 +681,25 @@ void qmv(
+//   @@ -208,6 +208,249 @@ __global__ void qmv_kernel(
+//   @@ -293,6 +536,76 @@ void qmv(
+//   @@ -439,6 +752,25 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -218,11 +218,87 @@ __global__ void qmv_kernel(
       x, w, scales, biases, global_scale, out, row, w_batch, n, k);
 }
 
+template <int V,int N, bool has_bias, typename T, typename Q, typename S>
+__device__ __forceinline__ void
+dequant_fma_streamed(const T* x0, int64_t x_stride, const Q* w, S scale, T bias, T (*out0)[N], int nv) {
+  // Read x/w into registers.
+  auto w_vec = *(reinterpret_cast<const cutlass::Array<Q, N>*>(w));
+  // Output is assumed to be registers.
+
+  // Dequantize w.
+  cutlass::NumericArrayConverter<T, Q, N> converter_tq;
+  cutlass::Array<T, N> w_dq = converter_tq(w_vec);
+  if constexpr (has_bias) {
+    if constexpr (cuda::std::is_same_v<T, float>) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        w_dq[i] = w_dq[i] * T(scale) + bias;
+      }
+    } else {
+      w_dq = w_dq * T(scale) + bias;
+    }
+  } else {
+    w_dq = w_dq * T(scale);
+  }
+
+  // Multiply and add.
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    if (v < nv) {
+      const T* x = x0 + v * x_stride;
+      auto* out = out0[v];
+  auto x_vec = *(reinterpret_cast<const cutlass::Array<T, N>*>(x));
+  auto* out_vec = reinterpret_cast<cutlass::Array<T, N>*>(out);
+  *out_vec = cutlass::fma(x_vec, w_dq, *out_vec);
+    }
+  }
+}
+template <
+    int V,
+    int N,
+    bool has_bias,
+    typename T,
+    typename Q,
+    typename S,
+    typename = cuda::std::enable_if_t<!cuda::std::is_same_v<T, float>>>
+__device__ __forceinline__ void
+dequant_fma_streamed(const T* x0, int64_t x_stride, const Q* w, S scale, T bias, float (*out0)[N], int nv) {
+  // Read x/w into registers.
+  auto w_vec = *(reinterpret_cast<const cutlass::Array<Q, N>*>(w));
+  // Output is assumed to be registers.
+
+  // Dequantize w.
+  cutlass::NumericArrayConverter<T, Q, N> converter_tq;
+  cutlass::Array<T, N> w_dq = converter_tq(w_vec);
+  if constexpr (has_bias) {
+    w_dq = w_dq * T(scale) + bias;
+  } else {
+    w_dq = w_dq * T(scale);
+  }
+
+  // Promote x/w to float.
+  static_assert(!cuda::std::is_same_v<T, float>);
+  cutlass::NumericArrayConverter<float, T, N> converter_ft;
+  cutlass::Array<float, N> w_f = converter_ft(w_dq);
+
+  // Multiply and add.
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    if (v < nv) {
+      const T* x = x0 + v * x_stride;
+      auto* out = out0[v];
+  auto x_vec = *(reinterpret_cast<const cutlass::Array<T, N>*>(x));
+  auto* out_vec = reinterpret_cast<cutlass::Array<float, N>*>(out);
+  cutlass::Array<float, N> x_f = converter_ft(x_vec);
+  *out_vec = cutlass::fma(x_f, w_f, *out_vec);
+    }
+  }
+}
 // Streamed qmv: one warp per output row and V vectors per warp. Each vector
-// keeps its own sums[], receives the same dequant_fma calls in the same order
-// and goes through the same cg::reduce as qmv_kernel_impl does for M = 1, so
-// every output row is bit-identical to the M = 1 result. The weight tile,
-// scale and bias are loaded once and used for all V vectors; vectors past
+// keeps its own sums[], receives the same fma on the same dequantized tile in
+// the same order and goes through the same cg::reduce as qmv_kernel_impl does
+// for M = 1, so every output row is bit-identical to the M = 1 result. The
+// weight tile is loaded and dequantized once for all V vectors; vectors past
 // `nv` (the tail tile of M) are skipped with a warp-uniform branch.
 template <
     int V,
@@ -267,13 +343,8 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
     if constexpr (has_bias) {
       bias = biases[idx / group_size];
     }
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      if (v < nv) {
-        dequant_fma<elems_per_thread, has_bias>(
-            x + static_cast<int64_t>(v) * k + idx, w + w_step(idx), scale, bias, sums[v]);
-      }
-    }
+    dequant_fma_streamed<V, elems_per_thread, has_bias>(
+        x + idx, static_cast<int64_t>(k), w + w_step(idx), scale, bias, sums, nv);
   };
 
   constexpr int elems_per_warp = WARP_SIZE * elems_per_thread;
