@@ -215,3 +215,63 @@ def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: 
     emit(as_json, payload, human)
     if not ok:
         sys.exit(EXIT_FAIL)
+
+
+@main.command("parity")
+@click.option("--quick/--full", default=True, help="The default subset, or every axis.")
+@click.option(
+    "--mode", "modes", multiple=True, type=click.Choice(["affine", "mxfp4", "nvfp4", "mxfp8"])
+)
+@click.option("--bits", "bits", multiple=True, type=int, help="Only these bits (repeatable).")
+@click.option(
+    "--dtype", "dtypes", multiple=True, type=click.Choice(["float32", "float16", "bfloat16"])
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Also write JSON here."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
+def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool) -> None:
+    """Compare batched rows of the importable MLX with M = 1, bit for bit (exit 1 if any differ)."""
+    from patchkit import parity
+
+    click.get_current_context().meta["json"] = as_json
+    with progress(as_json) as say:
+        report = parity.run(parity.configs(not quick, modes, bits, dtypes), progress=say)
+    if out:
+        parity.write_json(out, report)
+    emit(as_json, report, parity.format_report(report))
+    if not report["identical"]:
+        sys.exit(EXIT_FAIL)
+
+
+@main.command("export-pr")
+@click.option("--onto", metavar="REV", help="Upstream commit to branch off (default: the pin).")
+@click.option("--branch", default="order-preserving-qmv", show_default=True, help="Branch name.")
+@click.option("--title", help="Commit title (default: MLX-style 'Add order-preserving ...').")
+@click.option("--push", metavar="REMOTE", help="Push the branch to REMOTE (never by default).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Patch/body dir.")
+@click.option("--author", metavar="'NAME <EMAIL>'", help="Commit author (the submitter).")
+@click.option("--install-formatters", is_flag=True, help="pip install upstream's formatter pins.")
+@common_options
+def export_pr_cmd(as_json: bool, common: dict[str, Any], **kw: Any) -> None:
+    """One upstream-ready commit (Metal by default; --backend cuda adds CUDA) + PR body draft."""
+    from patchkit import export_pr
+
+    given = click.get_current_context().params.get("backends") or export_pr.DEFAULT_BACKENDS
+    opts = common["options"]
+    common["options"] = render.RenderOptions(tuple(given), opts.routing, "upstream")
+    author = kw.pop("author")
+    if author:
+        name, _, email = author.partition("<")
+        kw["author"] = (name.strip(), email.rstrip(">").strip())
+    kw["title"] = kw["title"] or export_pr.DEFAULT_TITLE
+    kw["out_dir"] = kw.pop("out")
+    with progress(as_json) as say:
+        r = export_pr.export_pr(progress=say, **common, **kw)
+    emit(
+        as_json,
+        r.to_json(),
+        f"branch {r.branch} = {r.commit[:8]} on {r.base[:8]} in {r.repository}\n"
+        f"patch (applies with git am): {r.patch}\n"
+        f"PR body: {r.body}\n  {export_pr.DRAFT_NOTICE}",
+    )
