@@ -1,0 +1,60 @@
+"""The committed patches/ carry what the templates render now, checked offline.
+
+`patchkit check` needs an MLX clone; CI has none. The kernel header, though, is
+available offline (the release-twin wheel, blob-checked), and it is the file
+the templates change most. So: apply the committed series' hunks for that file
+to the pinned header and compare with a fresh render, and compare the overlay
+copy too. A template edited without re-running `patchkit apply` fails here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from patchkit import emulate, export, pin, render
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = emulate.QUANTIZED_H
+
+
+@pytest.fixture(scope="module")
+def pinned() -> pin.Pin:
+    return pin.load(ROOT / "pin.toml")
+
+
+@pytest.fixture(scope="module")
+def fresh(pinned: pin.Pin) -> str:
+    upstream = emulate.pinned_header(ROOT)
+    options = render.RenderOptions()
+    plan = next(p for p in render.selected_plans(options) if p.path == HEADER)
+    return render.render_file(plan, upstream, options)
+
+
+def _series_applied(pinned: pin.Pin, tmp_path: Path) -> str:
+    (tmp_path / Path(HEADER).parent).mkdir(parents=True)
+    (tmp_path / HEADER).write_text(emulate.pinned_header(ROOT))
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    pdir = ROOT / "patches" / pinned.short
+    for name in (pdir / "series").read_text().split():
+        cmd = ["git", "-C", str(tmp_path), "apply", f"--include={HEADER}", str(pdir / name)]
+        subprocess.run(cmd, check=True, capture_output=True)
+    return (tmp_path / HEADER).read_text()
+
+
+def test_series_hunks_for_the_kernel_header_match_a_fresh_render(
+    pinned: pin.Pin, fresh: str, tmp_path: Path
+) -> None:
+    assert _series_applied(pinned, tmp_path) == fresh, (
+        "patches/ is stale for the kernel header: re-run `patchkit apply --pin "
+        f"{pinned.short}` and commit patches/"
+    )
+
+
+def test_overlay_copy_of_the_kernel_header_matches_a_fresh_render(
+    pinned: pin.Pin, fresh: str
+) -> None:
+    overlay = ROOT / "patches" / pinned.short / "overlay" / HEADER
+    assert export.strip_header(HEADER, overlay.read_text()) == fresh
