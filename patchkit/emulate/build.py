@@ -65,8 +65,12 @@ COMMON_FLAGS = (
 
 
 def cache_dir() -> Path:
-    """Where built libraries live (``PATCHKIT_CACHE`` overrides)."""
-    root = os.environ.get("PATCHKIT_CACHE") or platformdirs.user_cache_dir("patchkit")
+    """Where built libraries live (``PATCHKIT_EMULATE_CACHE`` overrides).
+
+    Separate from the clone cache so tests that isolate clones per test still
+    reuse compiled kernels.
+    """
+    root = os.environ.get("PATCHKIT_EMULATE_CACHE") or platformdirs.user_cache_dir("patchkit")
     return Path(root) / "emulate"
 
 
