@@ -137,9 +137,11 @@ def selected_plans(options: RenderOptions, templates_dir: Path = TEMPLATES_DIR) 
     return [p for p in load_plans(templates_dir) if p.backend in options.backends]
 
 
-def touched_files(options: RenderOptions = RenderOptions()) -> list[str]:
+def touched_files(
+    options: RenderOptions = RenderOptions(), templates_dir: Path = TEMPLATES_DIR
+) -> list[str]:
     """Upstream paths the patch edits, for blob-hash checks and overlay export."""
-    return [p.path for p in selected_plans(options)]
+    return [p.path for p in selected_plans(options, templates_dir)]
 
 
 def derive(source: str, spec: Derive) -> str:
@@ -241,7 +243,9 @@ def render_file(plan: FilePlan, upstream_text: str, options: RenderOptions) -> s
 
 
 def render_tree(
-    read: Callable[[str], str], options: RenderOptions = RenderOptions()
+    read: Callable[[str], str],
+    options: RenderOptions = RenderOptions(),
+    templates_dir: Path = TEMPLATES_DIR,
 ) -> dict[str, str]:
     """Patched texts of every touched file, given ``read(upstream_path) -> text``.
 
@@ -249,7 +253,7 @@ def render_tree(
     when upstream no longer has something an edit needs.
     """
     out = {}
-    for plan in selected_plans(options):
+    for plan in selected_plans(options, templates_dir):
         try:
             out[plan.path] = render_file(plan, read(plan.path), options)
         except AnchorError as exc:
@@ -258,10 +262,10 @@ def render_tree(
 
 
 def dependencies(
-    options: RenderOptions = RenderOptions(),
+    options: RenderOptions = RenderOptions(), templates_dir: Path = TEMPLATES_DIR
 ) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
     """``{path: (mirrored, called)}``: upstream functions whose change a rebase must judge."""
-    return {p.path: (p.mirrored, p.called) for p in selected_plans(options)}
+    return {p.path: (p.mirrored, p.called) for p in selected_plans(options, templates_dir)}
 
 
 def changed_functions(old: str, new: str, names: Iterable[str]) -> list[str]:
