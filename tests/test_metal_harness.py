@@ -1,0 +1,106 @@
+"""The Metal JIT source `patchkit bench` hands to metal_kernel is the text the emulator proves.
+
+No Apple GPU here: the proof is that the identical string compiles under the
+CPU Metal shim and its streamed rows equal M = 1 bit for bit, with qmv_wide as
+the negative control showing the comparison can fail.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from patchkit import cxx, emulate
+from patchkit.emulate import build, extract, suite
+from patchkit.emulate import parity as emu
+from patchkit.harness import metal
+
+ROOT = Path(__file__).resolve().parents[1]
+STREAMED_FUNCS = (
+    "qdot_thread",
+    "qdot_safe_thread",
+    "load_packed_weights",
+    "qmv_fast_streamed_impl",
+    "qmv_streamed_impl",
+)
+# One (dtype, bits) so one library serves both; one case per M = 1 path.
+CASES = [
+    emu.Case(1024, 64, 4, 64, "float16", 5),  # qmv_fast -> qmv_fast_streamed, V = 5
+    emu.Case(640, 37, 4, 64, "float16", 7),  # qmv (tail, moved-back tile), V = 4 partial
+]
+
+
+@pytest.fixture(scope="module")
+def patched() -> str:
+    try:
+        return emulate.patched_header(emulate.pinned_header(ROOT))
+    except Exception as exc:  # no wheel cache and no network: say so
+        pytest.skip(f"pinned quantized.h unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def src(patched: str) -> metal.MetalSource:
+    return metal.MetalSource(metal.preamble(patched), extract.extract(patched, metal.KERNELS))
+
+
+def test_metal_source_builds_from_the_pin(src: metal.MetalSource) -> None:
+    assert metal.metal_source(ROOT).header == src.header
+
+
+def test_header_is_preamble_plus_the_extracted_text(src: metal.MetalSource) -> None:
+    assert src.header == src.preamble + "\n" + src.extracted.source
+    assert "#define MLX_MTL_CONST static constant constexpr const" in src.preamble
+    assert "using namespace metal;" in src.preamble
+    assert "#include <metal_stdlib>" in src.preamble
+
+
+def test_impl_texts_equal_what_the_emulator_suite_compiles(
+    src: metal.MetalSource, patched: str
+) -> None:
+    suite_source = extract.extract(patched, suite.ALL_KERNELS).source
+    for name in (*STREAMED_FUNCS, "qdot", "load_vector", "load_vector_safe", "qdot_safe"):
+        ours = cxx.find_function(src.header, name, None)
+        theirs = cxx.find_function(suite_source, name, None)
+        assert src.header[slice(*ours.span)] == suite_source[slice(*theirs.span)], name
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_body_calls_an_impl_of_the_header_with_metal_kernel_names(
+    src: metal.MetalSource, fast: bool
+) -> None:
+    body = metal.kernel_body(fast)
+    impl = re.match(r"\s*(\w+)<", body).group(1)
+    cxx.find_function(src.header, impl, None)  # raises if the header lacks it
+    for name in (*metal.INPUT_NAMES, *metal.OUTPUT_NAMES):
+        assert re.search(rf"\b{name}\b", body), name
+    # metal_kernel adds these attributes to the signature only if the source names them
+    for attr in ("threadgroup_position_in_grid", "simdgroup_index_in_threadgroup"):
+        assert attr in body
+
+
+def test_grid_matches_mlx_qmv_dispatch() -> None:
+    # threads: ceil(M / V) tiles x 32 lanes, ceil(N / 8) threadgroups x 2 simdgroups
+    assert metal.grid(7, 37, 4) == (64, 10, 1)
+    assert metal.grid(5, 15360, 5) == (32, 3840, 1)
+    assert metal.is_fast(4096, 15360, 4) and not metal.is_fast(640, 37, 4)
+    # gemma's K = 3840 is not a multiple of 4-bit's 512-value step: qmv, not qmv_fast
+    assert not metal.is_fast(3840, 15360, 4)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed (apt-get install g++)")
+def test_the_metal_header_text_is_exact_under_the_emulator(
+    src: metal.MetalSource, patched: str
+) -> None:
+    lib = build.Library(build.build(src.extracted, [("float16", 64, 4)], build.TOOLCHAINS["gcc"]))
+    for case in CASES:
+        inputs = emu.make_inputs(case)
+        ref = emu.run_m1(lib, case, inputs)
+        got = emu.run_batched(lib, case, inputs, case.streamed_kernel)
+        assert emu.compare(case, case.streamed_kernel, ref, got).identical, case.label()
+    # The suite on the patched header: the same function texts, plus the control.
+    report = suite.run(patched, CASES, build.TOOLCHAINS["gcc"])
+    assert report.streamed_identical
+    assert any(not r.identical for r in report.wide()), "qmv_wide control never diverged"
