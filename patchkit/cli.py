@@ -275,3 +275,31 @@ def export_pr_cmd(as_json: bool, common: dict[str, Any], **kw: Any) -> None:
         f"patch (applies with git am): {r.patch}\n"
         f"PR body: {r.body}\n  {export_pr.DRAFT_NOTICE}",
     )
+
+
+@main.command("build")
+@click.option(
+    "--worktree",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A patched MLX checkout (default: check out patchkit/<pin> to build/mlx-<pin>).",
+)
+@click.option("--backend", type=click.Choice(["metal", "cuda", "cpu"]), help="Default: detect.")
+@click.option("--mlx-repo", metavar="PATH_OR_URL", help="Clone the branch lives in (as apply).")
+@click.option("--dry-run", is_flag=True, help="Print the exact commands and env; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def build_cmd(
+    worktree: Path | None, backend: str | None, mlx_repo: str | None, dry_run: bool, as_json: bool
+) -> None:
+    """Build MLX from the patched tree the way MLX documents, then run `patchkit parity`."""
+    from patchkit import build
+
+    click.get_current_context().meta["json"] = as_json
+    root = find_root(Path.cwd())
+    plan = build.plan(root, worktree=worktree, backend=backend, mlx_repo=mlx_repo)
+    if dry_run:
+        emit(as_json, {**plan.to_json(), "dry_run": True}, plan.describe())
+        return
+    with progress(as_json) as say:
+        r = build.execute(plan, say)
+    verdict = "identical" if r["parity_identical"] else "ROWS DIFFER (see parity.json)"
+    emit(as_json, r, f"built MLX ({r['backend']}) in {r['worktree']}; log {r['log']}; {verdict}")
