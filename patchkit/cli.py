@@ -303,3 +303,25 @@ def build_cmd(
         r = build.execute(plan, say)
     verdict = "identical" if r["parity_identical"] else "ROWS DIFFER (see parity.json)"
     emit(as_json, r, f"built MLX ({r['backend']}) in {r['worktree']}; log {r['log']}; {verdict}")
+
+
+@main.command("bench")
+@click.option("--quick/--full", default=True, help="One shape and a few M, or everything.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("bench.json"),
+    show_default=True,
+    help="JSON here; the .md table and .png plot beside it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
+def bench_cmd(quick: bool, out: Path, as_json: bool) -> None:
+    """Time stock qmv, stock batched and the streamed JIT kernel on an Apple GPU."""
+    from patchkit import bench
+
+    click.get_current_context().meta["json"] = as_json
+    root = find_root(Path.cwd())
+    with progress(as_json) as say:
+        report = bench.run(root, quick, say)
+    written = bench.write(report, out)
+    emit(as_json, report, bench.markdown(report) + "wrote " + ", ".join(map(str, written)))

@@ -104,3 +104,27 @@ def test_the_metal_header_text_is_exact_under_the_emulator(
     report = suite.run(patched, CASES, build.TOOLCHAINS["gcc"])
     assert report.streamed_identical
     assert any(not r.identical for r in report.wide()), "qmv_wide control never diverged"
+
+
+def test_bench_without_an_apple_gpu_says_so_in_one_line_and_fails() -> None:
+    from click.testing import CliRunner
+
+    from patchkit.cli import main
+
+    mx = pytest.importorskip("mlx.core", reason="mlx not importable: pip install -e '.[mlx]'")
+    if mx.metal.is_available():
+        pytest.skip("this machine has an Apple GPU: bench would run")
+    r = CliRunner().invoke(main, ["bench", "--quick", "--out", "unused.json"])
+    assert r.exit_code == 1
+    message = " ".join(r.stderr.split())
+    assert "needs an Apple GPU" in message and "patchkit/harness/cuda.py" in message
+    assert not Path("unused.json").exists()
+
+
+def test_recovered_fraction() -> None:
+    from patchkit.bench import recovered_fraction
+
+    # streamed halfway between per-vector qmv and batched: half the gap recovered
+    assert recovered_fraction(10.0, 7.5, 5.0) == 0.5
+    # generation 13/14: batched *is* per-vector qmv, so there is no gap to recover
+    assert recovered_fraction(10.0, 6.0, 10.0) is None
