@@ -321,6 +321,11 @@ def run(
         "rows_compared": sum(r["rows"] for r in checked),
         "rows_differing": sum(r["rows_differing"] for r in checked),
         "identical": all(r["rows_differing"] == 0 for r in checked),
+        # The patch streams affine only: fp modes keep fp_qmv_wide, so read them apart.
+        "rows_differing_by_mode": {
+            m: sum(r["rows_differing"] for r in checked if r["mode"] == m)
+            for m in dict.fromkeys(r["mode"] for r in checked)
+        },
     }
 
 
@@ -365,7 +370,10 @@ def format_report(report: dict[str, Any]) -> str:
         for line in body
     ]
     verdict = "identical" if report["identical"] else "ROWS DIFFER"
-    lines.append(f"{report['rows_differing']}/{report['rows_compared']} rows differ: {verdict}")
+    modes = ", ".join(f"{m} {n}" for m, n in report["rows_differing_by_mode"].items())
+    lines.append(
+        f"{report['rows_differing']}/{report['rows_compared']} rows differ ({modes}): {verdict}"
+    )
     return "\n".join(lines)
 
 

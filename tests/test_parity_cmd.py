@@ -86,6 +86,7 @@ def test_cli_json_matches_printed_table(tmp_path: Path) -> None:
     assert json.loads(out.read_text()) == report
     assert report["device"]["backend"] == "cpu"
     assert report["rows_compared"] > 0 and report["rows_differing"] == 0
+    assert report["rows_differing_by_mode"] == {"affine": 0}
     table = parity.parse_table(human.stdout)
     assert table == [parity.table_cells(r) for r in report["rows"]]
     assert len(table) == 4  # bits {3, 4} x B {1, 3}
