@@ -18,6 +18,8 @@ from patchkit import apply, git, pin, rebase, render, source
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
 LATER_TOUCHING_QUANTIZED_CPP = "a082cb91d"  # qmm_t_nax change in metal/quantized.cpp
 METAL = [
+    "mlx/backend/metal/kernels/fp_quantized.h",
+    "mlx/backend/metal/kernels/fp_quantized.metal",
     "mlx/backend/metal/kernels/quantized.h",
     "mlx/backend/metal/kernels/quantized.metal",
     "mlx/backend/metal/quantized.cpp",

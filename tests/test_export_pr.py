@@ -25,6 +25,8 @@ TEMPLATES = ROOT / "templates"
 TEST_PATH = "python/tests/test_quantized.py"
 BENCH_PATH = "benchmarks/python/qmv_small_batch_bench.py"
 KERNEL_FILES = [
+    "mlx/backend/metal/kernels/fp_quantized.h",
+    "mlx/backend/metal/kernels/fp_quantized.metal",
     "mlx/backend/metal/kernels/quantized.h",
     "mlx/backend/metal/kernels/quantized.metal",
 ]

@@ -4,8 +4,8 @@
 // base blob:  5db3893226bd8617e6dbaaf75e6be5f4ebca829e
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -624,6 +624,95 @@ void qmv_wide(
-//   @@ -1756,6 +1845,15 @@ void dispatch_qmv(
+//   @@ -624,6 +624,197 @@ void qmv_wide(
+//   @@ -1756,6 +1947,37 @@ void dispatch_qmv(
 // end of patchkit header
 // Copyright © 2023-2026 Apple Inc.
 
@@ -698,6 +698,108 @@ void qmv_streamed(
   compute_encoder.set_input_array(w, c++);
   compute_encoder.set_input_array(scales, c++);
   compute_encoder.set_input_array(*biases, c++);
+  compute_encoder.set_input_array(x, c++);
+  compute_encoder.set_output_array(out, c++);
+  compute_encoder.set_bytes(K, c++);
+  compute_encoder.set_bytes(N, c++);
+  compute_encoder.set_bytes(M, c++);
+  add_strides_and_shapes(compute_encoder, !batched, x, w, scales, biases, c);
+
+  compute_encoder.dispatch_threadgroups(grid_dims, group_dims);
+}
+
+// Dispatches the order-preserving streamed qmv for the fp modes, with or
+// without a global scale: vecs_per_tg vectors share each weight block while
+// every row keeps the summation order of the M = 1 kernel, so row i equals
+// vector i computed alone, bit for bit.
+void fp_qmv_streamed(
+    const array& x,
+    const array& w,
+    const array& scales,
+    const std::optional<array>& biases,
+    const std::optional<array>& global_scale,
+    array& out,
+    int group_size,
+    int bits,
+    int M,
+    int N,
+    int K,
+    metal::Device& d,
+    const Stream& s,
+    const std::string& mode) {
+  // The tiling of qmv_wide: the fewest tiles of at most 5 vectors.
+  int n_tiles = (M + 4) / 5;
+  int vecs_per_tg = (M + n_tiles - 1) / n_tiles;
+
+  // The M = 1 kernel and its output tile are chosen exactly as qmv chooses
+  // them, since each vector must be summed in that kernel's order.
+  int bn = 8;
+  int bk = 32;
+  bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;
+  bool use_narrow_qmv = fast && N >= 4096 && d.get_architecture_gen() == 17 &&
+      d.get_architecture().back() == 's' && mode == "nvfp4";
+  int results_per_simdgroup = use_narrow_qmv ? 2 : 4;
+  bn = 2 * results_per_simdgroup;
+  int B = out.size() / M / N;
+  bool batched = B > 1;
+
+  MTL::Size group_dims(bk, 2, 1);
+  MTL::Size grid_dims(
+      (M + vecs_per_tg - 1) / vecs_per_tg, (N + bn - 1) / bn, B);
+
+  std::string kname;
+  kname.reserve(64);
+  std::string type_string = get_type_string(x.dtype());
+  concatenate(
+      kname,
+      mode + (fast ? "_qmv_fast_streamed_" : "_qmv_streamed_"),
+      type_string,
+      "_gs_",
+      group_size,
+      "_b_",
+      bits,
+      use_narrow_qmv ? "_r_2" : "",
+      "_nv_",
+      vecs_per_tg,
+      batched ? "_batch_1" : "_batch_0",
+      global_scale ? "_hgs" : "");
+  MTL::ComputePipelineState* kernel;
+  if (fast) {
+    kernel = get_quantized_kernel_wrapped(
+        d,
+        kname,
+        "qmv_fast_streamed",
+        mode,
+        type_string,
+        group_size,
+        bits,
+        vecs_per_tg,
+        batched,
+        global_scale.has_value(),
+        results_per_simdgroup);
+  } else {
+    kernel = get_quantized_kernel_wrapped(
+        d,
+        kname,
+        "qmv_streamed",
+        mode,
+        type_string,
+        group_size,
+        bits,
+        vecs_per_tg,
+        batched,
+        global_scale.has_value());
+  }
+
+  auto& compute_encoder = metal::get_command_encoder(s);
+  compute_encoder.set_compute_pipeline_state(kernel);
+
+  compute_encoder.set_input_array(w, 0);
+  compute_encoder.set_input_array(scales, 1);
+  if (global_scale) {
+    compute_encoder.set_input_array(*global_scale, 2);
+  }
+  int c = 3;
   compute_encoder.set_input_array(x, c++);
   compute_encoder.set_output_array(out, c++);
   compute_encoder.set_bytes(K, c++);
@@ -1860,6 +1962,28 @@ void dispatch_qmv(
       qmv_streamed_enabled()) {
     qmv_streamed(
         x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);
+    return;
+  }
+
+  // Small fp batch, with or without a global scale: stream the vectors through
+  // the M = 1 kernel's order, so each row matches the same vector alone
+  // (fp_qmv_wide sums in another order and has no global-scale variant).
+  if (M >= 2 && mode != "affine" && !biases && qmv_streamed_enabled()) {
+    fp_qmv_streamed(
+        x,
+        w,
+        scales,
+        biases,
+        global_scale,
+        out,
+        group_size,
+        bits,
+        M,
+        N,
+        K,
+        d,
+        s,
+        mode);
     return;
   }
 
