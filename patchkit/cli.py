@@ -325,3 +325,63 @@ def bench_cmd(quick: bool, out: Path, as_json: bool) -> None:
         report = bench.run(root, quick, say)
     written = bench.write(report, out)
     emit(as_json, report, bench.markdown(report) + "wrote " + ", ".join(map(str, written)))
+
+
+def _probe_root() -> Path:
+    """The checkout (the Metal arm renders its kernel from it); the probe runs without one."""
+    try:
+        return find_root(Path.cwd())
+    except UserError:
+        return Path.cwd()
+
+
+@main.command("probe")
+@click.option("--size", default="tiny", show_default=True, help="tiny (CPU), 1b or 3b shapes.")
+@click.option("--bits", "bits", multiple=True, type=click.Choice(["4", "8"]), help="Default 4, 8.")
+@click.option(
+    "--arm",
+    "arms",
+    multiple=True,
+    type=click.Choice(["stock", "streamed", "reordered"]),
+    help="Quantized linear (repeatable; default stock + streamed; reordered = negative control).",
+)
+@click.option("--max-t", type=int, default=16, show_default=True, help="Verify T = 2 … max-t.")
+@click.option("--prompt-len", type=int, default=32, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--per-op/--no-per-op", default=True, help="Per-op parity (isolates the op).")
+@click.option("--timing", is_flag=True, help="Time block vs chain; simulated speculative tok/s.")
+@click.option("--acceptance", type=float, default=0.7, show_default=True, help="Per-token a.")
+@click.option(
+    "--cuda-header",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JIT header from scripts/cuda_jit_bundle.py (streamed arm on NVIDIA).",
+)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="JSON (+ .md).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
+def probe_cmd(as_json: bool, out: Path | None, **kw: Any) -> None:
+    """Verify block vs chain of single-token forwards on a quantized decoder, byte for byte."""
+    from patchkit.probe import Options, report
+    from patchkit.probe import run as probe_run
+
+    click.get_current_context().meta["json"] = as_json
+    max_t = kw.pop("max_t")
+    if not 2 <= max_t <= 16:
+        raise UserError("--max-t must lie in 2..16")
+    opts = Options(
+        size=kw["size"],
+        bits=tuple(int(b) for b in kw["bits"]) or (4, 8),
+        arms=tuple(kw["arms"]) or ("stock", "streamed"),
+        ts=tuple(range(2, max_t + 1)),
+        prompt_len=kw["prompt_len"],
+        seed=kw["seed"],
+        per_op=kw["per_op"],
+        timing=kw["timing"],
+        alpha=kw["acceptance"],
+        cuda_header=kw["cuda_header"],
+        root=_probe_root(),
+    )
+    with progress(as_json) as say:
+        payload = probe_run(opts, say)
+    if out:
+        report.write(payload, out, "patchkit probe " + " ".join(sys.argv[2:]))
+    emit(as_json, payload, report.human(payload))
