@@ -7,6 +7,7 @@ This is the library entry point the CLI and the device driver both call
 from __future__ import annotations
 
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -49,6 +50,7 @@ class Options:
     cuda_header: Path | None = None
     vecs: tuple[int, ...] = field(default_factory=lambda: _render_vecs())
     root: Path = Path(".")
+    deadline_s: float | None = None  # no new (bits, arm) after this many seconds
 
     def validate(self) -> None:
         """UserError for inputs the probe cannot honour, with the fix in the message."""
@@ -170,10 +172,15 @@ def run(
     }
     prompt = _tokens(spec.vocab, opts.prompt_len, opts.seed + 1)
     drafts = _tokens(spec.vocab, max(opts.ts), opts.seed + 2)
+    t0 = time.perf_counter()
+    payload["skipped_for_deadline"] = []
     for bits in opts.bits:
         progress(f"building {spec.name} at {bits} bits")
         model = build(spec, bits, opts.seed, opts.dtype)
         for arm in arms:
+            if opts.deadline_s is not None and time.perf_counter() - t0 > opts.deadline_s:
+                payload["skipped_for_deadline"].append({"bits": bits, "arm": arm})
+                continue
             progress(f"{bits}-bit {arm}: block vs chain for T = {list(opts.ts)}")
             payload["results"].append(probe_arm(model, arm, opts, prompt, drafts))
             on_result(payload)
