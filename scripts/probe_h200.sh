@@ -34,6 +34,8 @@ case "$mode" in
     if site=$(find_site); then
       echo "reusing unpacked MLX at $site"
     else
+      ls /tmp
+      ls /tmp/mlxpack/part_* >/dev/null 2>&1 || { echo "no unpacked MLX and no staged part a: run 'stage' first" >&2; exit 4; }
       site=$SITE; mkdir -p "$site"
       cat /tmp/mlxpack/part_* .mlxpack/b/part_* | tar xJf - -C "$site"
       python3 -c "import zipfile,glob,sys; zipfile.ZipFile(glob.glob('.mlxpack/b/mlx-0.32.1-*.whl')[0]).extractall(sys.argv[1])" "$site"
