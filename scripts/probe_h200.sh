@@ -27,6 +27,12 @@ find_site() {  # an importable MLX 0.32.1 with the CUDA backend already unpacked
   return 1
 }
 
+# MLX's CUDA libs resolve the image's CUDA 13 runtime from the torch venv's nvidia packages
+# (as docs/benchmark_results/cuda-h200-2026-11-29.md's commands do).
+NV=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
+LD_LIBRARY_PATH=$(ls -d "$NV"/*/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH
+
 case "$mode" in
   stage)
     mkdir -p /tmp/mlxpack && cp .mlxpack/a/part_* /tmp/mlxpack/ && ls -la /tmp/mlxpack ;;
@@ -39,6 +45,7 @@ case "$mode" in
       site=$SITE; mkdir -p "$site"
       cat /tmp/mlxpack/part_* .mlxpack/b/part_* | tar xJf - -C "$site"
       python3 -c "import zipfile,glob,sys; zipfile.ZipFile(glob.glob('.mlxpack/b/mlx-0.32.1-*.whl')[0]).extractall(sys.argv[1])" "$site"
+      ln -sfn "$NV" "$site/nvidia"
     fi
     export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

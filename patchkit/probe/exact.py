@@ -131,18 +131,19 @@ def per_op(trace: Trace) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"calls": 0, "rows_differing": 0, "layers_differing": []}
     )
-    for call in trace.calls:
-        t = call.out.shape[call.axis]
-        singles = [call.single(i) for i in range(t)]
-        mx.eval(call.out, singles)
+    # One eval for every op's one-position recomputes: thousands of tiny evals would
+    # dominate a GPU run; evaluation order cannot change any op's result.
+    singles = [[c.single(i) for i in range(c.out.shape[c.axis])] for c in trace.calls]
+    mx.eval([c.out for c in trace.calls], singles)
+    for call, rows in zip(trace.calls, singles, strict=True):
         block = _np(call.out)
-        bad = 0
-        for i, s in enumerate(singles):
-            row = np.take(block, [i], axis=call.axis)
-            bad += int(not np.array_equal(row, _np(s)))
+        bad = sum(
+            not np.array_equal(np.take(block, [i], axis=call.axis), _np(s))
+            for i, s in enumerate(rows)
+        )
         rec = out[call.name]
         rec["calls"] += 1
-        rec["rows_differing"] += bad
+        rec["rows_differing"] += int(bad)
         if bad:
             rec["layers_differing"].append(call.layer)
     return dict(out)
