@@ -180,7 +180,8 @@ def _environment(template_dir: Path) -> jinja2.Environment:
     )
 
 
-def _context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object]:
+def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object]:
+    """The Jinja context every snippet of a patch sees; harnesses use it to render the same text."""
     return {
         "flavour": options.flavour,
         "routing": options.routing,
@@ -232,10 +233,10 @@ def _apply_edit(text: str, edit: Edit, snippet: str) -> str:
 def render_file(plan: FilePlan, upstream_text: str, options: RenderOptions) -> str:
     """The patched text of one upstream file."""
     derived = {d.name: derive(upstream_text, d) for d in plan.derives}
-    context = _context(options, derived)
+    ctx = context(options, derived)
     text = upstream_text
     for edit in plan.edits:
-        snippet = render_snippet(plan, edit.template, context)
+        snippet = render_snippet(plan, edit.template, ctx)
         if not snippet.strip():
             continue  # an option turned this edit off
         text = _apply_edit(text, edit, snippet)

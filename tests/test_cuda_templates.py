@@ -44,12 +44,12 @@ def test_kernel_snippet_keeps_the_m1_order_per_vector() -> None:
     """One sums row per vector, one cg::reduce per vector, M passed in, tails guarded."""
     ctx = _ctx(dequant_fma_streamed_t="/*T*/", dequant_fma_streamed_f="/*F*/")
     text = render.render_snippet(_plan(QMV), "streamed_kernel.cu.j2", ctx)
-    assert "sums[V][elems_per_thread] = {};" in text
+    assert "sums[V][elems_per_thread] =\n      {};" in text
     assert "dequant_fma_streamed<V, elems_per_thread, has_bias>(" in text
     assert text.count("cg::reduce(warp, sum, cg::plus<float>{})") == 1  # inside the per-v loop
     assert re.search(r"for \(int v = 0; v < V; \+\+v\) \{\s*if \(v < nv\)", text)
     assert "int m,\n    int n," in text and "grid.dim_blocks().y" not in text
-    assert text.startswith("/*T*/\n/*F*/\n")
+    assert text.startswith("/*T*/\n\n/*F*/\n\n")
 
 
 @pytest.mark.parametrize("vecs", [(2, 3, 4, 5), (2, 4, 8), (8,)])  # lead's default, CUDA's, one V

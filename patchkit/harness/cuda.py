@@ -114,7 +114,7 @@ def streamed_kernel_text(qmv_source: str, options: render.RenderOptions | None =
     options = options or render.RenderOptions()
     plan = _qmv_plan()
     derived = {d.name: render.derive(qmv_source, d) for d in plan.derives}
-    return render.render_snippet(plan, KERNEL_TEMPLATE, render._context(options, derived))
+    return render.render_snippet(plan, KERNEL_TEMPLATE, render.context(options, derived))
 
 
 def jit_header(qmv_source: str, options: render.RenderOptions | None = None) -> str:

@@ -4,7 +4,7 @@
 // base blob:  4d25f3c3e0ac4f2a5561631db4b492fbf1deab3c
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -103,6 +103,18 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
+//   @@ -103,6 +103,17 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
 // end of patchkit header
 // Copyright © 2025 Apple Inc.
 
@@ -116,8 +116,7 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   // the same rows would run qmv: then every row is bit-identical to M = 1.
   // fp modes served by fp_qmv keep their stock routing.
   bool m1_runs_qmv =
-      (can_use_qmm_sm90 ? (B == 1 && N <= 16384 && K <= 16384)
-                        : (B < 8));
+      (can_use_qmm_sm90 ? (B == 1 && N <= 16384 && K <= 16384) : (B < 8));
   if (can_use_qmv && !can_use_fp_qmv && M >= 2 && M <= 16 && m1_runs_qmv) {
     call_qmv();
     return;

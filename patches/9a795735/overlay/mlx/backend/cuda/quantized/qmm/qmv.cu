@@ -4,9 +4,9 @@
 // base blob:  4ec6b95a7a2d8a0680d74d2a4849dc63a04a387d
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -208,6 +208,249 @@ __global__ void qmv_kernel(
-//   @@ -293,6 +536,76 @@ void qmv(
-//   @@ -439,6 +752,25 @@ void qmv(
+//   @@ -208,6 +208,284 @@ __global__ void qmv_kernel(
+//   @@ -293,6 +571,84 @@ void qmv(
+//   @@ -439,6 +795,28 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -218,9 +218,15 @@ __global__ void qmv_kernel(
       x, w, scales, biases, global_scale, out, row, w_batch, n, k);
 }
 
-template <int V,int N, bool has_bias, typename T, typename Q, typename S>
-__device__ __forceinline__ void
-dequant_fma_streamed(const T* x0, int64_t x_stride, const Q* w, S scale, T bias, T (*out0)[N], int nv) {
+template <int V, int N, bool has_bias, typename T, typename Q, typename S>
+__device__ __forceinline__ void dequant_fma_streamed(
+    const T* x0,
+    int64_t x_stride,
+    const Q* w,
+    S scale,
+    T bias,
+    T (*out0)[N],
+    int nv) {
   // Read x/w into registers.
   auto w_vec = *(reinterpret_cast<const cutlass::Array<Q, N>*>(w));
   // Output is assumed to be registers.
@@ -247,12 +253,13 @@ dequant_fma_streamed(const T* x0, int64_t x_stride, const Q* w, S scale, T bias,
     if (v < nv) {
       const T* x = x0 + v * x_stride;
       auto* out = out0[v];
-  auto x_vec = *(reinterpret_cast<const cutlass::Array<T, N>*>(x));
-  auto* out_vec = reinterpret_cast<cutlass::Array<T, N>*>(out);
-  *out_vec = cutlass::fma(x_vec, w_dq, *out_vec);
+      auto x_vec = *(reinterpret_cast<const cutlass::Array<T, N>*>(x));
+      auto* out_vec = reinterpret_cast<cutlass::Array<T, N>*>(out);
+      *out_vec = cutlass::fma(x_vec, w_dq, *out_vec);
     }
   }
 }
+
 template <
     int V,
     int N,
@@ -261,8 +268,14 @@ template <
     typename Q,
     typename S,
     typename = cuda::std::enable_if_t<!cuda::std::is_same_v<T, float>>>
-__device__ __forceinline__ void
-dequant_fma_streamed(const T* x0, int64_t x_stride, const Q* w, S scale, T bias, float (*out0)[N], int nv) {
+__device__ __forceinline__ void dequant_fma_streamed(
+    const T* x0,
+    int64_t x_stride,
+    const Q* w,
+    S scale,
+    T bias,
+    float (*out0)[N],
+    int nv) {
   // Read x/w into registers.
   auto w_vec = *(reinterpret_cast<const cutlass::Array<Q, N>*>(w));
   // Output is assumed to be registers.
@@ -287,13 +300,14 @@ dequant_fma_streamed(const T* x0, int64_t x_stride, const Q* w, S scale, T bias,
     if (v < nv) {
       const T* x = x0 + v * x_stride;
       auto* out = out0[v];
-  auto x_vec = *(reinterpret_cast<const cutlass::Array<T, N>*>(x));
-  auto* out_vec = reinterpret_cast<cutlass::Array<float, N>*>(out);
-  cutlass::Array<float, N> x_f = converter_ft(x_vec);
-  *out_vec = cutlass::fma(x_f, w_f, *out_vec);
+      auto x_vec = *(reinterpret_cast<const cutlass::Array<T, N>*>(x));
+      auto* out_vec = reinterpret_cast<cutlass::Array<float, N>*>(out);
+      cutlass::Array<float, N> x_f = converter_ft(x_vec);
+      *out_vec = cutlass::fma(x_f, w_f, *out_vec);
     }
   }
 }
+
 // Streamed qmv: one warp per output row and V vectors per warp. Each vector
 // keeps its own sums[], receives the same fma on the same dequantized tile in
 // the same order and goes through the same cg::reduce as qmv_kernel_impl does
@@ -335,7 +349,8 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
   }
 
   // One accumulator row per vector, of the type qmv_kernel_impl uses.
-  cuda::std::conditional_t<(bits >= 8), float, T> sums[V][elems_per_thread] = {};
+  cuda::std::conditional_t<(bits >= 8), float, T> sums[V][elems_per_thread] =
+      {};
 
   auto dequant_fma_tile = [&](int idx) {
     S scale = scales[idx / group_size];
@@ -344,7 +359,13 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
       bias = biases[idx / group_size];
     }
     dequant_fma_streamed<V, elems_per_thread, has_bias>(
-        x + idx, static_cast<int64_t>(k), w + w_step(idx), scale, bias, sums, nv);
+        x + idx,
+        static_cast<int64_t>(k),
+        w + w_step(idx),
+        scale,
+        bias,
+        sums,
+        nv);
   };
 
   constexpr int elems_per_warp = WARP_SIZE * elems_per_thread;
@@ -425,8 +446,22 @@ __device__ __forceinline__ void qmv_streamed_kernel_body(
   out += static_cast<int64_t>(v0) * n + static_cast<int64_t>(m) * n * l;
   int w_batch = broadcast_w ? 0 : l;
 
-  qmv_streamed_kernel_impl<V, elems_per_thread, group_size, has_bias, has_residue_k>(
-      x, w, scales, biases, global_scale, out, row, w_batch, n, k,
+  qmv_streamed_kernel_impl<
+      V,
+      elems_per_thread,
+      group_size,
+      has_bias,
+      has_residue_k>(
+      x,
+      w,
+      scales,
+      biases,
+      global_scale,
+      out,
+      row,
+      w_batch,
+      n,
+      k,
       cuda::std::min(V, m - v0));
 }
 
@@ -546,7 +581,6 @@ void qmv(
   });
 }
 
-
 // Every M >= 2 that reaches qmv streams: its rows equal M = 1's bit for bit.
 inline bool use_qmv_streamed(int m) {
   return m >= 2;
@@ -584,7 +618,16 @@ void qmv_streamed(
         uint32_t(cuda::ceil_div(n, rows_per_block) * m_tiles), 1, uint32_t(l)};
     dim3 block_dims{WARP_SIZE, rows_per_block};
     void* args[] = {
-        &x, &w, &scales, &biases, &global_scale, &out, &m, &n, &k, &broadcast_w};
+        &x,
+        &w,
+        &scales,
+        &biases,
+        &global_scale,
+        &out,
+        &m,
+        &n,
+        &k,
+        &broadcast_w};
     dispatch_bool(k % (WARP_SIZE * elems_per_thread), [&](auto has_residue_k) {
       auto* kernel = &qmv_streamed_kernel<
           V,
@@ -775,7 +818,10 @@ void qmv(
                 k,
                 l,
                 broadcast_w,
-                [&](auto* kernel, dim3 num_blocks, dim3 block_dims, void** args) {
+                [&](auto* kernel,
+                    dim3 num_blocks,
+                    dim3 block_dims,
+                    void** args) {
                   encoder.add_kernel_node_raw(
                       kernel, num_blocks, block_dims, {}, 0, args);
                 });
