@@ -183,9 +183,20 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
 @click.option("-N", "N", type=int, help="Output size (rows of the weight matrix).")
 @click.option("-M", "M", type=int, default=6, show_default=True, help="Vectors in the batch.")
 @click.option("-B", "B", type=int, default=1, show_default=True, help="Batch count.")
-@click.option("--bits", type=int, default=4, show_default=True)
-@click.option("--group-size", type=int, default=64, show_default=True)
+@click.option("--bits", type=int, default=4, show_default=True, help="Affine bits.")
+@click.option("--group-size", type=int, default=64, show_default=True, help="Affine group size.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float16")
+@click.option(
+    "--mode",
+    type=click.Choice(["all", "affine", "fp", "mxfp4", "nvfp4", "mxfp8"]),
+    default="all",
+    show_default=True,
+    help="Mode(s) the matrix runs (fp: the three fp modes); --kernel takes one (all: affine).",
+)
+@click.option(
+    "--global-scale", is_flag=True, help="With --kernel and --mode nvfp4: the _hgs variant."
+)
+@click.option("--narrow", is_flag=True, help="With --kernel and --mode nvfp4: the r_2 fast tile.")
 @click.option(
     "--toolchain",
     type=click.Choice(["gcc", "clang", "both"]),
@@ -194,12 +205,19 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
     help="g++ -ffp-contract=off, clang -ffp-contract=on -mfma, or both.",
 )
 @click.option(
-    "--full", is_flag=True, help="Run the full matrix (~8,100 cases) instead of the default subset."
+    "--full",
+    is_flag=True,
+    help="Run the full matrix (~8,100 affine, ~2,500 fp cases) instead of the default subset.",
 )
 @click.option(
     "--header",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The pin's upstream quantized.h (default: the release-twin wheel's); hash-checked.",
+)
+@click.option(
+    "--fp-header",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The pin's fp_quantized.h, with fp4.h/fp8.h beside it (default: the wheel's).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: Any) -> None:
@@ -208,7 +226,9 @@ def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: 
 
     root = find_root(Path.cwd())
     with progress(as_json) as say:
-        if kernel:
+        if kernel and opts["mode"] not in ("all", "affine"):
+            payload, human, ok = cli_support.fp_one_case(root, kernel, opts, say)
+        elif kernel:
             payload, human, ok = cli_support.one_case(root, header, kernel, opts, say)
         else:
             payload, human, ok = cli_support.matrix(root, header, opts, say)

@@ -86,8 +86,10 @@ def require_compiler(toolchain: Toolchain) -> str:
     return path
 
 
-def translation_unit(extracted: Extracted, combos: list[tuple[str, int, int]]) -> str:
-    """The full C++ source: shim, kernel source, combos, runner."""
+def translation_unit(
+    extracted: Extracted, combos: list[tuple[str, int, int]], runner: str = "runner.cpp"
+) -> str:
+    """The full C++ source: shim, kernel source, combos, runner (``runner_fp.cpp`` for fp)."""
     has = "\n".join(f"#define PATCHKIT_HAS_{k} 1" for k in extracted.kernels)
     combo_lines = " ".join(
         f"PATCHKIT_COMBO({DTYPES[d][1]}, {DTYPES[d][0]}, {g}, {b})" for d, g, b in combos
@@ -98,15 +100,20 @@ def translation_unit(extracted: Extracted, combos: list[tuple[str, int, int]]) -
             extracted.source,
             has,
             f"#define PATCHKIT_COMBOS {combo_lines}",
-            (HERE / "runner.cpp").read_text(),
+            (HERE / runner).read_text(),
         ]
     )
 
 
-def build(extracted: Extracted, combos: list[tuple[str, int, int]], toolchain: Toolchain) -> Path:
+def build(
+    extracted: Extracted,
+    combos: list[tuple[str, int, int]],
+    toolchain: Toolchain,
+    runner: str = "runner.cpp",
+) -> Path:
     """A shared library running ``extracted``'s kernels for ``combos``; cached."""
     compiler = require_compiler(toolchain)
-    source = translation_unit(extracted, combos)
+    source = translation_unit(extracted, combos, runner)
     cmd_tail = [*COMMON_FLAGS, *toolchain.flags, f"-I{HERE}"]
     shim = (HERE / "metal_shim.h").read_text()
     key = hashlib.sha256("\0".join([source, shim, compiler, *cmd_tail]).encode()).hexdigest()
@@ -151,3 +158,52 @@ class Library:
             raise UserError(f"emulated kernel failed: {err.value.decode()}")
         if rc == 2:
             raise UserError(f"kernel {kind} for {dtype} gs={gs} bits={bits} not built")
+
+
+class FpLibrary:
+    """A loaded fp kernel library (``runner_fp.cpp``); ``run`` executes one kernel launch."""
+
+    def __init__(self, path: Path):
+        self._lib = ctypes.CDLL(str(path))
+        self._run = self._lib.pk_run_fp
+        self._run.restype = ctypes.c_int
+        self._run.argtypes = (
+            [ctypes.c_int] * 11
+            + [ctypes.c_void_p] * 5
+            + [
+                ctypes.c_char_p,
+                ctypes.c_int,
+            ]
+        )
+
+    def decode(self, kind: int, byte: int) -> float:
+        """The compiled fp4_e2m1 (0), fp8_e4m3 (1) or fp8_e8m0 (2) decode of ``byte``."""
+        fn = self._lib.pk_fp_decode
+        fn.restype = ctypes.c_float
+        fn.argtypes = [ctypes.c_int, ctypes.c_int]
+        return float(fn(kind, byte))
+
+    def run(
+        self,
+        dtype: str,
+        gs: int,
+        bits: int,
+        kind: int,
+        V: int,
+        hgs: bool,
+        rps: int,
+        dims: tuple[int, int, int, int],
+        buffers: tuple,
+    ) -> None:
+        """Run fp kernel ``kind`` with ``dims = (B, M, N, K)`` on ``buffers`` (w, s, g, x, y)."""
+        err = ctypes.create_string_buffer(512)
+        ptrs = [buf.ctypes.data for buf in buffers]
+        rc = self._run(
+            DTYPES[dtype][0], gs, bits, kind, V, int(hgs), rps, *dims, *ptrs, err, len(err)
+        )
+        if rc == 1:
+            raise UserError(f"emulated kernel failed: {err.value.decode()}")
+        if rc == 2:
+            raise UserError(
+                f"fp kernel {kind} for {dtype} gs={gs} bits={bits} hgs={hgs} rps={rps} not built"
+            )

@@ -87,3 +87,87 @@ def extract(header: str, kernels: tuple[str, ...]) -> Extracted:
         spans.append(fn.span)
     body = "\n\n".join(header[a:b] for a, b in sorted(spans))
     return Extracted(source=_constants(header) + "\n\n" + body + "\n", kernels=tuple(kernels))
+
+
+# ---- the fp modes (fp_quantized.h) -------------------------------------------
+
+# Helpers the fp kernels need, in the same (name, overload index) form; the
+# Dequantize struct is taken separately (a struct, not a function).
+FP_HELPERS: tuple[tuple[str, int | None], ...] = (
+    ("get_pack_factor", None),
+    ("get_bytes_per_pack", None),
+    ("dequantize_scale", None),
+    ("load_vector", None),
+    ("load_vector_safe", None),
+    ("qdot", None),
+    ("qdot_safe", None),
+    ("adjust_matrix_offsets", 0),
+)
+FP_STRUCTS = ("Dequantize",)
+
+FP_KERNELS: dict[str, tuple[str, ...]] = {
+    "fp_qmv_fast": ("fp_qmv_fast_impl", "fp_qmv_fast"),
+    "fp_qmv": ("fp_qmv_impl", "fp_qmv"),
+    "fp_qmv_wide": ("fp_qmv_wide_impl", "fp_qmv_wide"),
+    "fp_qmv_fast_streamed": (
+        "qdot_thread",
+        "load_packed_weights",
+        "fp_qmv_fast_streamed_impl",
+        "fp_qmv_fast_streamed",
+    ),
+    "fp_qmv_streamed": (
+        "qdot_thread",
+        "qdot_safe_thread",
+        "load_packed_weights",
+        "fp_qmv_streamed_impl",
+        "fp_qmv_streamed",
+    ),
+}
+FP_UPSTREAM_KERNELS = ("fp_qmv_fast", "fp_qmv", "fp_qmv_wide")
+FP_STREAMED_KERNELS = ("fp_qmv_fast_streamed", "fp_qmv_streamed")
+
+
+def _struct_span(header: str, name: str) -> tuple[int, int]:
+    """Span of ``[template <...>] struct name { ... };`` in ``header``."""
+    pattern = rf"^(?:template\s*<[^;{{}}]*>\s*)?struct\s+{re.escape(name)}\s*\{{"
+    found = list(re.finditer(pattern, header, re.M))
+    if len(found) != 1:
+        raise UserError(f"the fp header defines struct '{name}' {len(found)} times, not once")
+    m = found[0]
+    end = cxx.match_brace(header, m.end() - 1)
+    if header[end : end + 1] == ";":
+        end += 1
+    return m.start(), end
+
+
+def _without_pragma_once(text: str) -> str:
+    return re.sub(r"^#pragma once\s*$", "", text, flags=re.M)
+
+
+def extract_fp(header: str, fp4: str, fp8: str, kernels: tuple[str, ...]) -> Extracted:
+    """Source for the fp ``kernels`` from ``fp_quantized.h`` and the fp types it includes.
+
+    ``fp4.h`` and ``fp8.h`` (the ``fp4_e2m1``, ``fp8_e4m3`` and ``fp8_e8m0``
+    types, with the decode the kernels use) are taken whole: they hold only
+    those structs and two constants, and compile under the shim as they are.
+    """
+    unknown = set(kernels) - set(FP_KERNELS)
+    if unknown:
+        raise UserError(f"unknown fp kernel(s) {sorted(unknown)}; choose from {sorted(FP_KERNELS)}")
+    wanted: list[tuple[str, int | None]] = list(FP_HELPERS)
+    for kernel in kernels:
+        wanted += [(name, None) for name in FP_KERNELS[kernel] if (name, None) not in wanted]
+    spans = [_struct_span(header, name) for name in FP_STRUCTS]
+    for name, index in wanted:
+        try:
+            fn = cxx.find_function(header, name, index)
+        except AnchorError as exc:
+            raise UserError(
+                f"the fp kernel header has no '{name}' (needed for {', '.join(kernels)}): {exc}"
+            ) from exc
+        spans.append(fn.span)
+    body = "\n\n".join(header[a:b] for a, b in sorted(spans))
+    types = _without_pragma_once(fp4) + "\n" + _without_pragma_once(fp8)
+    return Extracted(
+        source=types + "\n" + _constants(header) + "\n\n" + body + "\n", kernels=tuple(kernels)
+    )

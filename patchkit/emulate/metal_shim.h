@@ -139,6 +139,19 @@ struct narrow_float {
   operator float() const {
     return Traits::to_float(bits_);
   }
+  // Negation flips the sign bit, as it does on the GPU (exact, no rounding).
+  narrow_float operator-() const {
+    narrow_float r;
+    r.bits_ = static_cast<uint16_t>(bits_ ^ 0x8000u);
+    return r;
+  }
+  // fp4.h / fp8.h scale a decoded half in place (`converted *= 16384.0`):
+  // computed in float and rounded once to the narrow type.
+  template <typename X>
+  narrow_float& operator*=(X v) {
+    *this = narrow_float(float(*this) * float(v));
+    return *this;
+  }
 };
 
 #define PATCHKIT_NARROW_OP(op)                                        \
@@ -156,6 +169,48 @@ PATCHKIT_NARROW_OP(/)
 typedef narrow_float<half_traits> half;
 typedef half float16_t;
 typedef narrow_float<bfloat_traits> bfloat16_t;
+
+// ---- what fp4.h / fp8.h and the fp kernels use ------------------------------
+// Metal's `constant` on a namespace-scope constant is erased like the others.
+
+// Reinterpret the bits of one type as another of the same size.
+template <typename To, typename From>
+inline To as_type(From from) {
+  static_assert(sizeof(To) == sizeof(From), "as_type needs equal sizes");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
+namespace metal {
+using std::abs;
+using std::isfinite;
+using std::isnan;
+using std::log2;
+using std::round;
+using std::signbit;
+}  // namespace metal
+
+// vec<T, 4> and float4 as fp_qmv_wide_impl reads x and holds dequantized
+// weights; dot() sums the four products left to right (the negative control
+// only needs some fixed order).
+template <typename T, int N>
+struct vec {
+  T v[N];
+};
+
+struct float4 {
+  float x, y, z, w;
+  float4() = default;
+  float4(float a, float b, float c, float d) : x(a), y(b), z(c), w(d) {}
+  template <typename T>
+  explicit float4(const vec<T, 4>& o)
+      : x(float(o.v[0])), y(float(o.v[1])), z(float(o.v[2])), w(float(o.v[3])) {}
+};
+
+inline float dot(float4 a, float4 b) {
+  return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
 
 // ---- lock-step simdgroups --------------------------------------------------
 namespace patchkit {
@@ -311,8 +366,18 @@ inline float simd_shuffle_down(float v, ushort delta) {
 // Batched entry points call these only when a batch has more than one
 // dimension; the parity suite's batches are one-dimensional (strided), so
 // they must never run. Reaching one is an error, not a silent zero.
+// The affine header takes a ulong3 from elem_to_loc_broadcast, the fp header a
+// ulong2: the (never produced) result converts to either.
+struct unreachable_loc {
+  operator ulong2() const {
+    return {};
+  }
+  operator ulong3() const {
+    return {};
+  }
+};
 template <typename... Args>
-inline ulong3 elem_to_loc_broadcast(Args...) {
+inline unreachable_loc elem_to_loc_broadcast(Args...) {
   throw std::runtime_error("elem_to_loc_broadcast: multi-dim batch not emulated");
 }
 template <typename... Args>

@@ -1,0 +1,227 @@
+"""The fp streamed kernels (mxfp4, nvfp4, mxfp8) are bit-identical to M = 1 on the
+CPU execution path, and the harness can see a difference when there is one.
+
+These run the real kernel source: upstream's functions from the pinned wheel's
+fp_quantized.h (hash-checked), the fp types from the same wheel's fp4.h and
+fp8.h, and ours rendered onto the header by the templates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from patchkit.emulate import build, extract, fp
+from patchkit.errors import BlobMismatchError
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = extract.FP_UPSTREAM_KERNELS + extract.FP_STREAMED_KERNELS
+
+
+@pytest.fixture(scope="module")
+def headers() -> tuple[str, tuple[str, str]]:
+    return fp.pinned_fp_headers(ROOT)
+
+
+@pytest.fixture(scope="module")
+def patched(headers: tuple[str, tuple[str, str]]) -> str:
+    return fp.patched_fp_header(headers[0])
+
+
+@pytest.fixture(scope="module")
+def types(headers: tuple[str, tuple[str, str]]) -> tuple[str, str]:
+    return headers[1]
+
+
+@pytest.fixture(scope="module", params=["gcc", "clang"])
+def toolchain(request: pytest.FixtureRequest) -> build.Toolchain:
+    tc = build.TOOLCHAINS[request.param]
+    build.require_compiler(tc)
+    return tc
+
+
+def _cases_for(toolchain: build.Toolchain) -> list[fp.FpCase]:
+    # clang builds at -O0 and runs several times slower. Its default share is
+    # what contraction could break: every float32 case (where the control is
+    # loudest) and the nvfp4 global-scale and r_2 variants, at N <= 64;
+    # `patchkit emulate --mode fp --full` runs everything with both.
+    cases = fp.default_matrix()
+    if toolchain.name == "clang":
+        picked = [c for c in cases if c.dtype == "float32" or (c.hgs or c.rps == 2)]
+        small = [dataclasses.replace(c, N=fp.small_shape(c.K, c.N)[1]) for c in picked]
+        cases = [c for c in small if c.dtype != "bfloat16"]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def report(patched: str, types: tuple[str, str], toolchain: build.Toolchain) -> fp.FpReport:
+    return fp.run(patched, types, _cases_for(toolchain), toolchain)
+
+
+def test_streamed_rows_equal_m1_bitwise(report: fp.FpReport) -> None:
+    assert report.streamed(), "no streamed cases ran"
+    assert report.failures() == []
+
+
+def test_matrix_reaches_every_path_tile_and_variant(report: fp.FpReport) -> None:
+    ran = {(r.case.mode, r.m1_kernel, r.V) for r in report.streamed()}
+    for mode, m1, V in itertools.product(fp.MODES, ("fp_qmv_fast", "fp_qmv"), (2, 3, 4, 5)):
+        if m1 == "fp_qmv" or V in (2, 3, 4, 5):
+            assert (mode, m1, V) in ran or (m1 == "fp_qmv" and V in (3, 4)), (mode, m1, V)
+    cases = [r.case for r in report.streamed()]
+    for mode in fp.MODES:
+        assert any(c.mode == mode and c.B > 1 and not c.fast for c in cases)
+        assert any(c.mode == mode and c.B > 1 and c.fast for c in cases)
+        # fp_qmv's guarded (N < 8) branch and its moved-back branch, each with a K tail.
+        assert any(c.mode == mode and c.N < 8 and c.K % 256 for c in cases)
+        assert any(c.mode == mode and c.N >= 8 and not c.fast and c.K % 256 for c in cases)
+    assert any(c.hgs and c.fast for c in cases) and any(c.hgs and not c.fast for c in cases)
+    assert any(c.rps == 2 and c.hgs for c in cases) and any(c.rps == 2 and not c.hgs for c in cases)
+
+
+def test_negative_control_fp_qmv_wide_diverges(report: fp.FpReport) -> None:
+    # Measured on the default matrix: 100% of float32 cases differ with both
+    # toolchains, about half of float16 (the rounding of fp rows hides most
+    # last-ulp float32 differences; see fp.SHAPES).
+    assert report.control_divergence(("float32",)) >= fp.MIN_FP_F32_DIVERGENCE
+    if report.toolchain == "gcc":
+        assert report.control_divergence(("float16",)) > 0.25
+    assert fp.summarize(report)["ok"] is True
+
+
+def _mutant_run(
+    patched: str, types: tuple[str, str], mutated: str, cases: list[fp.FpCase]
+) -> fp.FpReport:
+    # clang -O0: a mutant is built once and runs a few small cases, so the
+    # faster build wins.
+    assert mutated != patched
+    return fp.run(mutated, types, cases, build.TOOLCHAINS["clang"], controls=False)
+
+
+def _in_qdot_thread(patched: str, old: str, new: str) -> str:
+    """``patched`` with the first ``old`` inside the derived qdot_thread replaced."""
+    start = patched.index("qdot_thread(")
+    at = patched.index(old, start)
+    assert at < patched.index("qdot_safe_thread(")
+    return patched[:at] + new + patched[at + len(old) :]
+
+
+def test_harness_catches_a_reordered_streamed_kernel(patched: str, types: tuple[str, str]) -> None:
+    # Mutations of the derived qdot_thread that keep the value in exact
+    # arithmetic but change the order: the 4-bit sum regrouped, the 8-bit sum
+    # taken in reverse. (Moving the scale inside the sum would not do: e8m0
+    # scales are powers of two, so that changes no bits.) A harness that cannot see these could not
+    # prove identity.
+    regrouped = _in_qdot_thread(
+        patched,
+        "accum +=\n          (x_thread[4 * i] * Dequantize<4>{}(ws[i]) +",
+        "accum = accum + x_thread[4 * i] * Dequantize<4>{}(ws[i]) + (",
+    )
+    reversed_8bit = _in_qdot_thread(
+        patched,
+        "accum += x_thread[i] * Dequantize<8>{}(w[i]);",
+        "accum += x_thread[values_per_thread - 1 - i] *\n"
+        "            Dequantize<8>{}(w[values_per_thread - 1 - i]);",
+    )
+    # Both mutations in one header (they sit in different branches of
+    # qdot_thread), one build per mode.
+    both = _in_qdot_thread(
+        regrouped,
+        "accum += x_thread[i] * Dequantize<8>{}(w[i]);",
+        "accum += x_thread[values_per_thread - 1 - i] *\n"
+        "            Dequantize<8>{}(w[values_per_thread - 1 - i]);",
+    )
+    assert reversed_8bit != patched
+    cases = [
+        fp.FpCase(mode, K, N, "float32", M)
+        for mode in ("mxfp4", "mxfp8")
+        for K, N, M in ((1024, 64, 5), (544, 37, 7))
+    ]
+    mutant = _mutant_run(patched, types, both, cases)
+    assert len(mutant.failures()) == len(cases)
+
+
+def test_harness_checks_the_global_scale_store(patched: str, types: tuple[str, str]) -> None:
+    # Mutation: the streamed kernels forget the nvfp4 global scale at the store.
+    # Only the _hgs cases can see it, so this shows they really run with it.
+    store = "static_cast<T>(result[v][row] * inv_scale_enc)"
+    assert patched.count(store) == 2
+    mutated = patched.replace(store, "static_cast<T>(result[v][row])")
+    cases = [
+        fp.FpCase("nvfp4", 1024, 64, "float16", 5, hgs=True),
+        fp.FpCase("nvfp4", 544, 37, "float16", 3, hgs=True),
+        fp.FpCase("nvfp4", 1024, 64, "float16", 5),
+    ]
+    mutant = _mutant_run(patched, types, mutated, cases)
+    assert [r.identical for r in mutant.streamed()] == [False, False, True]
+
+
+def test_fp_types_decode_as_the_ocp_mx_spec(patched: str, types: tuple[str, str]) -> None:
+    # fp4.h and fp8.h are compiled from the wheel as they are; their decode
+    # must match values derived here from the OCP MX spec (v1.0, section 5.3):
+    # E2M1 bias 1, E4M3 bias 7 with subnormals, E8M0 = 2^(e - 127).
+    # The mxfp4 library the matrix builds (a cache hit after the report).
+    lib = fp.build_libraries(
+        patched, types, fp.default_matrix(("mxfp4",)), build.TOOLCHAINS["gcc"], KERNELS
+    )["mxfp4"]
+
+    def e2m1(b: int) -> float:
+        e, m = (b >> 1) & 3, b & 1
+        mag = m * 0.5 if e == 0 else 2.0 ** (e - 1) * (1 + m / 2)
+        return -mag if b & 8 else mag
+
+    def e4m3(b: int) -> float:
+        e, m = (b >> 3) & 15, b & 7
+        mag = m / 8 * 2.0**-6 if e == 0 else 2.0 ** (e - 7) * (1 + m / 8)
+        return -mag if b & 0x80 else mag
+
+    assert [lib.decode(0, b) for b in range(16)] == [e2m1(b) for b in range(16)]
+    for b in range(256):
+        if b & 0x7F == 0x7F:
+            # The spec's NaN code; MLX's decode (a bit shift into half) gives
+            # +-480, which the kernels then use like any weight.
+            assert lib.decode(1, b) == (-480.0 if b & 0x80 else 480.0)
+        else:
+            assert lib.decode(1, b) == e4m3(b), hex(b)
+    for b in range(255):
+        # MLX decodes exponent 0 as 2^-127 (a float subnormal), as the spec says.
+        assert lib.decode(2, b) == math.ldexp(1.0, b - 127), b
+    # The spec's NaN code 0xFF; MLX's decode gives +inf.
+    assert lib.decode(2, 255) == math.inf
+
+
+def test_pinned_fp_header_refuses_a_different_blob(tmp_path: Path, headers) -> None:
+    other = tmp_path / "fp_quantized.h"
+    other.write_text(headers[0] + "\n// changed\n")
+    with pytest.raises(BlobMismatchError, match=r"pin\.toml records 8c963030"):
+        fp.pinned_fp_headers(ROOT, other)
+
+
+def test_cli_fp_one_case_json() -> None:
+    cmd = ["patchkit", "emulate", "--mode", "nvfp4", "--kernel", "streamed", "-K", "544"]
+    cmd += ["-N", "6", "-M", "7", "-B", "2", "--global-scale", "--toolchain", "gcc", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["mode"] == "nvfp4" and data["hgs"] is True
+    assert data["rows"] == 14 and data["rows_differing"] == 0 and data["identical"] is True
+
+
+def test_cli_fp_rejects_a_wide_global_scale_case() -> None:
+    cmd = ["patchkit", "emulate", "--mode", "nvfp4", "--kernel", "wide", "-K", "512", "-N", "8"]
+    proc = subprocess.run([*cmd, "--global-scale"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1
+    assert "fp_qmv_wide has no global-scale" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.wide
+def test_full_fp_matrix(patched: str, types: tuple[str, str], toolchain: build.Toolchain) -> None:
+    full = fp.run(patched, types, fp.full_matrix(), toolchain)
+    assert full.failures() == []
+    assert fp.summarize(full)["ok"] is True
