@@ -369,6 +369,13 @@ def _probe_root() -> Path:
 @click.option("--prompt-len", type=int, default=32, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--per-op/--no-per-op", default=True, help="Per-op parity (isolates the op).")
+@click.option(
+    "--attention",
+    type=click.Choice(["fused", "per_query"]),
+    default="fused",
+    show_default=True,
+    help="Block attention: one causal sdpa call, or per query as the chain calls it.",
+)
 @click.option("--timing", is_flag=True, help="Time block vs chain; simulated speculative tok/s.")
 @click.option("--acceptance", type=float, default=0.7, show_default=True, help="Per-token a.")
 @click.option(
@@ -399,6 +406,7 @@ def probe_cmd(as_json: bool, out: Path | None, **kw: Any) -> None:
         alpha=kw["acceptance"],
         cuda_header=kw["cuda_header"],
         root=_probe_root(),
+        attention=kw["attention"],
     )
     with progress(as_json) as say:
         payload = probe_run(opts, say)

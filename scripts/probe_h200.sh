@@ -47,7 +47,9 @@ case "$mode" in
       python3 -c "import zipfile,glob,sys; zipfile.ZipFile(glob.glob('.mlxpack/b/mlx-0.32.1-*.whl')[0]).extractall(sys.argv[1])" "$site"
       ln -sfn "$NV" "$site/nvidia"
     fi
-    export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
+    # The streamed arm's many distinct cuda_kernel graphs overflow MLX's default CUDA graph
+    # cache (400) during per-op parity: "Cache thrashing is happening" then an abort.
+    export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 MLX_CUDA_GRAPH_CACHE_SIZE=${MLX_CUDA_GRAPH_CACHE_SIZE:-100000}
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.device_info())"
     out=${OUT:-/tmp/probe-out}; mkdir -p "$out"

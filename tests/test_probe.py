@@ -97,7 +97,13 @@ def test_expected_tokens_formula() -> None:
 
 @pytest.mark.parametrize(
     "opts",
-    [Options(size="7b"), Options(bits=(3,)), Options(ts=(1, 2)), Options(ts=(17,))],
+    [
+        Options(size="7b"),
+        Options(bits=(3,)),
+        Options(ts=(1, 2)),
+        Options(ts=(17,)),
+        Options(attention="flash"),
+    ],
 )
 def test_bad_options_are_user_errors(opts: Options) -> None:
     with pytest.raises(UserError):
@@ -131,3 +137,15 @@ def test_cli_probe_json_with_timing() -> None:
 def test_cli_rejects_bad_max_t() -> None:
     r = CliRunner().invoke(main, ["probe", "--max-t", "40"])
     assert r.exit_code == 1 and "2..16" in r.output
+
+
+def test_per_query_attention_runs_the_chains_calls() -> None:
+    """The per-query block attention is recorded, checked per op, and changes no linear."""
+    if mx.default_device() != mx.cpu:
+        pytest.skip("CPU-only check")
+    opts = Options(bits=(4,), arms=("stock", "reordered"), ts=(4,), attention="per_query")
+    p = run(opts)
+    assert p["attention"] == "per_query"
+    stock, control = p["results"]
+    assert stock["per_op"][4]["attention"]["rows_differing"] == 0
+    assert set(control["summary"]["ops_differing_at_T"]) == LINEARS

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--acceptance", type=float, default=0.7)
     ap.add_argument("--cuda-header", type=Path)
+    ap.add_argument("--attention", choices=["fused", "per_query"], default="fused")
     ap.add_argument("--deadline", type=float, help="seconds; no new (bits, arm) after")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         alpha=a.acceptance,
         cuda_header=a.cuda_header,
         deadline_s=a.deadline,
+        attention=a.attention,
     )
     command = "python3 -m patchkit.probe " + shlex.join(argv if argv is not None else sys.argv[1:])
     payload = run(opts, lambda m: print(m, flush=True), lambda p: report.write(p, a.out, command))

@@ -98,6 +98,10 @@ class Model:
     layers: list[Layer]
     final_norm: Any
     lm_head: QWeight
+    # "fused": one sdpa call over the block (causal mask), as engines do today;
+    # "per_query": the block's queries one at a time through the single-query call the
+    # chain makes, so attention is the chain's arithmetic by construction (T calls a layer).
+    attention: str = "fused"
 
 
 def _mx() -> Any:
@@ -225,11 +229,15 @@ class _Ops:
         sdpa = self.mx.fast.scaled_dot_product_attention
         scale = 1.0 / math.sqrt(self.m.spec.head_dim)
         t, off = q.shape[2], self.offset
-        out = sdpa(q, k, v, scale=scale, mask="causal" if t > 1 else None)
 
         def single(i: int) -> Any:
             n = off + i + 1  # what a chain step sees: the cache up to and including itself
             return sdpa(q[:, :, i : i + 1], k[:, :, :n], v[:, :, :n], scale=scale)
+
+        if self.m.attention == "per_query" and t > 1:
+            out = self.mx.concatenate([single(i) for i in range(t)], axis=2)
+        else:
+            out = sdpa(q, k, v, scale=scale, mask="causal" if t > 1 else None)
 
         return self._rec("attention", layer, out, single, 2)
 

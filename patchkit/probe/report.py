@@ -74,7 +74,8 @@ def markdown(payload: dict[str, Any], command: str = "") -> str:
         f"- MLX {env['mlx']} ({env['backend']}), wheels {env['wheels']}, device {env['device']}",
         f"- model {spec}",
         f"- arms run: {payload['arms_run']}; skipped: {payload['arms_skipped'] or 'none'}",
-        f"- prefill: {payload['prefill']}; streamed routing: {payload['streamed_routing']}",
+        f"- prefill: {payload['prefill']}; streamed routing: {payload['streamed_routing']}; "
+        f"attention: {payload.get('attention', 'fused')}",
         f"- throughput model: {payload['formula']}",
     ]
     if command:

@@ -29,6 +29,7 @@ LINEAR_OPS = (
     "lm_head",
 )
 MAX_T = 16
+ATTENTION = ("fused", "per_query")
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Options:
     vecs: tuple[int, ...] = field(default_factory=lambda: _render_vecs())
     root: Path = Path(".")
     deadline_s: float | None = None  # no new (bits, arm) after this many seconds
+    attention: str = "fused"  # or "per_query" (see model.Model.attention)
 
     def validate(self) -> None:
         """UserError for inputs the probe cannot honour, with the fix in the message."""
@@ -62,6 +64,8 @@ class Options:
             raise UserError(f"T must lie in 2..{MAX_T}")
         if self.prompt_len < 1:
             raise UserError("--prompt-len must be at least 1")
+        if self.attention not in ATTENTION:
+            raise UserError(f"--attention must be one of {', '.join(ATTENTION)}")
         if not 0.0 <= self.alpha <= 1.0:
             raise UserError("--acceptance must lie in [0, 1]")
 
@@ -166,6 +170,7 @@ def run(
         "arms_run": arms,
         "arms_skipped": {a: avail[a] for a in opts.arms if avail.get(a)},
         "prefill": "stock quantized_matmul for every arm (M = prompt length)",
+        "attention": opts.attention,
         "streamed_routing": "M = 1 stays on stock quantized_matmul; M >= 2 the streamed kernel",
         "formula": speed.FORMULA,
         "results": [],
@@ -177,6 +182,7 @@ def run(
     for bits in opts.bits:
         progress(f"building {spec.name} at {bits} bits")
         model = build(spec, bits, opts.seed, opts.dtype)
+        model.attention = opts.attention
         for arm in arms:
             if opts.deadline_s is not None and time.perf_counter() - t0 > opts.deadline_s:
                 payload["skipped_for_deadline"].append({"bits": bits, "arm": arm})
