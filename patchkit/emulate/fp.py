@@ -30,7 +30,7 @@ from patchkit import pin as pin_mod
 from patchkit import render, wheels
 from patchkit.emulate import build, extract, parity
 from patchkit.emulate.parity import DTYPES, Result, vecs_per_tg
-from patchkit.emulate.suite import Report
+from patchkit.emulate.suite import Report, Verdict
 from patchkit.errors import BlobMismatchError, UserError
 
 FP_QUANTIZED_H = "mlx/backend/metal/kernels/fp_quantized.h"
@@ -141,14 +141,19 @@ def _variants(mode: str, K: int, N: int) -> list[tuple[bool, int]]:
 
 
 def full_matrix(modes: Iterable[str] = tuple(MODES)) -> list[FpCase]:
-    """Every mode x shape x dtype x M = 2..16 x B in {1, 3} x (global scale, tile) variant."""
-    return [
-        FpCase(mode, K, N, dtype, M, B, hgs, rps)
-        for mode, (K, N), dtype, M, B in itertools.product(
-            modes, SHAPES.values(), DTYPES, ALL_M, BATCHES
-        )
-        for hgs, rps in _variants(mode, K, N)
-    ]
+    """Every mode x shape x dtype x M = 2..16 x B in {1, 3} x (global scale, tile) variant.
+
+    As in :func:`default_matrix`, float16 runs the shapes at full N and float32
+    / bfloat16 at N <= 64 on the same paths (float32's control diverges at any
+    N; bfloat16's stays quiet at any N this emulator can afford).
+    """
+    cases = []
+    for mode, shape, dtype, M, B in itertools.product(
+        modes, SHAPES.values(), DTYPES, ALL_M, BATCHES
+    ):
+        K, N = shape if dtype == "float16" else small_shape(*shape)
+        cases += [FpCase(mode, K, N, dtype, M, B, h, r) for h, r in _variants(mode, K, N)]
+    return cases
 
 
 def small_shape(K: int, N: int) -> tuple[int, int]:
@@ -398,3 +403,34 @@ def summarize(report: FpReport) -> dict[str, object]:
         "wide_divergence_bf16": report.control_divergence(("bfloat16",)),
         "failures": report.failures(),
     }
+
+
+def verify_fp_header(
+    patched_header: str,
+    types: tuple[str, str],
+    *,
+    quick: bool = True,
+    toolchains: Iterable[str] = ("gcc", "clang"),
+) -> Verdict:
+    """The fp suite on a patched ``fp_quantized.h`` text, shaped like :func:`verify_header`.
+
+    For ``patchkit rebase`` to gate on the fp kernels as it gates on the affine
+    ones; ``types`` are the target tree's fp4.h and fp8.h texts.
+    """
+    cases = default_matrix() if quick else full_matrix()
+    failures: list[str] = []
+    lines = []
+    for name in toolchains:
+        summary = summarize(run(patched_header, types, cases, build.TOOLCHAINS[name]))
+        failures += [f"[{name}] {f}" for f in summary["failures"]]  # type: ignore[attr-defined]
+        if not summary["ok"] and not summary["failures"]:
+            failures.append(
+                f"[{name}] negative control too quiet: fp_qmv_wide differed on only "
+                f"{summary['wide_divergence_f32']:.0%} of float32 cases"
+            )
+        lines.append(
+            f"{name}: {summary['streamed_cases']} fp streamed cases, "
+            f"{summary['streamed_differing']} differing; fp_qmv_wide differs on "
+            f"{summary['wide_divergence_f32']:.0%} of float32 cases"
+        )
+    return Verdict(ok=not failures, summary="; ".join(lines), failures=failures)
