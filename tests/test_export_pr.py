@@ -126,8 +126,12 @@ def _render_test(backends: tuple[str, ...]) -> str:
 
 def test_rendered_test_sweeps_small_m_in_mlx_style() -> None:
     metal = _render_test(("metal",))
-    added = _methods(metal, "TestQuantized")[-1]
-    assert added == "test_qmv_small_batch_matches_single_vector"
+    added = _methods(metal, "TestQuantized")[-2:]
+    assert added == [
+        "test_qmv_small_batch_matches_single_vector",
+        "test_fp_qmv_small_batch_matches_single_vector",
+    ]
+    assert 'modes = ["mxfp4", "nvfp4", "mxfp8"]' in metal and "global_scale_w=" in metal
     assert f"Ms = range(2, {export_pr.TEST_MAX_M + 1})" in metal
     assert "with self.subTest(" in metal and "product(group_sizes, bit_widths, Ns, dtypes)" in metal
     assert "mx.array_equal(y, mx.concatenate(rows))" in metal
@@ -264,13 +268,16 @@ def test_rendered_test_passes_on_the_installed_cpu_mlx(
     pytest.importorskip("mlx.core")
     for path in (TEST_PATH, "python/tests/mlx_tests.py"):
         (tmp_path / Path(path).name).write_text(git.show_file(pr.repository, pr.commit, path))
-    name = "TestQuantized.test_qmv_small_batch_matches_single_vector"
+    names = [
+        "TestQuantized.test_qmv_small_batch_matches_single_vector",
+        "TestQuantized.test_fp_qmv_small_batch_matches_single_vector",
+    ]
     proc = subprocess.run(
-        [shutil.which("python3") or "python3", "test_quantized.py", name],
+        [shutil.which("python3") or "python3", "test_quantized.py", *names],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Ran 1 test" in proc.stderr
+    assert "Ran 2 tests" in proc.stderr
