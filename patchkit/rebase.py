@@ -32,6 +32,8 @@ from patchkit import apply, export, git, pin, render, source
 from patchkit.errors import AnchorError, BlobMismatchError, UserError
 
 PARITY_FILE = "mlx/backend/metal/kernels/quantized.h"
+FP_PARITY_FILE = "mlx/backend/metal/kernels/fp_quantized.h"
+FP_TYPE_FILES = ("mlx/backend/metal/kernels/fp4.h", "mlx/backend/metal/kernels/fp8.h")
 
 
 class RebaseRefused(UserError):
@@ -52,6 +54,8 @@ class Parity:
 
 
 ParityCheck = Callable[[str], Parity | None]
+# The fp suite also needs the new tree's fp4.h and fp8.h, which define the fp types.
+FpParityCheck = Callable[[str, tuple[str, str]], Parity | None]
 
 
 def emulator_parity(patched_header: str) -> Parity | None:
@@ -66,6 +70,16 @@ def emulator_parity(patched_header: str) -> Parity | None:
         return None
     report = verify_header(patched_header, quick=True)
     return Parity(bool(report.ok), str(report.summary), tuple(getattr(report, "failures", ())))
+
+
+def emulator_fp_parity(patched_header: str, types: tuple[str, str]) -> Parity | None:
+    """Run ``patchkit.emulate.fp.verify_fp_header`` (quick mode); ``None`` if unavailable."""
+    try:
+        from patchkit.emulate.fp import verify_fp_header
+    except ImportError:
+        return None
+    report = verify_fp_header(patched_header, types, quick=True)
+    return Parity(bool(report.ok), str(report.summary), tuple(report.failures))
 
 
 @dataclass
@@ -90,6 +104,7 @@ class RebaseResult:
     changed_called: dict[str, list[str]] = field(default_factory=dict)
     merged_files: list[str] = field(default_factory=list)
     parity: Parity | None = None
+    fp_parity: Parity | None = None
     head: str = ""
     patches_dir: str = ""
     written: bool = False
@@ -98,6 +113,8 @@ class RebaseResult:
         """One human paragraph."""
         called = ", ".join(f for fs in self.changed_called.values() for f in fs) or "none"
         parity = self.parity.summary if self.parity else "not run"
+        if self.fp_parity:
+            parity += f"; fp: {self.fp_parity.summary}"
         return (
             f"rebased {self.old[:8]} -> {self.new[:8]} ({self.head[:8]}); changed called"
             f" functions: {called}; parity: {parity}; merged by 3-way: "
@@ -115,6 +132,9 @@ class RebaseResult:
             "parity": None
             if self.parity is None
             else self.parity.__dict__ | {"failures": list(self.parity.failures)},
+            "fp_parity": None
+            if self.fp_parity is None
+            else self.fp_parity.__dict__ | {"failures": list(self.fp_parity.failures)},
             "head": self.head,
             "patches_dir": self.patches_dir,
             "written": self.written,
@@ -196,24 +216,41 @@ def render_or_merge(
     return rendered, merged, conflicts
 
 
-def gate_parity(result: RebaseResult, rendered: apply.Rendered, parity_check: ParityCheck) -> None:
-    """Run parity on the new quantized.h and refuse on failure (or on unjudged changes)."""
-    if PARITY_FILE not in rendered.patched:
-        return
-    result.parity = parity_check(rendered.patched[PARITY_FILE])
+def gate_parity(
+    result: RebaseResult,
+    rendered: apply.Rendered,
+    parity_check: ParityCheck,
+    fp_parity_check: FpParityCheck | None = None,
+    new_read: Callable[[str], str] | None = None,
+) -> None:
+    """Run parity on the new quantized.h (and fp_quantized.h) and refuse on failure.
+
+    Changed called functions are accepted only when a suite judged them; a
+    failing suite refuses whatever changed.
+    """
     called = sorted({f for fs in result.changed_called.values() for f in fs})
-    if result.parity is None:
+    if PARITY_FILE in rendered.patched:
+        result.parity = parity_check(rendered.patched[PARITY_FILE])
+        _judge(result.parity, called, result.new, "patchkit.emulate.verify_header")
+    if fp_parity_check and new_read and FP_PARITY_FILE in rendered.patched:
+        types = (new_read(FP_TYPE_FILES[0]), new_read(FP_TYPE_FILES[1]))
+        result.fp_parity = fp_parity_check(rendered.patched[FP_PARITY_FILE], types)
+        _judge(result.fp_parity, called, result.new, "patchkit.emulate.fp.verify_fp_header")
+
+
+def _judge(parity: Parity | None, called: list[str], new: str, suite: str) -> None:
+    """Refuse when the suite failed, or could not run while called functions changed."""
+    if parity is None:
         if called:
             raise RebaseRefused(
                 f"called functions changed ({', '.join(called)}) and the CPU parity suite"
-                " (patchkit.emulate.verify_header) is not available to judge them; install it"
-                " and retry"
+                f" ({suite}) is not available to judge them; install it and retry"
             )
         return
-    if not result.parity.ok:
-        first = result.parity.failures[0] if result.parity.failures else result.parity.summary
+    if not parity.ok:
+        first = parity.failures[0] if parity.failures else parity.summary
         raise RebaseRefused(
-            f"parity fails on {result.new[:8]} (changed called functions:"
+            f"parity fails on {new[:8]} (changed called functions:"
             f" {', '.join(called) or 'none'}): {first}"
         )
 
@@ -228,6 +265,7 @@ def rebase(
     release: str | None = None,
     progress: source.Progress = source._quiet,
     parity_check: ParityCheck = emulator_parity,
+    fp_parity_check: FpParityCheck | None = emulator_fp_parity,
 ) -> RebaseResult:
     """Move the pin to ``rev``; see the module doc for the gates. Writes only on success."""
     apply.ensure_outputs_clean(root)
@@ -259,7 +297,7 @@ def rebase(
             " for the new upstream and retry (nothing was written)"
         )
     progress("parity")
-    gate_parity(result, rendered, parity_check)
+    gate_parity(result, rendered, parity_check, fp_parity_check, new_read)
     _write(result, root, clone, old_pin, rendered, release)
     return result
 
