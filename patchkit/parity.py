@@ -116,7 +116,11 @@ def _qmv_name(mode: str, K: int, N: int, bits: int) -> str:
 
 
 def kernel_path(dev: DeviceInfo, cfg: Config, M: int) -> str:
-    """The kernel MLX 0.32.1's dispatch picks for ``cfg`` at ``M`` rows on ``dev``.
+    """The kernel *stock* MLX 0.32.1's dispatch picks for ``cfg`` at ``M`` rows on ``dev``.
+
+    A build with the patch runs the streamed kernels wherever this says
+    ``qmv_wide``/``fp_qmv_wide`` (and on gen 13/14 for affine M >= 2): nothing in
+    Python tells the two builds apart, so the path is reported for stock MLX.
 
     Upstream facts (DESIGN.md, pin 9a795735):
     - Metal ``dispatch_qmv``: K in {64, 128} with power-of-2 bits -> qmv_quad;
@@ -321,7 +325,7 @@ def run(
         "rows_compared": sum(r["rows"] for r in checked),
         "rows_differing": sum(r["rows_differing"] for r in checked),
         "identical": all(r["rows_differing"] == 0 for r in checked),
-        # The patch streams affine only: fp modes keep fp_qmv_wide, so read them apart.
+        # Per mode, so a failure names the kernel family (affine or an fp mode).
         "rows_differing_by_mode": {
             m: sum(r["rows_differing"] for r in checked if r["mode"] == m)
             for m in dict.fromkeys(r["mode"] for r in checked)
