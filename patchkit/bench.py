@@ -37,6 +37,8 @@ SHAPES = {
 VS = (2, 3, 4, 5)
 QUICK_M = (2, 3, 5, 8)
 BITS, GROUP_SIZE, DTYPE = 4, 64, "float16"
+# (group size, bits) per mode: affine as engines ship it; the fp modes as MLX defines them.
+MODE_PARAMS = {"affine": (GROUP_SIZE, BITS), "mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
 
 
 def require_apple_gpu(mx: Any) -> None:
@@ -77,17 +79,29 @@ def _bits(mx: Any, y: Any) -> np.ndarray:
 class _Problem:
     """One shape's quantized weights, vectors and kernel, with the three arms as calls."""
 
-    def __init__(self, mx: Any, src: metal.MetalSource, K: int, N: int, m_max: int):
+    def __init__(
+        self, mx: Any, src: metal.MetalSource, K: int, N: int, m_max: int, mode: str = "affine"
+    ):
         dtype = getattr(mx, DTYPE)
         w = mx.random.normal((N, K)).astype(dtype)
-        self.mx, self.K, self.N = mx, K, N
-        self.wq, self.scales, self.biases = mx.quantize(w, group_size=GROUP_SIZE, bits=BITS)
+        self.mx, self.K, self.N, self.mode = mx, K, N, mode
+        self.gs, self.bits = MODE_PARAMS[mode]
+        q = mx.quantize(w, group_size=self.gs, bits=self.bits, mode=mode)
+        self.wq, self.scales = q[0], q[1]
+        self.biases = q[2] if mode == "affine" else None
         self.x = mx.random.normal((m_max, K)).astype(dtype)
-        self.kernel = metal.make_kernel(mx, src, metal.is_fast(K, N, BITS))
+        self.kernel = metal.make_kernel(mx, src, metal.is_fast(K, N, self.bits), mode)
 
     def stock(self, x: Any) -> Any:
         return self.mx.quantized_matmul(
-            x, self.wq, self.scales, self.biases, transpose=True, group_size=GROUP_SIZE, bits=BITS
+            x,
+            self.wq,
+            self.scales,
+            self.biases,
+            transpose=True,
+            group_size=self.gs,
+            bits=self.bits,
+            mode=self.mode,
         )
 
     def per_vector(self, M: int) -> list[Any]:
@@ -96,14 +110,14 @@ class _Problem:
     def streamed(self, M: int, V: int) -> Any:
         mx, x = self.mx, self.x[:M]
         return metal.run_streamed(mx, self.kernel, self.wq, self.scales, self.biases, x,
-                                  GROUP_SIZE, BITS, V)  # fmt: skip
+                                  self.gs, self.bits, V)  # fmt: skip
 
 
 def bench_m(p: _Problem, dev: parity.DeviceInfo, M: int, iters: int) -> dict[str, Any]:
     """One row: check each V bit for bit against M = 1, then time the three arms."""
     mx = p.mx
     ref = np.concatenate([_bits(mx, y) for y in p.per_vector(M)])
-    cfg = parity.Config("affine", BITS, GROUP_SIZE, DTYPE, p.K, p.N, 1)
+    cfg = parity.Config(p.mode, p.bits, p.gs, DTYPE, p.K, p.N, 1)
     row: dict[str, Any] = {
         "K": p.K, "N": p.N, "M": M, "batched_path": parity.kernel_path(dev, cfg, M),
         "t_qmv": seconds_per_call(mx, lambda: p.per_vector(M), iters),
@@ -123,31 +137,42 @@ def bench_m(p: _Problem, dev: parity.DeviceInfo, M: int, iters: int) -> dict[str
 
 
 def bench_shape(
-    mx: Any, src: metal.MetalSource, dev: parity.DeviceInfo, K: int, N: int, quick: bool
+    mx: Any,
+    src: metal.MetalSource,
+    dev: parity.DeviceInfo,
+    K: int,
+    N: int,
+    quick: bool,
+    mode: str = "affine",
 ) -> list[dict[str, Any]]:
     """Rows for M = 2 ... limit - 1 (a few M with ``quick``) on one shape."""
     limit = parity.batch_limit(K, N, dev)
     ms = [m for m in (QUICK_M if quick else range(2, limit)) if m < limit]
-    p = _Problem(mx, src, K, N, max(ms))
+    p = _Problem(mx, src, K, N, max(ms), mode)
     return [{"limit": limit, **bench_m(p, dev, M, 20 if quick else 50)} for M in ms]
 
 
-def run(root: Path, quick: bool, progress: Callable[[str], None]) -> dict[str, Any]:
-    """The whole benchmark (JSON), on this Mac's GPU."""
+def run(
+    root: Path, quick: bool, progress: Callable[[str], None], mode: str = "affine"
+) -> dict[str, Any]:
+    """The whole benchmark (JSON), on this Mac's GPU, for one quantization mode."""
+    if mode not in MODE_PARAMS:
+        raise UserError(f"unknown mode '{mode}'; choose from {list(MODE_PARAMS)}")
     mx = parity.import_mlx()
     require_apple_gpu(mx)
     dev = parity.detect_device(mx)
-    src = metal.metal_source(root)
+    src = metal.metal_source(root, mode=mode)
     shapes = dict(list(SHAPES.items())[:1]) if quick else SHAPES
     rows = []
     for name, (K, N) in shapes.items():
         progress(f"{name} K={K} N={N}")
-        rows += [{"shape": name, **r} for r in bench_shape(mx, src, dev, K, N, quick)]
+        rows += [{"shape": name, **r} for r in bench_shape(mx, src, dev, K, N, quick, mode)]
     return {
         "mlx_version": mx.__version__,
         "device": asdict(dev),
-        "bits": BITS,
-        "group_size": GROUP_SIZE,
+        "mode": mode,
+        "bits": MODE_PARAMS[mode][1],
+        "group_size": MODE_PARAMS[mode][0],
         "dtype": DTYPE,
         "quick": quick,
         "rows": rows,
@@ -159,7 +184,8 @@ def markdown(report: dict[str, Any]) -> str:
     dev = report["device"]
     out = [
         f"MLX {report['mlx_version']}, {dev['name']} (gen {dev['gen']}), "
-        f"{report['bits']}-bit g{report['group_size']} {report['dtype']}",
+        f"{report.get('mode', 'affine')} {report['bits']}-bit g{report['group_size']} "
+        f"{report['dtype']}",
         "",
         "| shape | M | batched path | qmv µs | batched µs | best V | streamed µs | recovered |",
         "|---|---|---|---|---|---|---|---|",

@@ -334,15 +334,22 @@ def build_cmd(
     show_default=True,
     help="JSON here; the .md table and .png plot beside it.",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["affine", "mxfp4", "nvfp4", "mxfp8"]),
+    default="affine",
+    show_default=True,
+    help="Quantization mode (the fp modes take fp_qmv_wide on every GPU generation).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
-def bench_cmd(quick: bool, out: Path, as_json: bool) -> None:
+def bench_cmd(quick: bool, out: Path, mode: str, as_json: bool) -> None:
     """Time stock qmv, stock batched and the streamed JIT kernel on an Apple GPU."""
     from patchkit import bench
 
     click.get_current_context().meta["json"] = as_json
     root = find_root(Path.cwd())
     with progress(as_json) as say:
-        report = bench.run(root, quick, say)
+        report = bench.run(root, quick, say, mode)
     written = bench.write(report, out)
     emit(as_json, report, bench.markdown(report) + "wrote " + ", ".join(map(str, written)))
 

@@ -26,7 +26,10 @@ from patchkit.emulate.parity import qmv_fast_k_alignment
 # The M = 1 kernels ride along so the same text also holds the emulator's
 # reference; the streamed kernels are what Metal runs.
 KERNELS = ("qmv_fast", "qmv", *extract.STREAMED_KERNELS)
+FP_KERNELS = ("fp_qmv_fast", "fp_qmv", *extract.FP_STREAMED_KERNELS)
 INPUT_NAMES = ("w", "scales", "biases", "x", "in_vec_size", "out_vec_size", "M")
+# The fp modes have no biases; their global scale (nvfp4 only) is not benched.
+FP_INPUT_NAMES = ("w", "scales", "x", "in_vec_size", "out_vec_size", "M")
 OUTPUT_NAMES = ("y",)
 # MLX's qmv tiling: 2 simdgroups of 32 lanes, 4 output rows each.
 THREADGROUP = (32, 2, 1)
@@ -54,23 +57,42 @@ def preamble(upstream: str) -> str:
     return "\n".join(re.findall(pattern, upstream, re.M)) + "\n"
 
 
-def metal_source(root: Path, header: Path | None = None) -> MetalSource:
-    """The pinned header, patched, reduced to the streamed kernels and their helpers."""
-    patched = emulate.patched_header(emulate.pinned_header(root, header))
-    return MetalSource(preamble(patched), extract.extract(patched, KERNELS))
+def metal_source(root: Path, header: Path | None = None, mode: str = "affine") -> MetalSource:
+    """The pinned header, patched, reduced to the streamed kernels and their helpers.
+
+    For the fp modes the header is ``fp_quantized.h`` and the fp4/fp8 type
+    headers it includes are inlined, exactly as the fp emulator compiles them.
+    """
+    if mode == "affine":
+        patched = emulate.patched_header(emulate.pinned_header(root, header))
+        return MetalSource(preamble(patched), extract.extract(patched, KERNELS))
+    from patchkit.emulate import fp
+
+    upstream, types = fp.pinned_fp_headers(root, header)
+    patched = fp.patched_fp_header(upstream)
+    return MetalSource(preamble(patched), extract.extract_fp(patched, *types, FP_KERNELS))
 
 
 def is_fast(K: int, N: int, bits: int) -> bool:
-    """MLX's M = 1 choice (qmv_fast vs qmv), which the streamed kernel mirrors."""
+    """MLX's M = 1 choice (qmv_fast vs qmv), which the streamed kernel mirrors.
+
+    The same rule for every mode: quantized.cpp's ``qmv`` decides it before it
+    looks at the mode.
+    """
     return N % 8 == 0 and K % qmv_fast_k_alignment(bits) == 0
 
 
-def kernel_body(fast: bool) -> str:
+def kernel_body(fast: bool, mode: str = "affine") -> str:
     """The ``source`` of the kernel: one call of the streamed impl, MLX's argument order."""
-    impl = "qmv_fast_streamed_impl" if fast else "qmv_streamed_impl"
+    impl = ("" if mode == "affine" else "fp_") + (
+        "qmv_fast_streamed_impl" if fast else "qmv_streamed_impl"
+    )
+    # fp kernels take a global-scale pointer where affine takes biases; without
+    # has_global_scale the kernel never reads it.
+    operands = "biases" if mode == "affine" else "(const device float*)nullptr"
     return (
         f"  {impl}<T, GROUP_SIZE, BITS, V>(\n"
-        "      w, scales, biases, x, y, in_vec_size, out_vec_size, M,\n"
+        f"      w, scales, {operands}, x, y, in_vec_size, out_vec_size, M,\n"
         "      threadgroup_position_in_grid,\n"
         "      simdgroup_index_in_threadgroup,\n"
         "      thread_index_in_simdgroup);\n"
@@ -82,13 +104,14 @@ def grid(M: int, N: int, V: int) -> tuple[int, int, int]:
     return (-(-M // V) * THREADGROUP[0], -(-N // ROWS_PER_THREADGROUP) * THREADGROUP[1], 1)
 
 
-def make_kernel(mx: Any, src: MetalSource, fast: bool) -> Any:
+def make_kernel(mx: Any, src: MetalSource, fast: bool, mode: str = "affine") -> Any:
     """The ``mx.fast.metal_kernel`` object for one M = 1 path (fast or not)."""
+    prefix = "patchkit_" + ("" if mode == "affine" else "fp_")
     return mx.fast.metal_kernel(
-        name="patchkit_" + ("qmv_fast_streamed" if fast else "qmv_streamed"),
-        input_names=list(INPUT_NAMES),
+        name=prefix + ("qmv_fast_streamed" if fast else "qmv_streamed"),
+        input_names=list(INPUT_NAMES if mode == "affine" else FP_INPUT_NAMES),
         output_names=list(OUTPUT_NAMES),
-        source=kernel_body(fast),
+        source=kernel_body(fast, mode),
         header=src.header,
     )
 
@@ -96,11 +119,15 @@ def make_kernel(mx: Any, src: MetalSource, fast: bool) -> Any:
 def run_streamed(
     mx: Any, kernel: Any, w: Any, scales: Any, biases: Any, x: Any, gs: int, bits: int, V: int
 ) -> Any:
-    """``y`` of shape (M, N) for ``x`` of shape (M, K), the weights as ``mx.quantize`` made them."""
+    """``y`` of shape (M, N) for ``x`` of shape (M, K), the weights as ``mx.quantize`` made them.
+
+    ``biases`` is None for the fp modes (their kernels take no biases input).
+    """
     M, K = x.shape
     N = w.shape[0]
+    weights = [w, scales] if biases is None else [w, scales, biases]
     (y,) = kernel(
-        inputs=[w, scales, biases, x, mx.array(K), mx.array(N), mx.array(M)],
+        inputs=[*weights, x, mx.array(K), mx.array(N), mx.array(M)],
         template=[("T", x.dtype), ("GROUP_SIZE", gs), ("BITS", bits), ("V", V)],
         grid=grid(M, N, V),
         threadgroup=THREADGROUP,

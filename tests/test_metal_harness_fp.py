@@ -1,0 +1,86 @@
+"""The fp Metal JIT source `patchkit bench --mode ...` hands to metal_kernel is the
+text the fp emulator proves exact (no Apple GPU here: the same string runs under
+the CPU shim, with fp_qmv_wide as the control that must diverge).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from patchkit import cxx
+from patchkit.emulate import build, extract, fp
+from patchkit.emulate import parity as emu
+from patchkit.harness import metal
+
+ROOT = Path(__file__).resolve().parents[1]
+STREAMED_FUNCS = (
+    "qdot_thread",
+    "qdot_safe_thread",
+    "fp_qmv_fast_streamed_impl",
+    "fp_qmv_streamed_impl",
+)
+
+
+@pytest.fixture(scope="module")
+def pinned() -> tuple[str, tuple[str, str]]:
+    try:
+        upstream, types = fp.pinned_fp_headers(ROOT)
+    except Exception as exc:  # no wheel cache and no network: say so
+        pytest.skip(f"pinned fp_quantized.h unavailable: {exc}")
+    return fp.patched_fp_header(upstream), types
+
+
+@pytest.fixture(scope="module")
+def src() -> metal.MetalSource:
+    return metal.metal_source(ROOT, mode="mxfp4")
+
+
+def test_fp_texts_equal_what_the_fp_emulator_compiles(
+    src: metal.MetalSource, pinned: tuple[str, tuple[str, str]]
+) -> None:
+    patched, types = pinned
+    emulated = extract.extract_fp(patched, *types, tuple(extract.FP_KERNELS)).source
+    for name in STREAMED_FUNCS:
+        ours = cxx.find_function(src.header, name, None)
+        theirs = cxx.find_function(emulated, name, None)
+        assert src.header[slice(*ours.span)] == emulated[slice(*theirs.span)], name
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fp_body_calls_an_impl_of_the_header(src: metal.MetalSource, fast: bool) -> None:
+    body = metal.kernel_body(fast, "mxfp4")
+    impl = re.match(r"\s*(\w+)<", body).group(1)
+    assert impl.startswith("fp_qmv")
+    cxx.find_function(src.header, impl, None)  # raises if the header lacks it
+    for name in (*metal.FP_INPUT_NAMES, *metal.OUTPUT_NAMES):
+        assert re.search(rf"\b{name}\b", body), name
+    assert "biases" not in body
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed (apt-get install g++)")
+def test_the_fp_metal_header_text_is_exact_under_the_emulator(
+    src: metal.MetalSource, pinned: tuple[str, tuple[str, str]]
+) -> None:
+    def library(extracted: extract.Extracted) -> build.FpLibrary:
+        combos = [("float32", 32, 4)]
+        return build.FpLibrary(
+            build.build(extracted, combos, build.TOOLCHAINS["gcc"], "runner_fp.cpp")
+        )
+
+    # The harness text itself (streamed kernels and the M = 1 reference) ...
+    harness_lib = library(src.extracted)
+    # ... and the emulator's full extraction, for the fp_qmv_wide control.
+    patched, types = pinned
+    control_lib = library(extract.extract_fp(patched, *types, tuple(extract.FP_KERNELS)))
+    cases = [fp.FpCase("mxfp4", 1024, 64, "float32", 5), fp.FpCase("mxfp4", 640, 37, "float32", 7)]
+    for case in cases:
+        inputs = fp.make_inputs(case)
+        ref = fp.run_m1(harness_lib, case, inputs)
+        streamed = fp.run_batched(harness_lib, case, inputs, case.streamed_kernel)
+        assert emu.compare(case, case.streamed_kernel, ref, streamed).identical
+        wide = fp.run_batched(control_lib, case, inputs, fp.WIDE)
+        assert not emu.compare(case, fp.WIDE, ref, wide).identical, "control never diverged"
