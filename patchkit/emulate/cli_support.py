@@ -39,6 +39,30 @@ def validate_case(opts: dict[str, Any]) -> parity.Case:
     return parity.Case(K, N, bits, gs, opts["dtype"], M, B)
 
 
+def case_summary(
+    label: str, kernel: str, results: list[tuple[str, parity.Result]]
+) -> tuple[dict[str, Any], str, bool]:
+    """JSON payload, human lines and verdict of one case run with each toolchain.
+
+    For the control (``--kernel wide``) divergence is the expected outcome, so
+    it never fails the command.
+    """
+    identical = all(r.identical for _, r in results)
+    payload = {
+        **results[0][1].as_dict(),
+        "rows_differing": max(r.rows_differing for _, r in results),
+        "identical": identical,
+        "toolchains": {name: r.as_dict() for name, r in results},
+    }
+    lines = [
+        f"{name}: {r.kernel} vs {r.m1_kernel} (V={r.V}): {r.rows_differing}/{r.rows} rows differ, "
+        f"max |diff| {r.max_abs_diff:g}"
+        for name, r in results
+    ]
+    human = f"{label}: {'identical' if identical else 'DIFFERENT'}\n" + "\n".join(lines)
+    return payload, human, identical if kernel == "streamed" else True
+
+
 def one_case(
     root: Path, header: Path | None, kernel: str, opts: dict[str, Any], say: Callable[[str], None]
 ) -> tuple[dict[str, Any], str, bool]:
@@ -61,22 +85,7 @@ def one_case(
                 parity.compare(case, batched, ref, parity.run_batched(lib, case, inputs, batched)),
             )
         )
-    identical = all(r.identical for _, r in results)
-    verdict = "identical" if identical else "DIFFERENT"
-    payload = {
-        **results[0][1].as_dict(),
-        "rows_differing": max(r.rows_differing for _, r in results),
-        "identical": identical,
-        "toolchains": {name: r.as_dict() for name, r in results},
-    }
-    lines = [
-        f"{name}: {r.kernel} vs {r.m1_kernel} (V={r.V}): {r.rows_differing}/{r.rows} rows differ, "
-        f"max |diff| {r.max_abs_diff:g}"
-        for name, r in results
-    ]
-    human = f"{case.label()}: {verdict}\n" + "\n".join(lines)
-    # For the control, divergence is the expected outcome, not a failure.
-    return payload, human, identical if kernel == "streamed" else True
+    return case_summary(case.label(), kernel, results)
 
 
 def _fp_modes(choice: str) -> tuple[str, ...]:
@@ -129,20 +138,7 @@ def fp_one_case(
         ref = fp.run_m1(lib, case, inputs)
         got = fp.run_batched(lib, case, inputs, batched)
         results.append((name, parity.compare(case, batched, ref, got)))  # type: ignore[arg-type]
-    identical = all(r.identical for _, r in results)
-    payload = {
-        **results[0][1].as_dict(),
-        "rows_differing": max(r.rows_differing for _, r in results),
-        "identical": identical,
-        "toolchains": {name: r.as_dict() for name, r in results},
-    }
-    lines = [
-        f"{name}: {r.kernel} vs {r.m1_kernel} (V={r.V}): {r.rows_differing}/{r.rows} rows differ, "
-        f"max |diff| {r.max_abs_diff:g}"
-        for name, r in results
-    ]
-    human = f"{case.label()}: {'identical' if identical else 'DIFFERENT'}\n" + "\n".join(lines)
-    return payload, human, identical if kernel == "streamed" else True
+    return case_summary(case.label(), kernel, results)
 
 
 def _fp_matrix(
