@@ -66,11 +66,16 @@ def test_launcher_picks_smallest_v_holding_m(vecs: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("routing", ["stream", "opt_in"])
 def test_routing_snippets(routing: str) -> None:
-    """opt_in reads MLX_CUDA_QMV_STREAMED in both files; stream reads nothing."""
+    """opt_in reads MLX_CUDA_QMV_STREAMED in both files. stream streams every M that
+    reaches qmv unconditionally (same numbers, faster) and extends qmv to M <= 16
+    (exact rows at ~8x qmm's cost, measured) only under MLX_CUDA_QMV_EXACT."""
     launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", _ctx(routing))
     route = render.render_snippet(_plan(QCPP), "streamed_route.cpp.j2", _ctx(routing))
     for text in (launch, route):
         assert ("MLX_CUDA_QMV_STREAMED" in text) == (routing == "opt_in")
+    assert ("MLX_CUDA_QMV_EXACT" in route) == (routing == "stream")
+    assert "MLX_CUDA_QMV_EXACT" not in launch
+    assert "bool m1_runs_qmv = qmv_streamed_exact &&" in route
     # Streams only where M = 1 of the same rows would run qmv.
     assert "B == 1 && N <= 16384 && K <= 16384" in route and "(B < 8)" in route
     assert "!can_use_fp_qmv && M >= 2 && M <= 16" in route
