@@ -30,7 +30,7 @@ from pathlib import Path
 
 import jinja2
 
-from patchkit import apply, git, pin, pyedit, render, source
+from patchkit import apply, git, pin, render, source
 from patchkit.errors import AnchorError, ToolError, UserError
 
 PR_BACKEND = "pr"
@@ -108,16 +108,10 @@ def pr_context(options: render.RenderOptions) -> dict[str, object]:
 
 def render_pr_file(plan: render.FilePlan, text: str | None, options: render.RenderOptions) -> str:
     """Patched text of one PR-only file (``text`` is None for a file new upstream)."""
-    context = pr_context(options)
-    for edit in plan.edits:
-        snippet = render.render_snippet(plan, edit.template, context)
-        try:
-            text = pyedit.apply_edit(text, edit.op, edit.anchor, snippet)
-        except AnchorError as exc:
-            raise AnchorError(f"{plan.path}: {exc}") from exc
-    if text is None:
-        raise UserError(f"{plan.path}: its edits.toml has no edits")
-    return text
+    try:
+        return render.render_file(plan, text, options, pr_context(options))
+    except AnchorError as exc:
+        raise AnchorError(f"{plan.path}: {exc}") from exc
 
 
 def render_pr(

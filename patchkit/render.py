@@ -26,7 +26,7 @@ from typing import Literal
 
 import jinja2
 
-from patchkit import cxx
+from patchkit import cxx, pyedit
 from patchkit.errors import AnchorError, UserError
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -198,9 +198,17 @@ def render_snippet(plan: FilePlan, template: str, context: dict[str, object]) ->
         raise UserError(f"{plan.path}/{template}: {exc.message}") from exc
 
 
-def _apply_edit(text: str, edit: Edit, snippet: str) -> str:
-    """Apply one edit to ``text``; snippets are separated from upstream code by a blank line."""
+def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:
+    """Apply one edit to ``text``; snippets are separated from upstream code by a blank line.
+
+    Python files (MLX's tests, benchmarks) use :mod:`patchkit.pyedit`'s ``ast``
+    anchors; ``text`` is None only for a file that does not exist upstream.
+    """
     op = edit.op
+    if op in pyedit.PY_OPS:
+        return pyedit.apply_edit(text, op, edit.anchor, snippet)
+    if text is None:
+        raise AnchorError(f"'{op}' needs an upstream file, and there is none")
     if op in ("after_function", "before_function"):
         fn = cxx.find_function(text, edit.anchor, edit.index)
         if op == "after_function":
@@ -230,16 +238,26 @@ def _apply_edit(text: str, edit: Edit, snippet: str) -> str:
     raise UserError(f"unknown edit op '{op}' for anchor '{edit.anchor}'")
 
 
-def render_file(plan: FilePlan, upstream_text: str, options: RenderOptions) -> str:
-    """The patched text of one upstream file."""
-    derived = {d.name: derive(upstream_text, d) for d in plan.derives}
-    ctx = context(options, derived)
+def render_file(
+    plan: FilePlan,
+    upstream_text: str | None,
+    options: RenderOptions,
+    extra_context: dict[str, object] | None = None,
+) -> str:
+    """The patched text of one upstream file (``None``: a file new upstream).
+
+    ``extra_context`` adds values some snippets need (export-pr's test bounds).
+    """
+    derived = {d.name: derive(upstream_text or "", d) for d in plan.derives}
+    ctx = {**context(options, derived), **(extra_context or {})}
     text = upstream_text
     for edit in plan.edits:
         snippet = render_snippet(plan, edit.template, ctx)
         if not snippet.strip():
             continue  # an option turned this edit off
         text = _apply_edit(text, edit, snippet)
+    if text is None:
+        raise UserError(f"{plan.path}: its edits.toml has no edits")
     return text
 
 
