@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+# support_git is loaded as a plugin by several test modules; register it before
+# any of them imports it so its asserts are rewritten like a test module's.
+pytest.register_assert_rewrite("support_git")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
