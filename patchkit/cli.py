@@ -29,7 +29,7 @@ from patchkit.errors import PatchkitError, ToolError, UserError
 EXIT_FAIL = 1  # a check that ran and found problems, or a user-fixable error
 EXIT_TOOL = 3  # an external tool failed unexpectedly
 
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one error, one line, at any width
 out_console = Console(soft_wrap=True)  # results on stdout, unwrapped so they can be piped
 
 
