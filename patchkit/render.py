@@ -34,6 +34,10 @@ MANIFEST = "edits.toml"
 
 Flavour = Literal["upstream", "overlay"]
 Routing = Literal["stream", "opt_in"]
+# Where the CUDA streamed qmv reads x from: straight from global memory, as the
+# M = 1 kernel does (the default, what patches/ holds), or from a shared-memory
+# copy staged once per block (opt-in, for measurement; see docs/cuda.md).
+CudaXStaging = Literal["global", "smem"]
 BACKENDS = ("metal", "cuda")
 # The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
 # so V = 2..5 covers every M in [2, batch limit).
@@ -46,12 +50,14 @@ class RenderOptions:
 
     ``upstream`` is the pull-request flavour; ``overlay`` additionally renders
     the downstream runtime switch engines carry (an environment flag read once
-    plus getter/setter entry points).
+    plus getter/setter entry points). ``cuda_x_staging = "smem"`` renders the
+    CUDA streamed qmv with x staged in shared memory (same per-thread order).
     """
 
     backends: tuple[str, ...] = BACKENDS
     routing: Routing = "stream"
     flavour: Flavour = "upstream"
+    cuda_x_staging: CudaXStaging = "global"
 
     def __post_init__(self) -> None:
         unknown = set(self.backends) - set(BACKENDS)
@@ -61,6 +67,10 @@ class RenderOptions:
             raise UserError(f"unknown routing '{self.routing}'; choose 'stream' or 'opt_in'")
         if self.flavour not in ("upstream", "overlay"):
             raise UserError(f"unknown flavour '{self.flavour}'; choose 'upstream' or 'overlay'")
+        if self.cuda_x_staging not in ("global", "smem"):
+            raise UserError(
+                f"unknown cuda_x_staging '{self.cuda_x_staging}'; choose 'global' or 'smem'"
+            )
 
 
 @dataclass(frozen=True)
@@ -186,6 +196,7 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
         "flavour": options.flavour,
         "routing": options.routing,
         "vecs": list(STREAMED_VECS),
+        "cuda_x_staging": options.cuda_x_staging,
         **derived,
     }
 

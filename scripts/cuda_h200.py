@@ -5,6 +5,12 @@ with the stock mlx + mlx-cuda-13 wheels importable and the header built here by
 ``scripts/cuda_jit_bundle.py`` (see docs/cuda.md). Configs run in
 priority order and the JSON is rewritten after each, so a run cut off by its
 deadline still returns everything it finished.
+
+``--variant`` picks the streamed arms: ``global`` (the default; x read from
+global memory, as patched: the run this script always did), ``smem`` (x staged
+in shared memory, ``RenderOptions(cuda_x_staging="smem")``, from the sibling
+header ``qmv_jit_header_smem.cuh``), or ``both`` side by side. The stock arms
+(JIT M = 1 copy, MLX compiled M = 1 calls, MLX batched) run in every variant.
 """
 
 from __future__ import annotations
@@ -27,13 +33,42 @@ PARITY_SETS = {
 }
 TIMING_SETS = {"render": render.STREAMED_VECS, "v248": (2, 4, 8), "v24816": (2, 4, 8, 16)}
 
+# x staged in shared memory: 8 rows per block (the launcher's default) and 16.
+SMEM_PARITY = {
+    "smem_render": cuda.Arm(render.STREAMED_VECS, "smem"),
+    "smem_v8": cuda.Arm((8,), "smem"),  # nv < V tails; V = 8 stages 2 k steps, not 4
+    "smem16_render": cuda.Arm(render.STREAMED_VECS, "smem", 16),
+}
+SMEM_TIMING = {
+    "smem_render": cuda.Arm(render.STREAMED_VECS, "smem"),
+    "smem_v248": cuda.Arm((2, 4, 8), "smem"),
+    "smem16_render": cuda.Arm(render.STREAMED_VECS, "smem", 16),
+}
+# Side by side: the global arms the smem ones are compared with, then the smem ones.
+ARMS = {
+    "global": (PARITY_SETS, TIMING_SETS),
+    "smem": (SMEM_PARITY, SMEM_TIMING),
+    "both": (
+        {"render": render.STREAMED_VECS, **SMEM_PARITY},
+        {"render": render.STREAMED_VECS, "v248": (2, 4, 8), **SMEM_TIMING},
+    ),
+}
+# N % 16 != 0 and a K tail: the last row block has warps past n, which must still
+# stage x and meet every barrier. Parity only; runs right after the timed headline.
+RAGGED = cuda.Config(4160, 4100, 4, 64, "bfloat16")
 
-def plan() -> list[tuple[cuda.Config, bool]]:
-    """(config, timed?) in priority order: the headline shape first, gs 32/128 last."""
+
+def plan(variant: str = "global") -> list[tuple[cuda.Config, bool]]:
+    """(config, timed?) in priority order: the headline shape first, gs 32/128 last.
+
+    With smem arms, the ragged-N config follows the headline shape.
+    """
     big = [
         (cuda.Config(8192, 28672, b, 64, d), True)
         for b, d in ((4, "bfloat16"), (4, "float16"), (8, "bfloat16"))
     ]
+    if variant != "global":
+        big.append((RAGGED, False))
     rest = [(cuda.Config(k, n, b, 64, "bfloat16"), True) for b in (4, 8) for k, n in SHAPES[1:]]
     fp16 = [(cuda.Config(k, n, b, 64, "float16"), False) for b in (4, 8) for k, n in SHAPES]
     groups = [
@@ -67,17 +102,37 @@ def main() -> None:
     ap.add_argument("--header", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--deadline", type=float, default=480.0, help="seconds; no new config after")
+    ap.add_argument(
+        "--variant",
+        choices=sorted(ARMS),
+        default="global",
+        help="streamed arms: x from global memory (default), staged in shared memory, or both",
+    )
+    ap.add_argument(
+        "--smem-header",
+        type=Path,
+        help="the smem variant's header (default: qmv_jit_header_smem.cuh beside --header)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
-    kernels = cuda.Kernels(args.header.read_text())
-    payload: dict[str, Any] = {"environment": environment(), "results": [], "skipped": []}
-    for cfg, timed in plan():
+    headers = {"global": args.header}
+    if args.variant != "global":
+        headers["smem"] = args.smem_header or args.header.with_name(cuda.HEADER_NAMES["smem"])
+    kernels = {v: cuda.Kernels(path.read_text(), v) for v, path in headers.items()}
+    parity_sets, timing_sets = ARMS[args.variant]
+    payload: dict[str, Any] = {
+        "environment": environment(),
+        "variant": args.variant,
+        "results": [],
+        "skipped": [],
+    }
+    for cfg, timed in plan(args.variant):
         if time.perf_counter() - t0 > args.deadline:
             payload["skipped"].append(cfg.__dict__)
             continue
         # Full M sweep on the headline shape; a sparser one elsewhere keeps the run short.
         ms = range(1, 17) if cfg.N == 28672 else (1, 2, 4, 6, 8, 12, 16)
-        res = cuda.run_config(kernels, cfg, PARITY_SETS, TIMING_SETS if timed else None, ms=ms)
+        res = cuda.run_config(kernels, cfg, parity_sets, timing_sets if timed else None, ms=ms)
         payload["results"].append(res)
         print(cfg, cuda.verdict(res), f"{res['seconds']:.1f}s", flush=True)
         cuda.dump(args.out / "cuda_h200.json", payload)

@@ -1,6 +1,9 @@
 """Build the cuda_kernel header for the GPU host from the pinned ``qmv.cu`` (CPU only).
 
 Usage: python scripts/cuda_jit_bundle.py [MLX_GIT_DIR] [COMMIT]  -> .device/cuda_jit/
+Writes one header per x-staging variant: ``qmv_jit_header.cuh`` (the default,
+x read from global memory, as patched) and ``qmv_jit_header_smem.cuh``
+(``RenderOptions(cuda_x_staging="smem")``, not the default render).
 The output holds upstream MLX text, so it goes to the git-ignored ``.device/``
 and travels with ``run --carry .device``; it is never committed.
 """
@@ -11,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from patchkit import render
 from patchkit.harness import cuda
 
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
@@ -22,7 +26,9 @@ def main() -> None:
     commit = sys.argv[2] if len(sys.argv) > 2 else PIN
     cmd = ["git", "-C", git_dir, "show", f"{commit}:{cuda.QMV_PATH}"]
     source = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    print(cuda.build_bundle(source, Path(".device/cuda_jit")))
+    for variant in cuda.HEADER_NAMES:
+        options = render.RenderOptions(cuda_x_staging=variant)
+        print(cuda.build_bundle(source, Path(".device/cuda_jit"), options))
 
 
 if __name__ == "__main__":

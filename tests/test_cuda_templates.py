@@ -7,10 +7,14 @@ Three layers, cheapest first:
   header holds the streamed kernel byte for byte as the patch inserts it;
 * ``nvcc -c`` of the patched ``qmv.cu`` for sm_90 (needs nvcc, a clone and the
   mlx-cuda-13 wheel's headers; skips saying which is missing).
+
+Each layer covers both x-staging variants (``RenderOptions.cuda_x_staging``):
+the default ``global`` (what ``patches/`` holds) and the opt-in ``smem``.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shutil
@@ -22,6 +26,7 @@ import pytest
 from support_git import mlx_clone
 
 from patchkit import render, source
+from patchkit.errors import UserError
 from patchkit.harness import cuda
 
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
@@ -33,8 +38,29 @@ def _plan(path: str) -> render.FilePlan:
     return next(p for p in render.load_plans() if p.path == path)
 
 
-def _ctx(routing: str = "stream", vecs: tuple[int, ...] = (2, 4, 8), **derived: str) -> dict:
-    return {"flavour": "upstream", "routing": routing, "vecs": list(vecs), **derived}
+def _ctx(
+    routing: str = "stream",
+    vecs: tuple[int, ...] = (2, 4, 8),
+    staging: str = "global",
+    **derived: str,
+) -> dict:
+    return {
+        "flavour": "upstream",
+        "routing": routing,
+        "vecs": list(vecs),
+        "cuda_x_staging": staging,
+        **derived,
+    }
+
+
+def _kernel(staging: str) -> str:
+    ctx = _ctx(staging=staging, dequant_fma_streamed_t="/*T*/", dequant_fma_streamed_f="/*F*/")
+    return render.render_snippet(_plan(QMV), "streamed_kernel.cu.j2", ctx)
+
+
+def _between(text: str, start: str, end: str) -> str:
+    i = text.index(start)
+    return text[i : text.index(end, i) + len(end)]
 
 
 # ---------------------------------------------------------------- snippets only
@@ -50,6 +76,73 @@ def test_kernel_snippet_keeps_the_m1_order_per_vector() -> None:
     assert re.search(r"for \(int v = 0; v < V; \+\+v\) \{\s*if \(v < nv\)", text)
     assert "int m,\n    int n," in text and "grid.dim_blocks().y" not in text
     assert text.startswith("/*T*/\n\n/*F*/\n\n")
+
+
+def test_smem_staging_keeps_the_order_defining_statements() -> None:
+    """x from shared memory: the same idx, fma call, per-vector reduce and store as the default.
+
+    Only the x pointer and its vector stride passed to dequant_fma_streamed change.
+    """
+    glob, smem = _kernel("global"), _kernel("smem")
+    # The accumulators, scale/bias loads, the call's template arguments and its
+    # w/scale/bias/sums/nv arguments are the same text.
+    tail = "        w + w_step(idx),\n        scale,\n        bias,\n        sums,\n        nv);\n"
+    for text in (glob, smem):
+        assert text.count("dequant_fma_streamed<V, elems_per_thread, has_bias>(") == 1
+        assert text.count(tail) == 1
+        assert "sums[V][elems_per_thread] =\n      {};" in text
+        # The k loop's idx and the residue tail's idx, as qmv_kernel_impl computes them.
+        assert "int idx = warp.thread_rank() * elems_per_thread + r * elems_per_warp;" in text
+        assert "int idx = warp.thread_rank() * elems_per_thread + k - rest;" in text
+        assert text.count("cg::reduce(warp, sum, cg::plus<float>{})") == 1
+    scale_bias = "    S scale = scales[idx / group_size];"
+    assert _between(glob, scale_bias, "sums,\n        nv);") != _between(
+        smem, scale_bias, "sums,\n        nv);"
+    )  # the x argument differs ...
+    strip = _between(glob, scale_bias, "has_bias>(\n")
+    assert strip == _between(smem, scale_bias, "has_bias>(\n")  # ... nothing before it does
+    assert "        x + idx,\n        static_cast<int64_t>(k),\n" in glob
+    assert "        x_tile,\n" in smem and "x + idx" not in smem
+    # The per-vector sum, reduce, scaling and store: byte for byte the same block.
+    reduce = ("#pragma unroll\n  for (int v = 0; v < V; ++v) {\n    if (v < nv) {", "\n}\n")
+    assert _between(glob, *reduce) == _between(smem, *reduce)
+    # The full-tile steps run in the same increasing r order, each tile once.
+    assert "for (int r0 = 0; r0 < steps; r0 += stage_steps)" in smem
+    assert "int r = r0 + s;\n        if (r < steps) {" in smem
+
+
+def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
+    """Warps past n must meet every __syncthreads(): no return before the last one."""
+    glob, smem = _kernel("global"), _kernel("smem")
+    assert "__syncthreads()" not in glob and "__shared__" not in glob
+    assert "if (row >= n) {\n    return;\n  }" in glob
+    assert "if (row >= n)" not in smem
+    code = re.sub(r"//[^\n]*", "", smem)  # comments may say "return"
+    impl = _between(code, "void qmv_streamed_kernel_impl(", "\n}\n")
+    body = _between(code, "void qmv_streamed_kernel_body(", "\n}\n")
+    assert not re.search(r"\breturn\b", body)
+    barriers = [m.start() for m in re.finditer(r"__syncthreads\(\);", impl)]
+    assert len(barriers) == 3  # after staging, after a stage's compute, after the residue stage
+    # A bare `return;` leaves the void kernel (lambdas return values): one, past the last barrier.
+    exits = [m.start() for m in re.finditer(r"\breturn;", impl)]
+    assert len(exits) == 1 and exits[0] > barriers[-1]
+    assert "if (!row_active) {\n    return;" in impl[barriers[-1] :]
+    # Compute and stores are guarded by the row instead.
+    assert "if (row_active) {" in impl and "if (row_active && idx < k) {" in impl
+    assert "bool row_active = row < n;" in impl
+    # rows_per_block reaches the impl (the copy's stride), and the launcher keeps qmv's 8.
+    assert "i += rows_per_block * WARP_SIZE" in impl
+    launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem"))
+    assert "constexpr int rows_per_block = 8;" in launch
+
+
+def test_x_staging_option() -> None:
+    """A render option, default global, validated, and in the context every snippet sees."""
+    assert render.RenderOptions().cuda_x_staging == "global"
+    smem = render.RenderOptions(cuda_x_staging="smem")
+    assert render.context(smem, {})["cuda_x_staging"] == "smem"
+    with pytest.raises(UserError, match="cuda_x_staging"):
+        render.RenderOptions(cuda_x_staging="registers")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("vecs", [(2, 3, 4, 5), (2, 4, 8), (8,)])  # lead's default, CUDA's, one V
@@ -92,9 +185,44 @@ def test_harness_bodies_and_grids() -> None:
     assert cuda.streamed_grid(cfg, 16, 8) == ((32 * 512 * 2, 8, 1), (32, 8, 1))
     assert cuda.m1_grid(cfg, 3) == ((32 * 512, 24, 1), (32, 8, 1))
     assert not cuda.Config(8192, 28672, 8, 64, "float16").has_residue_k
+    # Either header takes the same body; rows per block is a template argument and the grid's y.
+    assert "qmv_streamed_kernel_body<5, 16, 16, 64, true, true, T, Q, S>" in cuda.streamed_body(
+        cfg, 5, 16
+    )
+    assert cuda.streamed_grid(cfg, 16, 8, 16) == ((32 * 256 * 2, 16, 1), (32, 16, 1))
+    assert cuda.streamed_grid(cuda.Config(4160, 4100, 4, 64, "bfloat16"), 5, 5, 16)[0][0] == (
+        32 * 257
+    )  # N % 16 != 0: the last block has warps past n
+    # Bare V sets stay the default arm; kernel names keep the old form for it.
+    assert cuda.as_arm((2, 4)) == cuda.Arm((2, 4), "global", 8)
+    assert cuda.kernel_name("global", cfg, 4, 8) == f"qmv_streamed_v4_{cfg.tag}"
+    assert cuda.kernel_name("smem", cfg, 4, 16) == f"qmv_streamed_smem_v4_r16_{cfg.tag}"
+    assert set(cuda.HEADER_NAMES) == {"global", "smem"}
+    assert cuda.HEADER_NAME == cuda.HEADER_NAMES["global"] == "qmv_jit_header.cuh"
+
+
+def test_ptxas_usage_parses_registers_smem_and_spills() -> None:
+    log = (
+        "ptxas info    : Compiling entry function '_Z3fooPKt' for 'sm_90a'\n"
+        "ptxas info    : Function properties for _Z3fooPKt\n"
+        "    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+        "ptxas info    : Used 80 registers, used 1 barriers, 23040 bytes smem, 392 bytes cmem[0]\n"
+    )
+    assert cuda.ptxas_usage(log) == {"_Z3fooPKt": {"registers": 80, "smem": 23040, "spill": 12}}
 
 
 # ------------------------------------------------------- against the pinned text
+
+CLANG_FORMAT = "21.1.8"  # the version in MLX's .pre-commit-config.yaml at the pin
+
+
+def _clang_format() -> str | None:
+    exe = shutil.which("clang-format")
+    if exe is None:
+        return None
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    return exe if CLANG_FORMAT in out else None
+
 
 needs_clone = pytest.mark.skipif(
     mlx_clone() is None,
@@ -125,16 +253,69 @@ def test_derived_dequant_fma_moves_only_the_per_vector_statements(upstream: dict
 
 @needs_clone
 @pytest.mark.clone
+@pytest.mark.parametrize("staging", ["global", "smem"])
 @pytest.mark.parametrize("routing", ["stream", "opt_in"])
-def test_harness_measures_what_is_patched(upstream: dict[str, str], routing: str) -> None:
+def test_harness_measures_what_is_patched(
+    upstream: dict[str, str], routing: str, staging: str
+) -> None:
     """The JIT header's streamed kernel is a verbatim substring of the patched qmv.cu."""
-    options = render.RenderOptions(backends=("cuda",), routing=routing)
+    options = render.RenderOptions(backends=("cuda",), routing=routing, cuda_x_staging=staging)
     patched = render.render_file(_plan(QMV), upstream[QMV], options)
     snippet = cuda.streamed_kernel_text(upstream[QMV], options)
     assert snippet in patched
     assert snippet in cuda.jit_header(upstream[QMV], options)
+    assert ("__syncthreads();" in patched) == (staging == "smem")
     # The M = 1 arm is upstream's kernel, only made callable from a cuda_kernel body.
     assert "__device__ __forceinline__ void qmv_kernel_jit(" in cuda.jit_header(upstream[QMV])
+
+
+@needs_clone
+@pytest.mark.clone
+def test_smem_staging_changes_only_the_streamed_kernel(
+    upstream: dict[str, str], tmp_path: Path
+) -> None:
+    """The smem render differs from the default only inside our snippets, and build_bundle
+    writes it under its own name beside the default header."""
+    base = render.RenderOptions(backends=("cuda",))
+    smem = render.RenderOptions(backends=("cuda",), cuda_x_staging="smem")
+    a = render.render_file(_plan(QMV), upstream[QMV], base)
+    b = render.render_file(_plan(QMV), upstream[QMV], smem)
+    head = a[: a.index("// Streamed qmv: one warp per output row")]
+    assert b.startswith(head)  # upstream text and the derived dequant_fma_streamed
+    assert a[a.index("} // namespace cu") :] == b[b.index("} // namespace cu") :]
+    paths = {cuda.build_bundle(upstream[QMV], tmp_path, o).name for o in (base, smem)}
+    assert paths == set(cuda.HEADER_NAMES.values())
+
+
+@needs_clone
+@pytest.mark.clone
+@pytest.mark.skipif(_clang_format() is None, reason=f"needs clang-format {CLANG_FORMAT}")
+def test_smem_render_is_clang_format_clean(upstream: dict[str, str], tmp_path: Path) -> None:
+    """The lines the smem render adds are clang-format clean under MLX's config.
+
+    (tests/test_format.py checks the default render through patches/.)
+    """
+    options = render.RenderOptions(backends=("cuda",), cuda_x_staging="smem")
+    patched = render.render_file(_plan(QMV), upstream[QMV], options)
+    config = source.reader(Path(upstream["clone"]), PIN)(".clang-format")
+    (tmp_path / ".clang-format").write_text(config)
+    path = tmp_path / "qmv.cu"
+    path.write_text(patched)
+    old, new = upstream[QMV].splitlines(), patched.splitlines()
+    ranges = [
+        f"--lines={j1 + 1}:{j2}"
+        for op, _, _, j1, j2 in difflib.SequenceMatcher(None, old, new).get_opcodes()
+        if op in ("insert", "replace")
+    ]
+    assert ranges
+    proc = subprocess.run(
+        [_clang_format(), f"--style=file:{tmp_path / '.clang-format'}", *ranges, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    diff = "".join(difflib.unified_diff(patched.splitlines(True), proc.stdout.splitlines(True)))
+    assert proc.stdout == patched, diff[:4000]
 
 
 # ------------------------------------------------------------- nvcc compile check
@@ -160,20 +341,8 @@ def _wheel_include(tmp: Path) -> Path | None:
     return tmp / "wheel" / "mlx" / "include"
 
 
-@needs_clone
-@pytest.mark.clone
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_patched_qmv_compiles_for_sm90(upstream: dict[str, str], tmp_path: Path) -> None:
-    """nvcc -c of the patched qmv.cu against the wheel's headers plus the pin's .cuh files.
-
-    The wheel ships cutlass/cute/cccl and MLX's .h headers but none of the .cuh
-    files qmv.cu includes (device/*.cuh, kernel_utils.cuh) and no fmt; those come
-    from the pinned clone and a two-line shim. Slow (all instantiations): ~minutes.
-    """
-    inc = _wheel_include(tmp_path)
-    if inc is None:
-        pytest.skip(f"set {WHEEL_ENV} to the mlx-cuda-13 0.32.1 wheel file")
-    src = tmp_path / "src"
+def _pinned_cuh(upstream: dict[str, str], src: Path) -> None:
+    """The .cuh files the wheel does not ship, from the pinned clone, under ``src``."""
     read = source.reader(Path(upstream["clone"]), PIN)
     listing = subprocess.run(
         ["git", "-C", upstream["clone"], "ls-tree", "--name-only", PIN, "mlx/backend/cuda/device/"],
@@ -184,10 +353,39 @@ def test_patched_qmv_compiles_for_sm90(upstream: dict[str, str], tmp_path: Path)
     for rel in [*listing, "mlx/backend/cuda/kernel_utils.cuh"]:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(read(rel))
+
+
+def _no_streamed_spills(log: str) -> dict[str, dict[str, int]]:
+    usage = {k: v for k, v in cuda.ptxas_usage(log).items() if "streamed" in k}
+    assert usage, log[-2000:]
+    spilling = {k: v for k, v in usage.items() if v["spill"]}
+    assert not spilling, spilling
+    return usage
+
+
+@needs_clone
+@pytest.mark.clone
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("staging", ["global", "smem"])
+def test_patched_qmv_compiles_for_sm90(
+    upstream: dict[str, str], tmp_path: Path, staging: str
+) -> None:
+    """nvcc -c of the patched qmv.cu against the wheel's headers plus the pin's .cuh files.
+
+    The wheel ships cutlass/cute/cccl and MLX's .h headers but none of the .cuh
+    files qmv.cu includes (device/*.cuh, kernel_utils.cuh) and no fmt; those come
+    from the pinned clone and a two-line shim. Slow (all instantiations): ~minutes
+    per x-staging variant. No qmv_streamed_kernel instantiation may spill.
+    """
+    inc = _wheel_include(tmp_path)
+    if inc is None:
+        pytest.skip(f"set {WHEEL_ENV} to the mlx-cuda-13 0.32.1 wheel file")
+    src = tmp_path / "src"
+    _pinned_cuh(upstream, src)
     (tmp_path / "fmt").mkdir()
     (tmp_path / "fmt" / "format.h").write_text(FMT_SHIM)
     patched = tmp_path / "qmv.cu"
-    options = render.RenderOptions(backends=("cuda",))
+    options = render.RenderOptions(backends=("cuda",), cuda_x_staging=staging)
     patched.write_text(render.render_file(_plan(QMV), upstream[QMV], options))
     cmd = [
         "nvcc",
@@ -203,6 +401,60 @@ def test_patched_qmv_compiles_for_sm90(upstream: dict[str, str], tmp_path: Path)
         f"-I{inc / 'cccl'}",
         "--expt-relaxed-constexpr",
         "--extended-lambda",
+        "-Xptxas",
+        "-v",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    _no_streamed_spills(proc.stdout + proc.stderr)
+
+
+@needs_clone
+@pytest.mark.clone
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("staging", ["global", "smem"])
+def test_jit_header_compiles_for_sm90(
+    upstream: dict[str, str], tmp_path: Path, staging: str
+) -> None:
+    """The JIT bundle header, wrapped as cuda_kernel wraps a body, compiles with nvcc.
+
+    V = 2..5 at 8 and 16 rows per block, 4/8-bit bf16 and the 4160 K tail in fp16.
+    Prints ptxas's registers / shared bytes per instance (``pytest -s``); none spills.
+    """
+    inc = _wheel_include(tmp_path)
+    if inc is None:
+        pytest.skip(f"set {WHEEL_ENV} to the mlx-cuda-13 0.32.1 wheel file")
+    src = tmp_path / "src"
+    _pinned_cuh(upstream, src)
+    options = render.RenderOptions(cuda_x_staging=staging)
+    header = cuda.jit_header(upstream[QMV], options)
+    configs = [
+        cuda.Config(8192, 28672, 4, 64, "bfloat16"),
+        cuda.Config(8192, 28672, 8, 64, "bfloat16"),
+        cuda.Config(4160, 4096, 4, 64, "float16"),
+    ]
+    instances = [(c, v, r) for c in configs for r in (8, 16) for v in (2, 3, 4, 5)]
+    tu = tmp_path / "jit.cu"
+    tu.write_text(cuda.nvcc_source(header, instances))
+    cmd = [
+        "nvcc",
+        "-std=c++20",
+        "-arch=sm_90a",
+        "-cubin",
+        str(tu),
+        "-o",
+        str(tmp_path / "jit.cubin"),
+        f"-I{src}",
+        f"-I{inc}",
+        f"-I{inc / 'cccl'}",
+        "--expt-relaxed-constexpr",
+        "-Xptxas",
+        "-v",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    usage = _no_streamed_spills(proc.stdout + proc.stderr)
+    assert len(usage) == len(instances)
+    for name, u in sorted(usage.items()):
+        print(staging, re.search(r"streamed_\w+?_r\d+", name).group(0), u)  # type: ignore[union-attr]
+        assert (u["smem"] > 0) == (staging == "smem")

@@ -7,6 +7,8 @@ Two halves with a file between them, because the GPU host has no MLX clone:
   from the pinned text by structure, a ``__device__`` copy of ``qmv_kernel``
   derived from it (the M = 1 sanity arm), and the streamed kernel rendered from
   ``templates/.../qmv.cu/streamed_kernel.cu.j2`` with the patch's own context.
+  One header per x-staging variant (``RenderOptions.cuda_x_staging``: the
+  default ``global``, and ``smem``), so one run can time both side by side.
   The bundle is written under a git-ignored folder and never committed, since
   it holds MLX source.
 * ``run_config`` (on the GPU host, MLX imported lazily) compiles per-instance
@@ -18,8 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,9 @@ from patchkit import cxx, render
 
 QMV_PATH = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 KERNEL_TEMPLATE = "streamed_kernel.cu.j2"
-HEADER_NAME = "qmv_jit_header.cuh"
+# One JIT header per RenderOptions.cuda_x_staging value; the default keeps its old name.
+HEADER_NAMES = {"global": "qmv_jit_header.cuh", "smem": "qmv_jit_header_smem.cuh"}
+HEADER_NAME = HEADER_NAMES["global"]
 ROWS_PER_BLOCK = 8
 WARP = 32
 H200_COPY_BW = 4.3e12  # bytes/s, device-to-device copy measured on this workplace's H200s
@@ -135,9 +140,13 @@ def jit_header(qmv_source: str, options: render.RenderOptions | None = None) -> 
 def build_bundle(
     qmv_source: str, out_dir: Path, options: render.RenderOptions | None = None
 ) -> Path:
-    """Write the JIT header for the GPU host; returns its path (write-if-different)."""
+    """Write the JIT header for the GPU host; returns its path (write-if-different).
+
+    The file name says the variant (``HEADER_NAMES[options.cuda_x_staging]``).
+    """
+    options = options or render.RenderOptions()
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / HEADER_NAME
+    path = out_dir / HEADER_NAMES[options.cuda_x_staging]
     text = jit_header(qmv_source, options)
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
@@ -165,10 +174,13 @@ def m1_body(cfg: Config) -> str:
     )
 
 
-def streamed_body(cfg: Config, vecs: int) -> str:
-    """Body calling the rendered streamed kernel body with V = ``vecs``; M read from params."""
+def streamed_body(cfg: Config, vecs: int, rows_per_block: int = ROWS_PER_BLOCK) -> str:
+    """Body calling the rendered streamed kernel body with V = ``vecs``; M read from params.
+
+    The same body serves either header: the x-staging variant is in the header's text.
+    """
     targs = (
-        f"{vecs}, {ROWS_PER_BLOCK}, {cfg.elems_per_thread}, {cfg.group_size}, true, "
+        f"{vecs}, {rows_per_block}, {cfg.elems_per_thread}, {cfg.group_size}, true, "
         f"{str(cfg.has_residue_k).lower()}"
     )
     return _casts(cfg) + (
@@ -192,11 +204,84 @@ def m1_grid(cfg: Config, m: int) -> tuple[tuple[int, int, int], tuple[int, int, 
 
 
 def streamed_grid(
-    cfg: Config, m: int, vecs: int
+    cfg: Config, m: int, vecs: int, rows_per_block: int = ROWS_PER_BLOCK
 ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Grid (in threads) and block of the streamed launch: row blocks x M tiles in x."""
-    blocks_x = math.ceil(cfg.N / ROWS_PER_BLOCK) * math.ceil(m / vecs)
-    return (WARP * blocks_x, ROWS_PER_BLOCK, 1), (WARP, ROWS_PER_BLOCK, 1)
+    blocks_x = math.ceil(cfg.N / rows_per_block) * math.ceil(m / vecs)
+    return (WARP * blocks_x, rows_per_block, 1), (WARP, rows_per_block, 1)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One streamed arm: its V set, the x-staging variant it was rendered with, rows per block."""
+
+    vecs: tuple[int, ...]
+    variant: str = "global"  # RenderOptions.cuda_x_staging
+    rows_per_block: int = ROWS_PER_BLOCK
+
+
+def as_arm(spec: Arm | Sequence[int]) -> Arm:
+    """A bare V set is the default arm (x from global memory, 8 rows per block)."""
+    return spec if isinstance(spec, Arm) else Arm(tuple(spec))
+
+
+# mx.fast.cuda_kernel's default header at the pin (custom_kernel.cpp), which it puts
+# before the user header; an nvcc check of the bundle starts the same way.
+CUDA_KERNEL_DEFAULT_HEADER = """\
+#include "mlx/backend/cuda/device/utils.cuh"
+
+#include <cooperative_groups.h>
+"""
+
+
+def nvcc_source(header: str, instances: Sequence[tuple[Config, int, int]]) -> str:
+    """A .cu that wraps streamed bodies the way cuda_kernel does, for ``nvcc -Xptxas -v``.
+
+    ``instances`` are (config, V, rows_per_block); each becomes a ``__global__``
+    named ``streamed_<tag>_v<V>_r<rows>``. Not NVRTC (the device run covers that),
+    but the same header text and the same bodies, so ptxas's register and shared
+    memory counts are the ones the JIT arms get.
+    """
+    kernels = []
+    for cfg, vecs, rows in instances:
+        kernels.append(
+            f"__global__ void streamed_{cfg.tag}_v{vecs}_r{rows}(\n"
+            "    const uint16_t* x, const uint8_t* w, const uint16_t* scales,\n"
+            "    const uint16_t* biases, const int32_t* params, uint16_t* out) {\n"
+            f"{streamed_body(cfg, vecs, rows)}}}\n"
+        )
+    return "\n".join(
+        [
+            CUDA_KERNEL_DEFAULT_HEADER,
+            header,
+            "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n",
+            *kernels,
+            "} // namespace mlx::core::cu\n",
+        ]
+    )
+
+
+def ptxas_usage(log: str) -> dict[str, dict[str, int]]:
+    """Per ``__global__`` in ``nvcc -Xptxas -v`` output: registers, shared bytes, spill bytes."""
+    usage: dict[str, dict[str, int]] = {}
+    name = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name = m.group(1)
+            usage[name] = {"registers": 0, "smem": 0, "spill": 0}
+            continue
+        if name is None:
+            continue
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            usage[name]["spill"] = int(m.group(1)) + int(m.group(2))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            usage[name]["registers"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            usage[name]["smem"] = int(s.group(1)) if s else 0
+    return usage
 
 
 def weight_bytes(cfg: Config) -> int:
@@ -218,10 +303,15 @@ def _mx() -> Any:
 
 
 class Kernels:
-    """Compiled cuda_kernel objects, one per (arm, config, V), built from one header."""
+    """Compiled cuda_kernel objects, one per (arm, config, V), built from one header.
 
-    def __init__(self, header: str):
+    ``variant`` is the header's ``cuda_x_staging``; it goes into every kernel name,
+    because MLX caches cuda_kernel objects by name across headers.
+    """
+
+    def __init__(self, header: str, variant: str = "global"):
         self.header = header
+        self.variant = variant
         self._cache: dict[str, Any] = {}
 
     def get(self, name: str, body: str) -> Any:
@@ -277,16 +367,52 @@ def make_problem(cfg: Config, seed: int, min_bytes: int = 0, max_m: int = 16) ->
     return Problem(cfg, weights, x, rows, prefixes)
 
 
-def run_jit(kernels: Kernels, prob: Problem, m: int, vecs: int | None, copy: int = 0) -> Any:
+KernelSet = Kernels | Mapping[str, Kernels]
+
+
+def _by_variant(kernels: KernelSet) -> Mapping[str, Kernels]:
+    return {kernels.variant: kernels} if isinstance(kernels, Kernels) else kernels
+
+
+def _base(kernels: Mapping[str, Kernels]) -> Kernels:
+    """The header the M = 1 copy runs from (the default one when present; all hold it)."""
+    return kernels.get("global") or next(iter(kernels.values()))
+
+
+def run_arm(
+    kernels: Mapping[str, Kernels], prob: Problem, m: int, arm: Arm, copy: int = 0
+) -> tuple[int, Any]:
+    """(V, output) of one streamed arm on x[:m], from the header of the arm's variant."""
+    v = pick_vecs(m, arm.vecs)
+    return v, run_jit(kernels[arm.variant], prob, m, v, copy, arm.rows_per_block)
+
+
+def kernel_name(variant: str, cfg: Config, vecs: int, rows_per_block: int) -> str:
+    """The cuda_kernel name of a streamed instance; the default arm keeps its old name."""
+    if variant == "global" and rows_per_block == ROWS_PER_BLOCK:
+        return f"qmv_streamed_v{vecs}_{cfg.tag}"
+    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}_{cfg.tag}"
+
+
+def run_jit(
+    kernels: Kernels,
+    prob: Problem,
+    m: int,
+    vecs: int | None,
+    copy: int = 0,
+    rows_per_block: int = ROWS_PER_BLOCK,
+) -> Any:
     """Launch the M = 1 copy (``vecs`` None, grid.y = M) or the streamed kernel on x[:m]."""
     mx = _mx()
     cfg = prob.cfg
     if vecs is None:
-        kern = kernels.get(f"qmv_m1_{cfg.tag}", m1_body(cfg))
+        suffix = cfg.tag if kernels.variant == "global" else f"{kernels.variant}_{cfg.tag}"
+        kern = kernels.get(f"qmv_m1_{suffix}", m1_body(cfg))
         grid, block = m1_grid(cfg, m)
     else:
-        kern = kernels.get(f"qmv_streamed_v{vecs}_{cfg.tag}", streamed_body(cfg, vecs))
-        grid, block = streamed_grid(cfg, m, vecs)
+        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block)
+        kern = kernels.get(name, streamed_body(cfg, vecs, rows_per_block))
+        grid, block = streamed_grid(cfg, m, vecs, rows_per_block)
     wq, s, b = prob.weights[copy]
     params = mx.array([m, cfg.N, cfg.K], dtype=mx.int32)
     return kern(
@@ -321,11 +447,14 @@ def max_abs_diff(got: Any, singles_f32: Any) -> float:
     return float(np.max(np.abs(g - singles_f32[: g.shape[0]])))
 
 
-def parity(kernels: Kernels, prob: Problem, vec_sets: dict[str, Sequence[int]]) -> dict[str, Any]:
+def parity(
+    kernels: KernelSet, prob: Problem, vec_sets: Mapping[str, Arm | Sequence[int]]
+) -> dict[str, Any]:
     """Bitwise verdicts for every M: JIT M = 1 copy, streamed arms, and MLX batched (control)."""
     import numpy as np
 
     mx = _mx()
+    ks = _by_variant(kernels)
     max_m = len(prob.rows)
     singles = [prob.qmm(r) for r in prob.rows]
     mx.eval(singles)
@@ -333,15 +462,14 @@ def parity(kernels: Kernels, prob: Problem, vec_sets: dict[str, Sequence[int]]) 
     ref_f32 = np.concatenate([np.array(s.astype(mx.float32)) for s in singles])
     out: dict[str, Any] = {"jit_m1_copy": {}, "batched_control": {}}
     for m in range(1, max_m + 1):
-        y = run_jit(kernels, prob, m, None)
+        y = run_jit(_base(ks), prob, m, None)
         out["jit_m1_copy"][m] = rows_differing(y, ref)
         yb = prob.qmm(prob.prefixes[m])
         out["batched_control"][m] = [rows_differing(yb, ref), max_abs_diff(yb, ref_f32)]
-    for label, vecs in vec_sets.items():
+    for label, spec in vec_sets.items():
         arm: dict[int, Any] = {}
         for m in range(1, max_m + 1):
-            v = pick_vecs(m, vecs)
-            y = run_jit(kernels, prob, m, v)
+            v, y = run_arm(ks, prob, m, as_arm(spec))
             arm[m] = [v, rows_differing(y, ref), max_abs_diff(y, ref_f32)]
         out[f"streamed_{label}"] = arm
     return out
@@ -367,27 +495,29 @@ def gpu_time(fn: Callable[[int], Any], iters: int, repeats: int = 3, warm: int =
 
 
 def timing(
-    kernels: Kernels,
+    kernels: KernelSet,
     prob: Problem,
-    vec_sets: dict[str, Sequence[int]],
+    vec_sets: Mapping[str, Arm | Sequence[int]],
     ms: Sequence[int],
     iters: int,
 ) -> dict[int, Any]:
-    """Per M: streamed (per vector set), M separate M = 1 calls, MLX batched, JIT qmv copy (us)."""
+    """Per M: streamed (per arm), M separate M = 1 calls, MLX batched, JIT qmv copy (us)."""
+    ks = _by_variant(kernels)
     copies = len(prob.weights)
     wb = weight_bytes(prob.cfg)
     res: dict[int, Any] = {}
     for m in ms:
         row: dict[str, Any] = {}
-        for label, vecs in vec_sets.items():
-            v = pick_vecs(m, vecs)
-            t = gpu_time(lambda i, m=m, v=v: run_jit(kernels, prob, m, v, i % copies), iters)
+        for label, spec in vec_sets.items():
+            arm = as_arm(spec)
+            v = pick_vecs(m, arm.vecs)
+            t = gpu_time(lambda i, m=m, a=arm: run_arm(ks, prob, m, a, i % copies)[1], iters)
             row[f"streamed_{label}_V"] = v
             row[f"streamed_{label}_us"] = t * 1e6
             row[f"streamed_{label}_bw_frac"] = wb / t / H200_COPY_BW
         t_c = gpu_time(lambda i, m=m: [prob.qmm(prob.rows[j], i % copies) for j in range(m)], iters)
         t_b = gpu_time(lambda i, m=m: prob.qmm(prob.prefixes[m], i % copies), iters)
-        t_j = gpu_time(lambda i, m=m: run_jit(kernels, prob, m, None, i % copies), iters)
+        t_j = gpu_time(lambda i, m=m: run_jit(_base(ks), prob, m, None, i % copies), iters)
         row.update(
             separate_m1_us=t_c * 1e6,
             batched_us=t_b * 1e6,
@@ -399,14 +529,18 @@ def timing(
 
 
 def run_config(
-    kernels: Kernels,
+    kernels: KernelSet,
     cfg: Config,
-    vec_sets: dict[str, Sequence[int]],
-    timing_sets: dict[str, Sequence[int]] | None,
+    vec_sets: Mapping[str, Arm | Sequence[int]],
+    timing_sets: Mapping[str, Arm | Sequence[int]] | None,
     ms: Sequence[int] = tuple(range(1, 17)),
     iters: int = 30,
 ) -> dict[str, Any]:
-    """Parity for every vector set, then (if ``timing_vecs``) the timing sweep, for one config."""
+    """Parity for every arm, then (if ``timing_sets``) the timing sweep, for one config.
+
+    ``kernels`` maps variant -> Kernels (a single Kernels is the default variant);
+    an arm is a bare V set (x from global memory) or an :class:`Arm`.
+    """
     t0 = time.perf_counter()
     min_bytes = 256 << 20 if timing_sets else 0  # several copies: timed passes miss in L2
     prob = make_problem(cfg, seed=cfg.K + cfg.N + cfg.bits, min_bytes=min_bytes)
@@ -417,7 +551,9 @@ def run_config(
         "parity": parity(kernels, prob, vec_sets),
     }
     if timing_sets:
-        result["timing_sets"] = {k: list(v) for k, v in timing_sets.items()}
+        result["timing_sets"] = {
+            k: asdict(v) if isinstance(v, Arm) else list(v) for k, v in timing_sets.items()
+        }
         result["timing"] = timing(kernels, prob, timing_sets, ms, iters)
     result["seconds"] = time.perf_counter() - t0
     return result
