@@ -12,24 +12,45 @@ from typing import Any
 
 ARM = "v248"  # the vector set the table reports (V = 2, 4, 8; M > 8 as M tiles of 8)
 HEADLINE = {"K": 8192, "N": 28672}
+# Column names of the streamed arms cuda_h200.py knows; others show their label.
+ARM_NAMES = {
+    "render": "streamed V=2..5",
+    "v248": "V=2,4,8",
+    "v8": "V=8",
+    "v16": "V=16",
+    "v24816": "V=2,4,8,16",
+    "smem_render": "smem V=2..5",
+    "smem_v248": "smem V=2,4,8",
+    "smem_v8": "smem V=8",
+    "smem16_render": "smem 16 rows V=2..5",
+}
+OLD_PARITY_ARMS = ["render", "v248", "v8", "v16"]  # the 2026-11-29 table's columns
 
 
 def _fmt_cfg(c: dict[str, Any]) -> str:
     return f"{c['K']}x{c['N']} {c['bits']}-bit g{c['group_size']} {c['dtype']}"
 
 
+def _arms(record: dict[str, Any], prefix: str = "streamed_", suffix: str = "") -> list[str]:
+    """Streamed arm labels in a parity dict or timing row, in the order they ran."""
+    return [
+        k[len(prefix) : len(k) - len(suffix)]
+        for k in record
+        if k.startswith(prefix) and k.endswith(suffix)
+    ]
+
+
 def parity_table(results: list[dict[str, Any]]) -> list[str]:
     """One row per config: rows differing, summed over M = 1..16, per arm."""
+    labels = _arms(results[0]["parity"]) if results else OLD_PARITY_ARMS
+    names = " | ".join(ARM_NAMES.get(k, k) for k in labels)
     lines = [
-        "| config (KxN) | JIT M=1 copy | streamed V=2..5 | V=2,4,8 | V=8 | V=16 "
-        "| MLX batched, M>=8 (control) |",
-        "|---|---|---|---|---|---|---|",
+        f"| config (KxN) | JIT M=1 copy | {names} | MLX batched, M>=8 (control) |",
+        "|---|---|" + "---|" * len(labels) + "---|",
     ]
     for r in results:
         p = r["parity"]
-        arms = [
-            sum(v[1] for v in p[f"streamed_{k}"].values()) for k in ("render", "v248", "v8", "v16")
-        ]
+        arms = [sum(v[1] for v in p[f"streamed_{k}"].values()) for k in labels]
         ctrl = sum(v[0] for m, v in p["batched_control"].items() if int(m) >= 8)
         copy = sum(p["jit_m1_copy"].values())
         cells = " | ".join(f"{a}/136" for a in arms)
@@ -37,10 +58,11 @@ def parity_table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def timing_table(r: dict[str, Any]) -> list[str]:
+def timing_table(r: dict[str, Any], arm: str = ARM) -> list[str]:
     """Per M: the three arms (us), streamed / its own M=1, and weight bandwidth fractions."""
     t = r["timing"]
-    t1 = t["1"][f"streamed_{ARM}_us"]
+    arm = arm if f"streamed_{arm}_us" in t["1"] else _arms(t["1"], suffix="_us")[0]
+    t1 = t["1"][f"streamed_{arm}_us"]
     lines = [
         f"**{_fmt_cfg(r['config'])}** (weights+scales+biases {r['weight_bytes'] / 1e6:.1f} MB, "
         f"{r['weight_copies']} rotating copies)",
@@ -50,13 +72,43 @@ def timing_table(r: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for m, row in t.items():
-        s = row[f"streamed_{ARM}_us"]
+        s = row[f"streamed_{arm}_us"]
         lines.append(
-            f"| {m} | {row[f'streamed_{ARM}_V']} | {s:.1f} | {s / t1:.2f} "
+            f"| {m} | {row[f'streamed_{arm}_V']} | {s:.1f} | {s / t1:.2f} "
             f"| {row['separate_m1_us']:.1f} "
             f"| {row['batched_us']:.1f} | {s / row['batched_us']:.2f} "
-            f"| {row[f'streamed_{ARM}_bw_frac']:.0%} | {row['batched_bw_frac']:.0%} |"
+            f"| {row[f'streamed_{arm}_bw_frac']:.0%} | {row['batched_bw_frac']:.0%} |"
         )
+    return lines
+
+
+def comparison_table(r: dict[str, Any]) -> list[str]:
+    """Per M: every streamed arm side by side (us), plus the stock arms; then the slope.
+
+    The slope is (t(M=5) - t(M=1)) / 4: the cost of one added vector, which was
+    ~115-125 us on 8192x28672 4-bit with x read from global memory.
+    """
+    t = r["timing"]
+    labels = _arms(t["1"], suffix="_us")
+    head = " | ".join(f"{ARM_NAMES.get(k, k)} us" for k in labels)
+    lines = [
+        f"**{_fmt_cfg(r['config'])}**, all arms",
+        "",
+        f"| M | {head} | M x M=1 calls us | MLX batched us | JIT qmv copy us |",
+        "|---|" + "---|" * (len(labels) + 3),
+    ]
+    for m, row in t.items():
+        cells = " | ".join(f"{row[f'streamed_{k}_us']:.1f}" for k in labels)
+        lines.append(
+            f"| {m} | {cells} | {row['separate_m1_us']:.1f} | {row['batched_us']:.1f} "
+            f"| {row['jit_qmv_copy_us']:.1f} |"
+        )
+    if "1" in t and "5" in t:
+        slopes = " | ".join(
+            f"{(t['5'][f'streamed_{k}_us'] - t['1'][f'streamed_{k}_us']) / 4:.1f}" for k in labels
+        )
+        sep = (t["5"]["separate_m1_us"] - t["1"]["separate_m1_us"]) / 4
+        lines.append(f"| us per added vector (M=1..5) | {slopes} | {sep:.1f} | | |")
     return lines
 
 
@@ -72,7 +124,12 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     for ax, r in zip(axes[0], heads, strict=True):
         ms = [int(m) for m in r["timing"]]
         rows = list(r["timing"].values())
-        ax.plot(ms, [x[f"streamed_{ARM}_us"] for x in rows], "o-", label="streamed (JIT, exact)")
+        labels = _arms(rows[0], suffix="_us")
+        if not any(k.startswith("smem") for k in labels):
+            labels = [ARM]  # the 2026-11-29 plot: one streamed arm
+        for k in labels:
+            name = "streamed (JIT, exact)" if k == ARM else f"{ARM_NAMES.get(k, k)} (JIT)"
+            ax.plot(ms, [x[f"streamed_{k}_us"] for x in rows], "o-", label=name)
         ax.plot(
             ms, [x["separate_m1_us"] for x in rows], "s--", label="M separate M=1 calls (exact)"
         )
@@ -97,6 +154,11 @@ def main() -> None:
     for r in results:
         if "timing" in r:
             md += [*timing_table(r), ""]
+    if data.get("variant", "global") != "global":
+        md += ["## All streamed arms side by side", ""]
+        for r in results:
+            if "timing" in r:
+                md += [*comparison_table(r), ""]
     src.with_suffix(".tables.md").write_text("\n".join(md) + "\n")
     plot(results, src.with_suffix(".png"))
 

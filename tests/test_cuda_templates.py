@@ -15,6 +15,7 @@ the default ``global`` (what ``patches/`` holds) and the opt-in ``smem``.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import shutil
@@ -458,3 +459,66 @@ def test_jit_header_compiles_for_sm90(
     for name, u in sorted(usage.items()):
         print(staging, re.search(r"streamed_\w+?_r\d+", name).group(0), u)  # type: ignore[union-attr]
         assert (u["smem"] > 0) == (staging == "smem")
+
+
+# ------------------------------------- the GPU half, with a CPU stand-in kernel
+
+
+class _StandInKernels(cuda.Kernels):
+    """cuda_kernel's place taken by MLX's CPU quantized_matmul, one row at a time.
+
+    Exercises the harness's control flow (arms, variants, kernel names, grids,
+    JSON shape, the report) on a machine without a GPU; the numbers mean nothing.
+    """
+
+    def get(self, name: str, body: str) -> object:
+        mx = pytest.importorskip("mlx.core")
+        self._cache[name] = body
+
+        def kern(inputs: list, output_shapes: list, **launch: object) -> list:
+            x, wq, s, b, _ = inputs
+            k = x.shape[-1]
+            bits, gs = wq.shape[-1] * 32 // k, k // s.shape[-1]
+            rows = [
+                mx.quantized_matmul(x[i : i + 1], wq, s, b, group_size=gs, bits=bits)
+                for i in range(x.shape[0])
+            ]
+            assert launch["threadgroup"][1] in (8, 16)  # type: ignore[index]
+            return [mx.concatenate(rows)]
+
+        return kern
+
+
+def _script(name: str) -> object:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_both_variants_run_through_the_harness_and_report(tmp_path: Path) -> None:
+    """cuda_h200.py --variant both's arms, on a tiny config, through run_config and the report."""
+    pytest.importorskip("mlx.core")
+    h200 = _script("cuda_h200")
+    report = _script("cuda_report")
+    parity_sets, timing_sets = h200.ARMS["both"]  # type: ignore[attr-defined]
+    assert {a.variant for a in parity_sets.values() if isinstance(a, cuda.Arm)} == {"smem"}
+    assert h200.RAGGED in [c for c, _ in h200.plan("both")]  # type: ignore[attr-defined]
+    assert h200.RAGGED not in [c for c, _ in h200.plan()]  # type: ignore[attr-defined]
+    kernels = {v: _StandInKernels("", v) for v in ("global", "smem")}
+    cfg = cuda.Config(512, 72, 4, 64, "bfloat16")
+    res = cuda.run_config(kernels, cfg, parity_sets, timing_sets, ms=(1, 2, 5), iters=1)
+    assert cuda.verdict(res)["streamed_rows_differing"] == {f"streamed_{k}": 0 for k in parity_sets}
+    assert "qmv_streamed_smem_v5_r16_bfloat16_b4_g64_r0" in kernels["smem"]._cache
+    assert "qmv_streamed_v5_bfloat16_b4_g64_r0" in kernels["global"]._cache
+    payload = {"variant": "both", "results": [res]}
+    cuda.dump(tmp_path / "run.json", payload)
+    loaded = json.loads((tmp_path / "run.json").read_text())["results"]
+    assert "smem V=2..5" in report.parity_table(loaded)[0]  # type: ignore[attr-defined]
+    table = report.comparison_table(loaded[0])  # type: ignore[attr-defined]
+    assert table[-1].startswith("| us per added vector (M=1..5) |")
+    assert "smem 16 rows V=2..5 us" in table[2]
