@@ -457,7 +457,7 @@ def test_jit_header_compiles_for_sm90(
     usage = _no_streamed_spills(proc.stdout + proc.stderr)
     assert len(usage) == len(instances)
     for name, u in sorted(usage.items()):
-        print(staging, re.search(r"streamed_\w+?_r\d+", name).group(0), u)  # type: ignore[union-attr]
+        print(staging, re.search(r"streamed_\w+?_v\d+_r\d+", name).group(0), u)  # type: ignore[union-attr]
         assert (u["smem"] > 0) == (staging == "smem")
 
 
