@@ -3,7 +3,9 @@
 Run under ``ncu --kernel-name regex:"qmv|qmm"``: MLX's compiled qmv (M = 1), MLX's
 batched qmm (M = 8), the JIT copy of stock qmv (M = 1) and the streamed kernel
 (M = 8, V = 8 and V = 4). Each is launched once, with no timing loop, so the
-profile holds exactly these kernels.
+profile holds exactly these kernels. With ``--smem`` (needs
+``qmv_jit_header_smem.cuh`` beside ``--header``), the smem-staged streamed kernel
+(M = 8, V = 8 and V = 4, 8 rows per block) is launched too, for the same counters.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from patchkit.harness import cuda
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--header", type=Path, required=True)
+    ap.add_argument("--smem", action="store_true", help="also the smem-staged streamed kernel")
     args = ap.parse_args()
     import mlx.core as mx
 
@@ -28,8 +31,15 @@ def main() -> None:
     mx.eval(cuda.run_jit(kernels, prob, 1, None))
     mx.eval(cuda.run_jit(kernels, prob, 8, 8))
     mx.eval(cuda.run_jit(kernels, prob, 8, 4))
+    launched = "mlx qmv M=1, mlx qmm M=8, jit qmv M=1, streamed V=8 M=8, streamed V=4 M=8"
+    if args.smem:
+        smem_header = args.header.with_name(cuda.HEADER_NAMES["smem"])
+        smem = cuda.Kernels(smem_header.read_text(), "smem")
+        mx.eval(cuda.run_jit(smem, prob, 8, 8))
+        mx.eval(cuda.run_jit(smem, prob, 8, 4))
+        launched += ", smem streamed V=8 M=8, smem streamed V=4 M=8"
     mx.synchronize()
-    print("launched: mlx qmv M=1, mlx qmm M=8, jit qmv M=1, streamed V=8 M=8, streamed V=4 M=8")
+    print("launched:", launched)
 
 
 if __name__ == "__main__":
