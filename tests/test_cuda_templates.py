@@ -522,3 +522,38 @@ def test_both_variants_run_through_the_harness_and_report(tmp_path: Path) -> Non
     table = report.comparison_table(loaded[0])  # type: ignore[attr-defined]
     assert table[-1].startswith("| us per added vector (M=1..5) |")
     assert "smem 16 rows V=2..5 us" in table[2]
+
+
+class _FailingKernels(cuda.Kernels):
+    def get(self, name: str, body: str) -> object:
+        raise RuntimeError(f"nvrtc: {name}")
+
+
+def test_cuda_h200_both_falls_back_to_global_arms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--variant both: an smem failure is recorded, and the global arms still run."""
+    pytest.importorskip("mlx.core")
+    h200 = _script("cuda_h200")
+    tiny = cuda.Config(512, 72, 4, 64, "bfloat16")
+
+    class Kernels(cuda.Kernels):  # what cuda_h200.py constructs: a stand-in per variant
+        def __new__(cls, header: str, variant: str = "global") -> cuda.Kernels:  # type: ignore[misc]
+            return (_FailingKernels if variant == "smem" else _StandInKernels)(header, variant)
+
+    monkeypatch.setattr(h200.cuda, "Kernels", Kernels)  # type: ignore[attr-defined]
+    monkeypatch.setattr(h200, "plan", lambda variant="global": [(tiny, False), (tiny, False)])
+    monkeypatch.setattr(h200, "environment", lambda: {})
+    for name in cuda.HEADER_NAMES.values():
+        (tmp_path / name).write_text("// header\n")
+    argv = ["cuda_h200.py", "--header", str(tmp_path / cuda.HEADER_NAME), "--out", str(tmp_path)]
+    monkeypatch.setattr("sys.argv", [*argv, "--variant", "both"])
+    h200.main()  # type: ignore[attr-defined]
+    out = json.loads((tmp_path / "cuda_h200.json").read_text())
+    assert out["variant"] == "both" and len(out["errors"]) == 1
+    assert [list(r["parity"]) for r in out["results"]] == [
+        ["jit_m1_copy", "batched_control", "streamed_render"]
+    ] * 2
+    monkeypatch.setattr("sys.argv", [*argv, "--variant", "smem"])
+    with pytest.raises(RuntimeError, match="nvrtc"):
+        h200.main()  # type: ignore[attr-defined]
