@@ -33,16 +33,19 @@ PARITY_SETS = {
 }
 TIMING_SETS = {"render": render.STREAMED_VECS, "v248": (2, 4, 8), "v24816": (2, 4, 8, 16)}
 
-# x staged in shared memory: 8 rows per block (the launcher's default) and 16.
+# x staged in shared memory: 8 rows per block (the launcher's default) and 16; up to
+# 4 k steps per staged copy (the default) and 1 (a copy and two barriers per k step).
 SMEM_PARITY = {
     "smem_render": cuda.Arm(render.STREAMED_VECS, "smem"),
     "smem_v8": cuda.Arm((8,), "smem"),  # nv < V tails; V = 8 stages 2 k steps, not 4
     "smem16_render": cuda.Arm(render.STREAMED_VECS, "smem", 16),
+    "smem_s1_render": cuda.Arm(render.STREAMED_VECS, "smem", 8, 1),
 }
 SMEM_TIMING = {
     "smem_render": cuda.Arm(render.STREAMED_VECS, "smem"),
     "smem_v248": cuda.Arm((2, 4, 8), "smem"),
     "smem16_render": cuda.Arm(render.STREAMED_VECS, "smem", 16),
+    "smem_s1_render": cuda.Arm(render.STREAMED_VECS, "smem", 8, 1),
 }
 # Side by side: the global arms the smem ones are compared with, then the smem ones.
 BOTH_GLOBAL = (
@@ -58,21 +61,21 @@ ARMS = {
     ),
 }
 # N % 16 != 0 and a K tail: the last row block has warps past n, which must still
-# stage x and meet every barrier. Parity only; runs right after the timed headline.
+# stage x and meet every barrier. Parity only; runs right after the first headline config.
 RAGGED = cuda.Config(4160, 4100, 4, 64, "bfloat16")
 
 
 def plan(variant: str = "global") -> list[tuple[cuda.Config, bool]]:
     """(config, timed?) in priority order: the headline shape first, gs 32/128 last.
 
-    With smem arms, the ragged-N config follows the headline shape.
+    With smem arms, the ragged-N config comes second, and 8-bit bf16 before 4-bit fp16.
     """
     big = [
         (cuda.Config(8192, 28672, b, 64, d), True)
         for b, d in ((4, "bfloat16"), (4, "float16"), (8, "bfloat16"))
     ]
-    if variant != "global":
-        big.append((RAGGED, False))
+    if variant != "global":  # 4-bit bf16, the ragged check, 8-bit bf16, then 4-bit fp16
+        big = [big[0], (RAGGED, False), big[2], big[1]]
     rest = [(cuda.Config(k, n, b, 64, "bfloat16"), True) for b in (4, 8) for k, n in SHAPES[1:]]
     fp16 = [(cuda.Config(k, n, b, 64, "float16"), False) for b in (4, 8) for k, n in SHAPES]
     groups = [

@@ -23,6 +23,7 @@ ARM_NAMES = {
     "smem_v248": "smem V=2,4,8",
     "smem_v8": "smem V=8",
     "smem16_render": "smem 16 rows V=2..5",
+    "smem_s1_render": "smem 1 step/stage V=2..5",
 }
 OLD_PARITY_ARMS = ["render", "v248", "v8", "v16"]  # the 2026-11-29 table's columns
 

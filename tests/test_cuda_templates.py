@@ -133,6 +133,13 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     assert "bool row_active = row < n;" in impl
     # rows_per_block reaches the impl (the copy's stride), and the launcher keeps qmv's 8.
     assert "i += rows_per_block * WARP_SIZE" in impl
+    # Stage depth: the body's last template parameter, 4 unless a caller (the harness) asks.
+    assert (
+        "    typename S,\n    int max_stage_steps = 4>\n__device__ __forceinline__ void"
+        + (" qmv_streamed_kernel_body(")
+        in smem
+    )
+    assert "cuda::std::min(max_stage_steps, 6144 / (V * tile_words));" in impl
     launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem"))
     assert "constexpr int rows_per_block = 8;" in launch
 
@@ -198,6 +205,10 @@ def test_harness_bodies_and_grids() -> None:
     assert cuda.as_arm((2, 4)) == cuda.Arm((2, 4), "global", 8)
     assert cuda.kernel_name("global", cfg, 4, 8) == f"qmv_streamed_v4_{cfg.tag}"
     assert cuda.kernel_name("smem", cfg, 4, 16) == f"qmv_streamed_smem_v4_r16_{cfg.tag}"
+    assert cuda.kernel_name("smem", cfg, 4, 8, 1) == f"qmv_streamed_smem_v4_r8_s1_{cfg.tag}"
+    # The smem body's trailing max_stage_steps (default 4) is set only when asked.
+    assert "<5, 8, 16, 64, true, true, T, Q, S, 1>(" in cuda.streamed_body(cfg, 5, 8, 1)
+    assert "T, Q, S>(" in cuda.streamed_body(cfg, 5, 8)
     assert set(cuda.HEADER_NAMES) == {"global", "smem"}
     assert cuda.HEADER_NAME == cuda.HEADER_NAMES["global"] == "qmv_jit_header.cuh"
 
@@ -434,7 +445,11 @@ def test_jit_header_compiles_for_sm90(
         cuda.Config(8192, 28672, 8, 64, "bfloat16"),
         cuda.Config(4160, 4096, 4, 64, "float16"),
     ]
-    instances = [(c, v, r) for c in configs for r in (8, 16) for v in (2, 3, 4, 5)]
+    instances: list[tuple[cuda.Config, int, int, int | None]] = [
+        (c, v, r, None) for c in configs for r in (8, 16) for v in (2, 3, 4, 5)
+    ]
+    if staging == "smem":  # the one-k-step-per-stage arm cuda_h200.py also times
+        instances += [(c, v, 8, 1) for c in configs for v in (2, 3, 4, 5)]
     tu = tmp_path / "jit.cu"
     tu.write_text(cuda.nvcc_source(header, instances))
     cmd = [
@@ -457,7 +472,7 @@ def test_jit_header_compiles_for_sm90(
     usage = _no_streamed_spills(proc.stdout + proc.stderr)
     assert len(usage) == len(instances)
     for name, u in sorted(usage.items()):
-        print(staging, re.search(r"streamed_\w+?_v\d+_r\d+", name).group(0), u)  # type: ignore[union-attr]
+        print(staging, re.search(r"streamed_\w+?_v\d+_r\d+(_s\d+)?", name).group(0), u)  # type: ignore[union-attr]
         assert (u["smem"] > 0) == (staging == "smem")
 
 

@@ -174,17 +174,21 @@ def m1_body(cfg: Config) -> str:
     )
 
 
-def streamed_body(cfg: Config, vecs: int, rows_per_block: int = ROWS_PER_BLOCK) -> str:
+def streamed_body(
+    cfg: Config, vecs: int, rows_per_block: int = ROWS_PER_BLOCK, stage_steps: int | None = None
+) -> str:
     """Body calling the rendered streamed kernel body with V = ``vecs``; M read from params.
 
     The same body serves either header: the x-staging variant is in the header's text.
+    ``stage_steps`` (smem header only) overrides the body's ``max_stage_steps = 4``.
     """
     targs = (
         f"{vecs}, {rows_per_block}, {cfg.elems_per_thread}, {cfg.group_size}, true, "
         f"{str(cfg.has_residue_k).lower()}"
     )
+    qsargs = "T, Q, S" if stage_steps is None else f"T, Q, S, {stage_steps}"
     return _casts(cfg) + (
-        f"  qmv_streamed_kernel_body<{targs}, T, Q, S>(\n"
+        f"  qmv_streamed_kernel_body<{targs}, {qsargs}>(\n"
         "      x_, w_, s_, b_, nullptr, o_, params[0], params[1], params[2], false);\n"
     )
 
@@ -218,6 +222,7 @@ class Arm:
     vecs: tuple[int, ...]
     variant: str = "global"  # RenderOptions.cuda_x_staging
     rows_per_block: int = ROWS_PER_BLOCK
+    stage_steps: int | None = None  # smem only: max k steps per staged x copy (None: the default)
 
 
 def as_arm(spec: Arm | Sequence[int]) -> Arm:
@@ -234,21 +239,22 @@ CUDA_KERNEL_DEFAULT_HEADER = """\
 """
 
 
-def nvcc_source(header: str, instances: Sequence[tuple[Config, int, int]]) -> str:
+def nvcc_source(header: str, instances: Sequence[tuple[Config, int, int, int | None]]) -> str:
     """A .cu that wraps streamed bodies the way cuda_kernel does, for ``nvcc -Xptxas -v``.
 
-    ``instances`` are (config, V, rows_per_block); each becomes a ``__global__``
-    named ``streamed_<tag>_v<V>_r<rows>``. Not NVRTC (the device run covers that),
-    but the same header text and the same bodies, so ptxas's register and shared
-    memory counts are the ones the JIT arms get.
+    ``instances`` are (config, V, rows_per_block, stage_steps or None); each becomes a
+    ``__global__`` named ``streamed_<tag>_v<V>_r<rows>[_s<steps>]``. Not NVRTC (the
+    device run covers that), but the same header text and the same bodies, so
+    ptxas's register and shared memory counts are the ones the JIT arms get.
     """
     kernels = []
-    for cfg, vecs, rows in instances:
+    for cfg, vecs, rows, steps in instances:
+        suffix = "" if steps is None else f"_s{steps}"
         kernels.append(
-            f"__global__ void streamed_{cfg.tag}_v{vecs}_r{rows}(\n"
+            f"__global__ void streamed_{cfg.tag}_v{vecs}_r{rows}{suffix}(\n"
             "    const uint16_t* x, const uint8_t* w, const uint16_t* scales,\n"
             "    const uint16_t* biases, const int32_t* params, uint16_t* out) {\n"
-            f"{streamed_body(cfg, vecs, rows)}}}\n"
+            f"{streamed_body(cfg, vecs, rows, steps)}}}\n"
         )
     return "\n".join(
         [
@@ -384,14 +390,17 @@ def run_arm(
 ) -> tuple[int, Any]:
     """(V, output) of one streamed arm on x[:m], from the header of the arm's variant."""
     v = pick_vecs(m, arm.vecs)
-    return v, run_jit(kernels[arm.variant], prob, m, v, copy, arm.rows_per_block)
+    return v, run_jit(kernels[arm.variant], prob, m, v, copy, arm.rows_per_block, arm.stage_steps)
 
 
-def kernel_name(variant: str, cfg: Config, vecs: int, rows_per_block: int) -> str:
+def kernel_name(
+    variant: str, cfg: Config, vecs: int, rows_per_block: int, stage_steps: int | None = None
+) -> str:
     """The cuda_kernel name of a streamed instance; the default arm keeps its old name."""
-    if variant == "global" and rows_per_block == ROWS_PER_BLOCK:
+    if variant == "global" and rows_per_block == ROWS_PER_BLOCK and stage_steps is None:
         return f"qmv_streamed_v{vecs}_{cfg.tag}"
-    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}_{cfg.tag}"
+    steps = "" if stage_steps is None else f"_s{stage_steps}"
+    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}{steps}_{cfg.tag}"
 
 
 def run_jit(
@@ -401,6 +410,7 @@ def run_jit(
     vecs: int | None,
     copy: int = 0,
     rows_per_block: int = ROWS_PER_BLOCK,
+    stage_steps: int | None = None,
 ) -> Any:
     """Launch the M = 1 copy (``vecs`` None, grid.y = M) or the streamed kernel on x[:m]."""
     mx = _mx()
@@ -410,8 +420,8 @@ def run_jit(
         kern = kernels.get(f"qmv_m1_{suffix}", m1_body(cfg))
         grid, block = m1_grid(cfg, m)
     else:
-        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block)
-        kern = kernels.get(name, streamed_body(cfg, vecs, rows_per_block))
+        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block, stage_steps)
+        kern = kernels.get(name, streamed_body(cfg, vecs, rows_per_block, stage_steps))
         grid, block = streamed_grid(cfg, m, vecs, rows_per_block)
     wq, s, b = prob.weights[copy]
     params = mx.array([m, cfg.N, cfg.K], dtype=mx.int32)
