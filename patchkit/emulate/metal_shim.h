@@ -353,6 +353,23 @@ void run_simdgroup(const F& body) {
   }
 }
 
+// Launches one [[kernel]] over a grid of (gx, gy, batches) threadgroups of
+// 2 simdgroups of 32 lanes, the shape MLX's host code dispatches for qmv and
+// its variants. Simdgroups run one after another: these kernels share nothing
+// through threadgroup memory.
+template <typename Kernel>
+void launch_grid(int batches, int gx, int gy, const Kernel& kernel) {
+  for (uint z = 0; z < uint(batches); z++) {
+    for (uint ty = 0; ty < uint(gy); ty++) {
+      for (uint tx = 0; tx < uint(gx); tx++) {
+        for (uint sg = 0; sg < 2; sg++) {
+          run_simdgroup([&](int lane) { kernel(uint3{tx, ty, z}, sg, uint(lane)); });
+        }
+      }
+    }
+  }
+}
+
 }  // namespace patchkit
 
 inline float simd_sum(float v) {

@@ -15,22 +15,8 @@ struct Problem {
   int K, N, M, B;
 };
 
-// Launches one [[kernel]] over its grid: threadgroups of 2 simdgroups of 32
-// lanes, grid (gx, gy, B), the shape MLX's host code dispatches.
-template <typename T, typename Kernel>
-void launch(const Problem& p, int gx, int gy, const Kernel& kernel) {
-  // Batch layout: x (B, M, K), w (B, N, K * bits / 32), scales/biases
-  // (B, N, K / group_size), y (B, M, N); one batch dimension.
-  for (uint z = 0; z < uint(p.B); z++) {
-    for (uint ty = 0; ty < uint(gy); ty++) {
-      for (uint tx = 0; tx < uint(gx); tx++) {
-        for (uint sg = 0; sg < 2; sg++) {
-          run_simdgroup([&](int lane) { kernel(uint3{tx, ty, z}, sg, uint(lane)); });
-        }
-      }
-    }
-  }
-}
+// Batch layout: x (B, M, K), w (B, N, K * bits / 32), scales/biases
+// (B, N, K / group_size), y (B, M, N); one batch dimension.
 
 template <typename T, int group_size, int bits, bool batched>
 struct Launcher {
@@ -80,7 +66,7 @@ struct Launcher {
   // M = 1 kernels (qmv_fast, qmv): grid (M, ceil(N / 8), B), as qmv dispatches.
   template <typename F>
   void per_vector(F f) {
-    launch<T>(p, p.M, (p.N + 7) / 8, [&](uint3 tid, uint sg, uint lane) {
+    launch_grid(p.B, p.M, (p.N + 7) / 8, [&](uint3 tid, uint sg, uint lane) {
       f(w, s, b, x, y, p.K, p.N, x_batch_ndims, x_shape, x_strides, w_batch_ndims,
         w_shape, w_strides, s_strides, b_strides, tid, sg, lane);
     });
@@ -89,7 +75,7 @@ struct Launcher {
   // Kernels that stream V vectors per threadgroup: grid (ceil(M / V), ceil(N / rows), B).
   template <typename F>
   void streamed(int V, int rows_per_tg, F f) {
-    launch<T>(p, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
+    launch_grid(p.B, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
               [&](uint3 tid, uint sg, uint lane) {
                 f(w, s, b, x, y, p.K, p.N, p.M, x_batch_ndims, x_shape, x_strides,
                   w_batch_ndims, w_shape, w_strides, s_strides, b_strides, tid, sg, lane);

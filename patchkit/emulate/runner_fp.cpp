@@ -2,7 +2,7 @@
 // twin of runner.cpp. Appended, after the shim and the kernel source, to each
 // translation unit the emulator builds for the fp modes; PATCHKIT_COMBOS
 // (type, dtype code, group size, bits) and PATCHKIT_HAS_<kind> are prepended
-// by the build step. Uses launch() and run_simdgroup() as runner.cpp does.
+// by the build step. Uses the shim's launch_grid() as runner.cpp does.
 
 namespace patchkit {
 
@@ -14,21 +14,6 @@ struct FpProblem {
   void* y;
   int K, N, M, B;
 };
-
-// Launches one [[kernel]] over its grid: threadgroups of 2 simdgroups of 32
-// lanes, grid (gx, gy, B), the shape MLX's host code dispatches.
-template <typename Kernel>
-void launch_fp(const FpProblem& p, int gx, int gy, const Kernel& kernel) {
-  for (uint z = 0; z < uint(p.B); z++) {
-    for (uint ty = 0; ty < uint(gy); ty++) {
-      for (uint tx = 0; tx < uint(gx); tx++) {
-        for (uint sg = 0; sg < 2; sg++) {
-          run_simdgroup([&](int lane) { kernel(uint3{tx, ty, z}, sg, uint(lane)); });
-        }
-      }
-    }
-  }
-}
 
 template <typename T, int group_size, int bits>
 struct FpLauncher {
@@ -76,7 +61,7 @@ struct FpLauncher {
   // M = 1 kernels (fp_qmv_fast, fp_qmv): grid (M, ceil(N / rows_per_tg), B).
   template <typename F>
   void per_vector(int rows_per_tg, F f) {
-    launch_fp(p, p.M, (p.N + rows_per_tg - 1) / rows_per_tg, [&](uint3 tid, uint sg, uint lane) {
+    launch_grid(p.B, p.M, (p.N + rows_per_tg - 1) / rows_per_tg, [&](uint3 tid, uint sg, uint lane) {
       f(w, s, gs, x, y, p.K, p.N, x_batch_ndims, x_shape, x_strides, w_batch_ndims, w_shape,
         w_strides, s_strides, tid, sg, lane);
     });
@@ -85,7 +70,7 @@ struct FpLauncher {
   // The streamed kernels: grid (ceil(M / V), ceil(N / rows_per_tg), B).
   template <typename F>
   void streamed(int V, int rows_per_tg, F f) {
-    launch_fp(p, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
+    launch_grid(p.B, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
               [&](uint3 tid, uint sg, uint lane) {
                 f(w, s, gs, x, y, p.K, p.N, p.M, x_batch_ndims, x_shape, x_strides,
                   w_batch_ndims, w_shape, w_strides, s_strides, tid, sg, lane);
@@ -95,7 +80,7 @@ struct FpLauncher {
   // fp_qmv_wide takes no global scale buffer.
   template <typename F>
   void wide(int V, int rows_per_tg, F f) {
-    launch_fp(p, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
+    launch_grid(p.B, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
               [&](uint3 tid, uint sg, uint lane) {
                 f(w, s, x, y, p.K, p.N, p.M, x_batch_ndims, x_shape, x_strides, w_batch_ndims,
                   w_shape, w_strides, s_strides, tid, sg, lane);
