@@ -64,28 +64,44 @@ def _constants(header: str) -> str:
     return "\n".join(re.findall(r"^MLX_MTL_CONST\b.*;$", header, re.M))
 
 
+def _function_texts(
+    header: str,
+    helpers: tuple[tuple[str, int | None], ...],
+    table: dict[str, tuple[str, ...]],
+    kernels: tuple[str, ...],
+    what: str,
+    extra_spans: list[tuple[int, int]],
+) -> str:
+    """The helpers' and ``kernels``' function texts (plus ``extra_spans``), in header order.
+
+    Raises a :class:`UserError` naming the function when the header lacks one:
+    asking for the streamed kernels from an unpatched header is the usual cause.
+    """
+    unknown = set(kernels) - set(table)
+    if unknown:
+        raise UserError(f"unknown kernel(s) {sorted(unknown)}; choose from {sorted(table)}")
+    wanted: list[tuple[str, int | None]] = list(helpers)
+    for kernel in kernels:
+        wanted += [(name, None) for name in table[kernel] if (name, None) not in wanted]
+    spans = list(extra_spans)
+    for name, index in wanted:
+        try:
+            fn = cxx.find_function(header, name, index)
+        except AnchorError as exc:
+            raise UserError(
+                f"the {what} has no '{name}' (needed for {', '.join(kernels)}): {exc}"
+            ) from exc
+        spans.append(fn.span)
+    return "\n\n".join(header[a:b] for a, b in sorted(spans))
+
+
 def extract(header: str, kernels: tuple[str, ...]) -> Extracted:
     """Source for ``kernels`` taken from ``header``, in header order.
 
     Raises a :class:`UserError` naming the function when the header lacks one:
     asking for the streamed kernels from an unpatched header is the usual cause.
     """
-    unknown = set(kernels) - set(KERNELS)
-    if unknown:
-        raise UserError(f"unknown kernel(s) {sorted(unknown)}; choose from {sorted(KERNELS)}")
-    wanted: list[tuple[str, int | None]] = list(HELPERS)
-    for kernel in kernels:
-        wanted += [(name, None) for name in KERNELS[kernel] if (name, None) not in wanted]
-    spans = []
-    for name, index in wanted:
-        try:
-            fn = cxx.find_function(header, name, index)
-        except AnchorError as exc:
-            raise UserError(
-                f"the kernel header has no '{name}' (needed for {', '.join(kernels)}): {exc}"
-            ) from exc
-        spans.append(fn.span)
-    body = "\n\n".join(header[a:b] for a, b in sorted(spans))
+    body = _function_texts(header, HELPERS, KERNELS, kernels, "kernel header", [])
     return Extracted(source=_constants(header) + "\n\n" + body + "\n", kernels=tuple(kernels))
 
 
@@ -151,22 +167,8 @@ def extract_fp(header: str, fp4: str, fp8: str, kernels: tuple[str, ...]) -> Ext
     types, with the decode the kernels use) are taken whole: they hold only
     those structs and two constants, and compile under the shim as they are.
     """
-    unknown = set(kernels) - set(FP_KERNELS)
-    if unknown:
-        raise UserError(f"unknown fp kernel(s) {sorted(unknown)}; choose from {sorted(FP_KERNELS)}")
-    wanted: list[tuple[str, int | None]] = list(FP_HELPERS)
-    for kernel in kernels:
-        wanted += [(name, None) for name in FP_KERNELS[kernel] if (name, None) not in wanted]
-    spans = [_struct_span(header, name) for name in FP_STRUCTS]
-    for name, index in wanted:
-        try:
-            fn = cxx.find_function(header, name, index)
-        except AnchorError as exc:
-            raise UserError(
-                f"the fp kernel header has no '{name}' (needed for {', '.join(kernels)}): {exc}"
-            ) from exc
-        spans.append(fn.span)
-    body = "\n\n".join(header[a:b] for a, b in sorted(spans))
+    structs = [_struct_span(header, name) for name in FP_STRUCTS]
+    body = _function_texts(header, FP_HELPERS, FP_KERNELS, kernels, "fp kernel header", structs)
     types = _without_pragma_once(fp4) + "\n" + _without_pragma_once(fp8)
     return Extracted(
         source=types + "\n" + _constants(header) + "\n\n" + body + "\n", kernels=tuple(kernels)
