@@ -353,6 +353,41 @@ void run_simdgroup(const F& body) {
   }
 }
 
+// The batch arguments of the [[kernel]] entries (adjust_matrix_offsets) for
+// the layout the parity suites use: x (B, M, K), w (B, N, K * bits / 32),
+// scales and biases (B, N, K / group_size), y (B, M, N); one batch dimension,
+// each batch with its own weights.
+struct BatchLayout {
+  int x_batch_ndims = 1;
+  int x_shape[3];
+  int64_t x_strides[3];
+  int w_batch_ndims = 1;
+  int w_shape[3];
+  int64_t w_strides[3];
+  int64_t s_strides[3];
+  int64_t b_strides[3];
+
+  BatchLayout(int B, int M, int N, int K, int bits, int group_size) {
+    int w_cols = K * bits / 32;
+    int groups = K / group_size;
+    int x_dims[3] = {B, M, K};
+    int w_dims[3] = {B, N, w_cols};
+    for (int i = 0; i < 3; i++) {
+      x_shape[i] = x_dims[i];
+      w_shape[i] = w_dims[i];
+    }
+    int64_t xs[3] = {int64_t(M) * K, K, 1};
+    int64_t ws[3] = {int64_t(N) * w_cols, w_cols, 1};
+    int64_t ss[3] = {int64_t(N) * groups, groups, 1};
+    for (int i = 0; i < 3; i++) {
+      x_strides[i] = xs[i];
+      w_strides[i] = ws[i];
+      s_strides[i] = ss[i];
+      b_strides[i] = ss[i];
+    }
+  }
+};
+
 // Launches one [[kernel]] over a grid of (gx, gy, batches) threadgroups of
 // 2 simdgroups of 32 lanes, the shape MLX's host code dispatches for qmv and
 // its variants. Simdgroups run one after another: these kernels share nothing

@@ -15,53 +15,23 @@ struct Problem {
   int K, N, M, B;
 };
 
-// Batch layout: x (B, M, K), w (B, N, K * bits / 32), scales/biases
-// (B, N, K / group_size), y (B, M, N); one batch dimension.
-
 template <typename T, int group_size, int bits, bool batched>
-struct Launcher {
+struct Launcher : BatchLayout {
   const Problem& p;
   const uint32_t* w;
   const T* s;
   const T* b;
   const T* x;
   T* y;
-  int x_batch_ndims = 1;
-  int x_shape[3];
-  int64_t x_strides[3];
-  int w_batch_ndims = 1;
-  int w_shape[3];
-  int64_t w_strides[3];
-  int64_t s_strides[3];
-  int64_t b_strides[3];
 
   explicit Launcher(const Problem& p_)
-      : p(p_),
+      : BatchLayout(p_.B, p_.M, p_.N, p_.K, bits, group_size),
+        p(p_),
         w(p_.w),
         s(static_cast<const T*>(p_.scales)),
         b(static_cast<const T*>(p_.biases)),
         x(static_cast<const T*>(p_.x)),
-        y(static_cast<T*>(p_.y)) {
-    x_shape[0] = p.B;
-    x_shape[1] = p.M;
-    x_shape[2] = p.K;
-    x_strides[0] = int64_t(p.M) * p.K;
-    x_strides[1] = p.K;
-    x_strides[2] = 1;
-    int w_cols = p.K * bits / 32;
-    w_shape[0] = p.B;
-    w_shape[1] = p.N;
-    w_shape[2] = w_cols;
-    w_strides[0] = int64_t(p.N) * w_cols;
-    w_strides[1] = w_cols;
-    w_strides[2] = 1;
-    s_strides[0] = int64_t(p.N) * (p.K / group_size);
-    s_strides[1] = p.K / group_size;
-    s_strides[2] = 1;
-    for (int i = 0; i < 3; i++) {
-      b_strides[i] = s_strides[i];
-    }
-  }
+        y(static_cast<T*>(p_.y)) {}
 
   // M = 1 kernels (qmv_fast, qmv): grid (M, ceil(N / 8), B), as qmv dispatches.
   template <typename F>

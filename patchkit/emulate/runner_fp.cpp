@@ -16,47 +16,23 @@ struct FpProblem {
 };
 
 template <typename T, int group_size, int bits>
-struct FpLauncher {
+struct FpLauncher : BatchLayout {
   const FpProblem& p;
   const uint32_t* w;
   const uint8_t* s;
   const float* gs;
   const T* x;
   T* y;
-  int x_batch_ndims = 1;
-  int x_shape[3];
-  int64_t x_strides[3];
-  int w_batch_ndims = 1;
-  int w_shape[3];
-  int64_t w_strides[3];
-  int64_t s_strides[3];
 
+  // Scales are bytes here, one per group; BatchLayout's s_strides count them.
   explicit FpLauncher(const FpProblem& p_)
-      : p(p_),
+      : BatchLayout(p_.B, p_.M, p_.N, p_.K, bits, group_size),
+        p(p_),
         w(p_.w),
         s(p_.scales),
         gs(p_.global_scale),
         x(static_cast<const T*>(p_.x)),
-        y(static_cast<T*>(p_.y)) {
-    // Batch layout: x (B, M, K), w (B, N, K * bits / 32), scales
-    // (B, N, K / group_size) bytes, y (B, M, N); one batch dimension.
-    x_shape[0] = p.B;
-    x_shape[1] = p.M;
-    x_shape[2] = p.K;
-    x_strides[0] = int64_t(p.M) * p.K;
-    x_strides[1] = p.K;
-    x_strides[2] = 1;
-    int w_cols = p.K * bits / 32;
-    w_shape[0] = p.B;
-    w_shape[1] = p.N;
-    w_shape[2] = w_cols;
-    w_strides[0] = int64_t(p.N) * w_cols;
-    w_strides[1] = w_cols;
-    w_strides[2] = 1;
-    s_strides[0] = int64_t(p.N) * (p.K / group_size);
-    s_strides[1] = p.K / group_size;
-    s_strides[2] = 1;
-  }
+        y(static_cast<T*>(p_.y)) {}
 
   // M = 1 kernels (fp_qmv_fast, fp_qmv): grid (M, ceil(N / rows_per_tg), B).
   template <typename F>
