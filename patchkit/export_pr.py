@@ -28,8 +28,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jinja2
-
 from patchkit import apply, git, pin, render, source
 from patchkit.errors import AnchorError, ToolError, UserError
 
@@ -292,15 +290,7 @@ def benchmark_tables(root: Path, backends: Sequence[str]) -> list[tuple[str, str
 
 def render_body(templates_dir: Path, context: dict[str, object]) -> str:
     """The PR body draft from ``templates/pr/body.md.j2``."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    return env.get_template(BODY_TEMPLATE).render(**context)
+    return render.environment(templates_dir).get_template(BODY_TEMPLATE).render(**context)
 
 
 def body_context(

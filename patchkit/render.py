@@ -177,7 +177,8 @@ def derive(source: str, spec: Derive) -> str:
     return text
 
 
-def _environment(template_dir: Path) -> jinja2.Environment:
+def environment(template_dir: Path) -> jinja2.Environment:
+    """The one Jinja environment for every template (snippets and the PR body)."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
         undefined=jinja2.StrictUndefined,
@@ -204,7 +205,7 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
 def render_snippet(plan: FilePlan, template: str, context: dict[str, object]) -> str:
     """Render one snippet of ``plan`` with an explicit context (harnesses use this too)."""
     try:
-        return _environment(plan.template_dir).get_template(template).render(**context)
+        return environment(plan.template_dir).get_template(template).render(**context)
     except jinja2.UndefinedError as exc:
         raise UserError(f"{plan.path}/{template}: {exc.message}") from exc
 

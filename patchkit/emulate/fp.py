@@ -29,7 +29,9 @@ import numpy as np
 from patchkit import pin as pin_mod
 from patchkit import render, wheels
 from patchkit.emulate import build, extract, parity
-from patchkit.emulate.parity import DTYPES, Result, vecs_per_tg
+
+# quantized.cpp's qmv picks qmv_fast with one qmv_fast_k_alignment for every mode.
+from patchkit.emulate.parity import DTYPES, Result, qmv_fast_k_alignment, vecs_per_tg
 from patchkit.emulate.suite import Report, Verdict
 from patchkit.errors import BlobMismatchError, UserError
 
@@ -49,11 +51,6 @@ KIND = {
 WIDE = "fp_qmv_wide"
 # fp_quantized.h's F8E4M3_MAX * F4E2M1_MAX, the nvfp4 global-scale encoding.
 _GLOBAL_SCALE_DIVISOR = 448.0 * 6.0
-
-
-def qmv_fast_k_alignment(bits: int) -> int:
-    """quantized.cpp's ``qmv_fast_k_alignment`` for the fp packing (pack factor 32 / bits)."""
-    return (32 // bits) * 2 * 32
 
 
 @dataclass(frozen=True)
