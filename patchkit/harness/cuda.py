@@ -175,18 +175,27 @@ def m1_body(cfg: Config) -> str:
 
 
 def streamed_body(
-    cfg: Config, vecs: int, rows_per_block: int = ROWS_PER_BLOCK, stage_steps: int | None = None
+    cfg: Config,
+    vecs: int,
+    rows_per_block: int = ROWS_PER_BLOCK,
+    stage_steps: int | None = None,
+    rows_per_warp: int = 1,
 ) -> str:
     """Body calling the rendered streamed kernel body with V = ``vecs``; M read from params.
 
     The same body serves either header: the x-staging variant is in the header's text.
-    ``stage_steps`` (smem header only) overrides the body's ``max_stage_steps = 4``.
+    ``stage_steps`` and ``rows_per_warp`` (smem header only) override the body's
+    defaulted ``max_stage_steps = 4`` and ``rows_per_warp = 1``.
     """
     targs = (
         f"{vecs}, {rows_per_block}, {cfg.elems_per_thread}, {cfg.group_size}, true, "
         f"{str(cfg.has_residue_k).lower()}"
     )
-    qsargs = "T, Q, S" if stage_steps is None else f"T, Q, S, {stage_steps}"
+    qsargs = "T, Q, S"
+    if stage_steps is not None or rows_per_warp != 1:
+        qsargs += f", {stage_steps or 4}"
+    if rows_per_warp != 1:
+        qsargs += f", {rows_per_warp}"
     return _casts(cfg) + (
         f"  qmv_streamed_kernel_body<{targs}, {qsargs}>(\n"
         "      x_, w_, s_, b_, nullptr, o_, params[0], params[1], params[2], false);\n"
@@ -208,11 +217,15 @@ def m1_grid(cfg: Config, m: int) -> tuple[tuple[int, int, int], tuple[int, int, 
 
 
 def streamed_grid(
-    cfg: Config, m: int, vecs: int, rows_per_block: int = ROWS_PER_BLOCK
+    cfg: Config, m: int, vecs: int, rows_per_block: int = ROWS_PER_BLOCK, rows_per_warp: int = 1
 ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Grid (in threads) and block of the streamed launch: row blocks x M tiles in x."""
+    """Grid (in threads) and block of the streamed launch: row blocks x M tiles in x.
+
+    A block has ``rows_per_block / rows_per_warp`` warps.
+    """
     blocks_x = math.ceil(cfg.N / rows_per_block) * math.ceil(m / vecs)
-    return (WARP * blocks_x, rows_per_block, 1), (WARP, rows_per_block, 1)
+    warps = rows_per_block // rows_per_warp
+    return (WARP * blocks_x, warps, 1), (WARP, warps, 1)
 
 
 @dataclass(frozen=True)
@@ -223,6 +236,7 @@ class Arm:
     variant: str = "global"  # RenderOptions.cuda_x_staging
     rows_per_block: int = ROWS_PER_BLOCK
     stage_steps: int | None = None  # smem only: max k steps per staged x copy (None: the default)
+    rows_per_warp: int = 1  # smem only: rows one warp owns (x slices reused across them)
 
 
 def as_arm(spec: Arm | Sequence[int]) -> Arm:
@@ -239,22 +253,26 @@ CUDA_KERNEL_DEFAULT_HEADER = """\
 """
 
 
-def nvcc_source(header: str, instances: Sequence[tuple[Config, int, int, int | None]]) -> str:
+Instance = tuple[Config, int, int, int | None] | tuple[Config, int, int, int | None, int]
+
+
+def nvcc_source(header: str, instances: Sequence[Instance]) -> str:
     """A .cu that wraps streamed bodies the way cuda_kernel does, for ``nvcc -Xptxas -v``.
 
-    ``instances`` are (config, V, rows_per_block, stage_steps or None); each becomes a
-    ``__global__`` named ``streamed_<tag>_v<V>_r<rows>[_s<steps>]``. Not NVRTC (the
-    device run covers that), but the same header text and the same bodies, so
+    ``instances`` are (config, V, rows_per_block, stage_steps or None[, rows_per_warp]);
+    each becomes a ``__global__`` named ``streamed_<tag>_v<V>_r<rows>[_s<steps>][_w<R>]``.
+    Not NVRTC (the device run covers that), but the same header text and the same bodies, so
     ptxas's register and shared memory counts are the ones the JIT arms get.
     """
     kernels = []
-    for cfg, vecs, rows, steps in instances:
-        suffix = "" if steps is None else f"_s{steps}"
+    for cfg, vecs, rows, steps, *per_warp in instances:
+        per = per_warp[0] if per_warp else 1
+        suffix = ("" if steps is None else f"_s{steps}") + ("" if per == 1 else f"_w{per}")
         kernels.append(
             f"__global__ void streamed_{cfg.tag}_v{vecs}_r{rows}{suffix}(\n"
             "    const uint16_t* x, const uint8_t* w, const uint16_t* scales,\n"
             "    const uint16_t* biases, const int32_t* params, uint16_t* out) {\n"
-            f"{streamed_body(cfg, vecs, rows, steps)}}}\n"
+            f"{streamed_body(cfg, vecs, rows, steps, per)}}}\n"
         )
     return "\n".join(
         [
@@ -390,17 +408,32 @@ def run_arm(
 ) -> tuple[int, Any]:
     """(V, output) of one streamed arm on x[:m], from the header of the arm's variant."""
     v = pick_vecs(m, arm.vecs)
-    return v, run_jit(kernels[arm.variant], prob, m, v, copy, arm.rows_per_block, arm.stage_steps)
+    return v, run_jit(
+        kernels[arm.variant],
+        prob,
+        m,
+        v,
+        copy,
+        arm.rows_per_block,
+        arm.stage_steps,
+        arm.rows_per_warp,
+    )
 
 
 def kernel_name(
-    variant: str, cfg: Config, vecs: int, rows_per_block: int, stage_steps: int | None = None
+    variant: str,
+    cfg: Config,
+    vecs: int,
+    rows_per_block: int,
+    stage_steps: int | None = None,
+    rows_per_warp: int = 1,
 ) -> str:
     """The cuda_kernel name of a streamed instance; the default arm keeps its old name."""
     if variant == "global" and rows_per_block == ROWS_PER_BLOCK and stage_steps is None:
         return f"qmv_streamed_v{vecs}_{cfg.tag}"
     steps = "" if stage_steps is None else f"_s{stage_steps}"
-    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}{steps}_{cfg.tag}"
+    per_warp = "" if rows_per_warp == 1 else f"_w{rows_per_warp}"
+    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}{steps}{per_warp}_{cfg.tag}"
 
 
 def run_jit(
@@ -411,6 +444,7 @@ def run_jit(
     copy: int = 0,
     rows_per_block: int = ROWS_PER_BLOCK,
     stage_steps: int | None = None,
+    rows_per_warp: int = 1,
 ) -> Any:
     """Launch the M = 1 copy (``vecs`` None, grid.y = M) or the streamed kernel on x[:m]."""
     mx = _mx()
@@ -420,9 +454,10 @@ def run_jit(
         kern = kernels.get(f"qmv_m1_{suffix}", m1_body(cfg))
         grid, block = m1_grid(cfg, m)
     else:
-        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block, stage_steps)
-        kern = kernels.get(name, streamed_body(cfg, vecs, rows_per_block, stage_steps))
-        grid, block = streamed_grid(cfg, m, vecs, rows_per_block)
+        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block, stage_steps, rows_per_warp)
+        body = streamed_body(cfg, vecs, rows_per_block, stage_steps, rows_per_warp)
+        kern = kernels.get(name, body)
+        grid, block = streamed_grid(cfg, m, vecs, rows_per_block, rows_per_warp)
     wq, s, b = prob.weights[copy]
     params = mx.array([m, cfg.N, cfg.K], dtype=mx.int32)
     return kern(
