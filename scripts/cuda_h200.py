@@ -33,22 +33,25 @@ PARITY_SETS = {
 }
 TIMING_SETS = {"render": render.STREAMED_VECS, "v248": (2, 4, 8), "v24816": (2, 4, 8, 16)}
 
-# x staged in shared memory. Arm(vecs, "smem", rows_per_block, stage_steps, rows_per_warp):
-# every block has 8 warps; a warp owns rows_per_warp rows and reads its x slices once for
-# them. Registers (nvcc 13.0, sm_90a, 4-bit bf16): V8/R1 130, V4/R2 135, V2/R4 159, V8/R2 198.
+# x staged in shared memory. Arm(vecs, "smem", rows_per_block, stage_steps, rows_per_warp,
+# l2_prefetch): a warp owns rows_per_warp rows and reads its x slices once for them; a
+# block has rows_per_block / rows_per_warp warps; l2_prefetch asks L2 for the warp's
+# weight rows up front. Registers (nvcc 13.0, sm_90a, 4-bit bf16, prefetch):
+# V2/R1 62, V4/R1 109, V8/R1 158, V2/R2 100, V4/R2 168, V8/R2 215.
 SMEM_PARITY = {
-    "smem_v248": cuda.Arm((2, 4, 8), "smem"),
-    "smem_v8": cuda.Arm((8,), "smem"),  # nv < V tails: zero-staged vectors, never stored
-    "smem_v248_w2": cuda.Arm((2, 4, 8), "smem", 16, None, 2),
-    "smem_v24_w4": cuda.Arm((2, 4), "smem", 32, None, 4),
+    "smem_v248_pf": cuda.Arm((2, 4, 8), "smem", 8, None, 1, True),
+    "smem_v8_pf": cuda.Arm((8,), "smem", 8, None, 1, True),  # nv < V: zero-staged vectors
+    "smem_v24_w2_pf": cuda.Arm((2, 4), "smem", 16, None, 2, True),
+    "smem_v24_w4_pf": cuda.Arm((2, 4), "smem", 32, None, 4, True),
     "smem_s1_v24_w2": cuda.Arm((2, 4), "smem", 16, 1, 2),
 }
 SMEM_TIMING = {
-    "smem_v248": cuda.Arm((2, 4, 8), "smem"),
-    "smem_v248_w2": cuda.Arm((2, 4, 8), "smem", 16, None, 2),
+    "smem_v248_pf": cuda.Arm((2, 4, 8), "smem", 8, None, 1, True),
+    "smem_v24_pf": cuda.Arm((2, 4), "smem", 8, None, 1, True),
+    "smem_v24_w2_pf": cuda.Arm((2, 4), "smem", 16, None, 2, True),
+    "smem_v24_w2_pf_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True),
+    "smem_v248_w2_pf_4warps": cuda.Arm((2, 4, 8), "smem", 8, None, 2, True),
     "smem_v24_w2": cuda.Arm((2, 4), "smem", 16, None, 2),
-    "smem_v24_w4": cuda.Arm((2, 4), "smem", 32, None, 4),
-    "smem_v2_w4": cuda.Arm((2,), "smem", 32, None, 4),
 }
 # Side by side: the global arms the smem ones are compared with, then the smem ones.
 BOTH_GLOBAL = ({"render": render.STREAMED_VECS}, {"render": render.STREAMED_VECS})

@@ -180,22 +180,23 @@ def streamed_body(
     rows_per_block: int = ROWS_PER_BLOCK,
     stage_steps: int | None = None,
     rows_per_warp: int = 1,
+    l2_prefetch: bool = False,
 ) -> str:
     """Body calling the rendered streamed kernel body with V = ``vecs``; M read from params.
 
     The same body serves either header: the x-staging variant is in the header's text.
-    ``stage_steps`` and ``rows_per_warp`` (smem header only) override the body's
-    defaulted ``max_stage_steps = 4`` and ``rows_per_warp = 1``.
+    ``stage_steps``, ``rows_per_warp`` and ``l2_prefetch`` (smem header only) override
+    the body's defaulted ``max_stage_steps = 4, rows_per_warp = 1, l2_prefetch = false``.
     """
     targs = (
         f"{vecs}, {rows_per_block}, {cfg.elems_per_thread}, {cfg.group_size}, true, "
         f"{str(cfg.has_residue_k).lower()}"
     )
-    qsargs = "T, Q, S"
-    if stage_steps is not None or rows_per_warp != 1:
-        qsargs += f", {stage_steps or 4}"
-    if rows_per_warp != 1:
-        qsargs += f", {rows_per_warp}"
+    extra = [str(stage_steps or 4), str(rows_per_warp), str(l2_prefetch).lower()]
+    defaults = ["4", "1", "false"]
+    while extra and extra[-1] == defaults[len(extra) - 1]:
+        extra.pop()  # trailing defaults are left out, as a caller would
+    qsargs = ", ".join(["T, Q, S", *extra])
     return _casts(cfg) + (
         f"  qmv_streamed_kernel_body<{targs}, {qsargs}>(\n"
         "      x_, w_, s_, b_, nullptr, o_, params[0], params[1], params[2], false);\n"
@@ -237,6 +238,7 @@ class Arm:
     rows_per_block: int = ROWS_PER_BLOCK
     stage_steps: int | None = None  # smem only: max k steps per staged x copy (None: the default)
     rows_per_warp: int = 1  # smem only: rows one warp owns (x slices reused across them)
+    l2_prefetch: bool = False  # smem only: prefetch the warp's weight rows into L2 up front
 
 
 def as_arm(spec: Arm | Sequence[int]) -> Arm:
@@ -253,7 +255,8 @@ CUDA_KERNEL_DEFAULT_HEADER = """\
 """
 
 
-Instance = tuple[Config, int, int, int | None] | tuple[Config, int, int, int | None, int]
+# (config, V, rows_per_block, stage_steps or None[, rows_per_warp[, l2_prefetch]])
+Instance = tuple[Config, int, int, int | None, *tuple[int | bool, ...]]
 
 
 def nvcc_source(header: str, instances: Sequence[Instance]) -> str:
@@ -265,14 +268,15 @@ def nvcc_source(header: str, instances: Sequence[Instance]) -> str:
     ptxas's register and shared memory counts are the ones the JIT arms get.
     """
     kernels = []
-    for cfg, vecs, rows, steps, *per_warp in instances:
-        per = per_warp[0] if per_warp else 1
+    for cfg, vecs, rows, steps, *more in instances:
+        per, pf = (list(more) + [1, False][len(more) :])[:2]
         suffix = ("" if steps is None else f"_s{steps}") + ("" if per == 1 else f"_w{per}")
+        suffix += "_pf" if pf else ""
         kernels.append(
             f"__global__ void streamed_{cfg.tag}_v{vecs}_r{rows}{suffix}(\n"
             "    const uint16_t* x, const uint8_t* w, const uint16_t* scales,\n"
             "    const uint16_t* biases, const int32_t* params, uint16_t* out) {\n"
-            f"{streamed_body(cfg, vecs, rows, steps, per)}}}\n"
+            f"{streamed_body(cfg, vecs, rows, steps, int(per), bool(pf))}}}\n"
         )
     return "\n".join(
         [
@@ -417,6 +421,7 @@ def run_arm(
         arm.rows_per_block,
         arm.stage_steps,
         arm.rows_per_warp,
+        arm.l2_prefetch,
     )
 
 
@@ -427,13 +432,15 @@ def kernel_name(
     rows_per_block: int,
     stage_steps: int | None = None,
     rows_per_warp: int = 1,
+    l2_prefetch: bool = False,
 ) -> str:
     """The cuda_kernel name of a streamed instance; the default arm keeps its old name."""
     if variant == "global" and rows_per_block == ROWS_PER_BLOCK and stage_steps is None:
         return f"qmv_streamed_v{vecs}_{cfg.tag}"
     steps = "" if stage_steps is None else f"_s{stage_steps}"
     per_warp = "" if rows_per_warp == 1 else f"_w{rows_per_warp}"
-    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}{steps}{per_warp}_{cfg.tag}"
+    pf = "_pf" if l2_prefetch else ""
+    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}{steps}{per_warp}{pf}_{cfg.tag}"
 
 
 def run_jit(
@@ -445,6 +452,7 @@ def run_jit(
     rows_per_block: int = ROWS_PER_BLOCK,
     stage_steps: int | None = None,
     rows_per_warp: int = 1,
+    l2_prefetch: bool = False,
 ) -> Any:
     """Launch the M = 1 copy (``vecs`` None, grid.y = M) or the streamed kernel on x[:m]."""
     mx = _mx()
@@ -454,8 +462,10 @@ def run_jit(
         kern = kernels.get(f"qmv_m1_{suffix}", m1_body(cfg))
         grid, block = m1_grid(cfg, m)
     else:
-        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block, stage_steps, rows_per_warp)
-        body = streamed_body(cfg, vecs, rows_per_block, stage_steps, rows_per_warp)
+        name = kernel_name(
+            kernels.variant, cfg, vecs, rows_per_block, stage_steps, rows_per_warp, l2_prefetch
+        )
+        body = streamed_body(cfg, vecs, rows_per_block, stage_steps, rows_per_warp, l2_prefetch)
         kern = kernels.get(name, body)
         grid, block = streamed_grid(cfg, m, vecs, rows_per_block, rows_per_warp)
     wq, s, b = prob.weights[copy]
