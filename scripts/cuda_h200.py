@@ -38,20 +38,18 @@ TIMING_SETS = {"render": render.STREAMED_VECS, "v248": (2, 4, 8), "v24816": (2, 
 # block has rows_per_block / rows_per_warp warps; l2_prefetch asks L2 for the warp's
 # weight rows up front. Registers (nvcc 13.0, sm_90a, 4-bit bf16, prefetch):
 # V2/R1 62, V4/R1 109, V8/R1 158, V2/R2 100, V4/R2 168, V8/R2 215.
+# x_async: double-buffered cp.async x staging (stage i + 1 copied while i is computed).
 SMEM_PARITY = {
-    "smem_v248_pf": cuda.Arm((2, 4, 8), "smem", 8, None, 1, True),
-    "smem_v8_pf": cuda.Arm((8,), "smem", 8, None, 1, True),  # nv < V: zero-staged vectors
-    "smem_v24_w2_pf": cuda.Arm((2, 4), "smem", 16, None, 2, True),
-    "smem_v24_w4_pf": cuda.Arm((2, 4), "smem", 32, None, 4, True),
-    "smem_s1_v24_w2": cuda.Arm((2, 4), "smem", 16, 1, 2),
+    "smem_v24_w2_pf_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True),
+    "smem_v24_w2_pf_async_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True, True),
+    "smem_v248_pf_async": cuda.Arm((2, 4, 8), "smem", 8, None, 1, True, True),
 }
 SMEM_TIMING = {
-    "smem_v248_pf": cuda.Arm((2, 4, 8), "smem", 8, None, 1, True),
-    "smem_v24_pf": cuda.Arm((2, 4), "smem", 8, None, 1, True),
-    "smem_v24_w2_pf": cuda.Arm((2, 4), "smem", 16, None, 2, True),
     "smem_v24_w2_pf_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True),
-    "smem_v248_w2_pf_4warps": cuda.Arm((2, 4, 8), "smem", 8, None, 2, True),
-    "smem_v24_w2": cuda.Arm((2, 4), "smem", 16, None, 2),
+    "smem_v24_w2_pf_async_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True, True),
+    "smem_v24_w2_async_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, False, True),
+    "smem_v248_pf_async": cuda.Arm((2, 4, 8), "smem", 8, None, 1, True, True),
+    "smem_v248_w2_pf_async_4warps": cuda.Arm((2, 4, 8), "smem", 8, None, 2, True, True),
 }
 # Side by side: the global arms the smem ones are compared with, then the smem ones.
 BOTH_GLOBAL = ({"render": render.STREAMED_VECS}, {"render": render.STREAMED_VECS})

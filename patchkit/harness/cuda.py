@@ -181,19 +181,25 @@ def streamed_body(
     stage_steps: int | None = None,
     rows_per_warp: int = 1,
     l2_prefetch: bool = False,
+    x_async: bool = False,
 ) -> str:
     """Body calling the rendered streamed kernel body with V = ``vecs``; M read from params.
 
     The same body serves either header: the x-staging variant is in the header's text.
-    ``stage_steps``, ``rows_per_warp`` and ``l2_prefetch`` (smem header only) override
-    the body's defaulted ``max_stage_steps = 4, rows_per_warp = 1, l2_prefetch = false``.
+    ``stage_steps``, ``rows_per_warp``, ``l2_prefetch`` and ``x_async`` (smem header only)
+    override the body's defaulted trailing parameters (4, 1, false, false).
     """
     targs = (
         f"{vecs}, {rows_per_block}, {cfg.elems_per_thread}, {cfg.group_size}, true, "
         f"{str(cfg.has_residue_k).lower()}"
     )
-    extra = [str(stage_steps or 4), str(rows_per_warp), str(l2_prefetch).lower()]
-    defaults = ["4", "1", "false"]
+    extra = [
+        str(stage_steps or 4),
+        str(rows_per_warp),
+        str(l2_prefetch).lower(),
+        str(x_async).lower(),
+    ]
+    defaults = ["4", "1", "false", "false"]
     while extra and extra[-1] == defaults[len(extra) - 1]:
         extra.pop()  # trailing defaults are left out, as a caller would
     qsargs = ", ".join(["T, Q, S", *extra])
@@ -239,6 +245,7 @@ class Arm:
     stage_steps: int | None = None  # smem only: max k steps per staged x copy (None: the default)
     rows_per_warp: int = 1  # smem only: rows one warp owns (x slices reused across them)
     l2_prefetch: bool = False  # smem only: prefetch the warp's weight rows into L2 up front
+    x_async: bool = False  # smem only: double-buffered cp.async x staging
 
 
 def as_arm(spec: Arm | Sequence[int]) -> Arm:
@@ -255,7 +262,7 @@ CUDA_KERNEL_DEFAULT_HEADER = """\
 """
 
 
-# (config, V, rows_per_block, stage_steps or None[, rows_per_warp[, l2_prefetch]])
+# (config, V, rows_per_block, stage_steps or None[, rows_per_warp[, l2_prefetch[, x_async]]])
 Instance = tuple[Config, int, int, int | None, *tuple[int | bool, ...]]
 
 
@@ -269,14 +276,14 @@ def nvcc_source(header: str, instances: Sequence[Instance]) -> str:
     """
     kernels = []
     for cfg, vecs, rows, steps, *more in instances:
-        per, pf = (list(more) + [1, False][len(more) :])[:2]
+        per, pf, xa = (list(more) + [1, False, False][len(more) :])[:3]
         suffix = ("" if steps is None else f"_s{steps}") + ("" if per == 1 else f"_w{per}")
-        suffix += "_pf" if pf else ""
+        suffix += ("_pf" if pf else "") + ("_async" if xa else "")
         kernels.append(
             f"__global__ void streamed_{cfg.tag}_v{vecs}_r{rows}{suffix}(\n"
             "    const uint16_t* x, const uint8_t* w, const uint16_t* scales,\n"
             "    const uint16_t* biases, const int32_t* params, uint16_t* out) {\n"
-            f"{streamed_body(cfg, vecs, rows, steps, int(per), bool(pf))}}}\n"
+            f"{streamed_body(cfg, vecs, rows, steps, int(per), bool(pf), bool(xa))}}}\n"
         )
     return "\n".join(
         [
@@ -422,6 +429,7 @@ def run_arm(
         arm.stage_steps,
         arm.rows_per_warp,
         arm.l2_prefetch,
+        arm.x_async,
     )
 
 
@@ -433,13 +441,14 @@ def kernel_name(
     stage_steps: int | None = None,
     rows_per_warp: int = 1,
     l2_prefetch: bool = False,
+    x_async: bool = False,
 ) -> str:
     """The cuda_kernel name of a streamed instance; the default arm keeps its old name."""
     if variant == "global" and rows_per_block == ROWS_PER_BLOCK and stage_steps is None:
         return f"qmv_streamed_v{vecs}_{cfg.tag}"
     steps = "" if stage_steps is None else f"_s{stage_steps}"
     per_warp = "" if rows_per_warp == 1 else f"_w{rows_per_warp}"
-    pf = "_pf" if l2_prefetch else ""
+    pf = ("_pf" if l2_prefetch else "") + ("_async" if x_async else "")
     return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}{steps}{per_warp}{pf}_{cfg.tag}"
 
 
@@ -453,6 +462,7 @@ def run_jit(
     stage_steps: int | None = None,
     rows_per_warp: int = 1,
     l2_prefetch: bool = False,
+    x_async: bool = False,
 ) -> Any:
     """Launch the M = 1 copy (``vecs`` None, grid.y = M) or the streamed kernel on x[:m]."""
     mx = _mx()
@@ -462,10 +472,9 @@ def run_jit(
         kern = kernels.get(f"qmv_m1_{suffix}", m1_body(cfg))
         grid, block = m1_grid(cfg, m)
     else:
-        name = kernel_name(
-            kernels.variant, cfg, vecs, rows_per_block, stage_steps, rows_per_warp, l2_prefetch
-        )
-        body = streamed_body(cfg, vecs, rows_per_block, stage_steps, rows_per_warp, l2_prefetch)
+        knobs = (stage_steps, rows_per_warp, l2_prefetch, x_async)
+        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block, *knobs)
+        body = streamed_body(cfg, vecs, rows_per_block, *knobs)
         kern = kernels.get(name, body)
         grid, block = streamed_grid(cfg, m, vecs, rows_per_block, rows_per_warp)
     wq, s, b = prob.weights[copy]
