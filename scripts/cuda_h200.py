@@ -123,6 +123,14 @@ def main() -> None:
         type=Path,
         help="the smem variant's header (default: qmv_jit_header_smem.cuh beside --header)",
     )
+    ap.add_argument("--arms", help="comma-separated arm names: keep only these parity/timing arms")
+    ap.add_argument("--parity-only", action="store_true", help="no timing sweep")
+    ap.add_argument(
+        "--skip-configs",
+        type=int,
+        default=0,
+        help="leave out the first N configs of the plan (a follow-up run)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     headers = {"global": args.header}
@@ -130,13 +138,18 @@ def main() -> None:
         headers["smem"] = args.smem_header or args.header.with_name(cuda.HEADER_NAMES["smem"])
     kernels = {v: cuda.Kernels(path.read_text(), v) for v, path in headers.items()}
     parity_sets, timing_sets = ARMS[args.variant]
+    if args.arms:
+        keep = set(args.arms.split(","))
+        parity_sets = {k: v for k, v in parity_sets.items() if k in keep}
+        timing_sets = {k: v for k, v in timing_sets.items() if k in keep}
     payload: dict[str, Any] = {
         "environment": environment(),
         "variant": args.variant,
         "results": [],
         "skipped": [],
     }
-    for cfg, timed in plan(args.variant):
+    for cfg, timed in plan(args.variant)[args.skip_configs :]:
+        timed = timed and not args.parity_only
         if time.perf_counter() - t0 > args.deadline:
             payload["skipped"].append(cfg.__dict__)
             continue
