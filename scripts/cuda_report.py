@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ARM = "v248"  # the vector set the table reports (V = 2, 4, 8; M > 8 as M tiles of 8)
+ARM = "v248"  # the 2026-11-29 session-1 table's vector set (V = 2, 4, 8; M > 8 in tiles of 8)
+SHIPPED = "smem_v24_w2_pf_async_4warps"  # what patches/ renders since session 2
 HEADLINE = {"K": 8192, "N": 28672}
 # Column names of the streamed arms cuda_h200.py knows; others show their label.
 ARM_NAMES = {
-    "render": "streamed V=2..5",
+    "render": "global V=2..5",
     "v248": "V=2,4,8",
     "v8": "V=8",
     "v16": "V=16",
@@ -24,6 +25,22 @@ ARM_NAMES = {
     "smem_v8": "smem V=8",
     "smem16_render": "smem 16 rows V=2..5",
     "smem_s1_render": "smem 1 step/stage V=2..5",
+    "smem_v248_w2": "smem 2 rows/warp V=2,4,8",
+    "smem_v24_w2": "smem 2 rows/warp V=2,4",
+    "smem_v24_w4": "smem 4 rows/warp V=2,4",
+    "smem_v2_w4": "smem 4 rows/warp V=2",
+    "smem_s1_v24_w2": "smem 1 step/stage 2 rows/warp V=2,4",
+    "smem_v248_pf": "smem+L2 V=2,4,8",
+    "smem_v8_pf": "smem+L2 V=8",
+    "smem_v24_pf": "smem+L2 V=2,4",
+    "smem_v24_w2_pf": "smem+L2 2 rows/warp V=2,4",
+    "smem_v24_w4_pf": "smem+L2 4 rows/warp V=2,4",
+    "smem_v24_w2_pf_4warps": "smem+L2 4 warps x 2 rows V=2,4",
+    "smem_v248_w2_pf_4warps": "smem+L2 4 warps x 2 rows V=2,4,8",
+    SHIPPED: "shipped: async+L2 4 warps x 2 rows V=2,4",
+    "smem_v24_w2_async_4warps": "async 4 warps x 2 rows V=2,4",
+    "smem_v248_pf_async": "async+L2 8 warps V=2,4,8",
+    "smem_v248_w2_pf_async_4warps": "async+L2 4 warps x 2 rows V=2,4,8",
 }
 OLD_PARITY_ARMS = ["render", "v248", "v8", "v16"]  # the 2026-11-29 table's columns
 
@@ -62,11 +79,14 @@ def parity_table(results: list[dict[str, Any]]) -> list[str]:
 def timing_table(r: dict[str, Any], arm: str = ARM) -> list[str]:
     """Per M: the three arms (us), streamed / its own M=1, and weight bandwidth fractions."""
     t = r["timing"]
-    arm = arm if f"streamed_{arm}_us" in t["1"] else _arms(t["1"], suffix="_us")[0]
+    if f"streamed_{arm}_us" not in t["1"]:
+        arm = SHIPPED if f"streamed_{SHIPPED}_us" in t["1"] else _arms(t["1"], suffix="_us")[0]
     t1 = t["1"][f"streamed_{arm}_us"]
     lines = [
         f"**{_fmt_cfg(r['config'])}** (weights+scales+biases {r['weight_bytes'] / 1e6:.1f} MB, "
         f"{r['weight_copies']} rotating copies)",
+        "",
+        f"Streamed arm: {ARM_NAMES.get(arm, arm)}.",
         "",
         "| M | V | streamed us | x its M=1 | M x M=1 calls us | MLX batched us | streamed/batched "
         "| streamed BW | batched BW |",
@@ -121,6 +141,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     heads = [r for r in results if "timing" in r and r["config"]["N"] == HEADLINE["N"]]
+    if not heads:  # a parity-only run: nothing to plot
+        return
     fig, axes = plt.subplots(1, len(heads), figsize=(5 * len(heads), 4), squeeze=False)
     for ax, r in zip(axes[0], heads, strict=True):
         ms = [int(m) for m in r["timing"]]

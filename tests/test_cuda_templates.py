@@ -9,7 +9,7 @@ Three layers, cheapest first:
   mlx-cuda-13 wheel's headers; skips saying which is missing).
 
 Each layer covers both x-staging variants (``RenderOptions.cuda_x_staging``):
-the default ``global`` (what ``patches/`` holds) and the opt-in ``smem``.
+the default ``smem`` (what ``patches/`` holds) and ``global``, the baseline.
 """
 
 from __future__ import annotations
@@ -79,37 +79,50 @@ def test_kernel_snippet_keeps_the_m1_order_per_vector() -> None:
     assert text.startswith("/*T*/\n\n/*F*/\n\n")
 
 
-def test_smem_staging_keeps_the_order_defining_statements() -> None:
-    """x from shared memory: the same idx, fma call, per-vector reduce and store as the default.
+def _statements(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
-    Only the x pointer and its vector stride passed to dequant_fma_streamed change.
+
+def test_smem_staging_keeps_the_order_defining_statements() -> None:
+    """x from shared memory, 2 rows per warp: the same idx sequence, fma call, reduce and store.
+
+    Only where x is read from (a bit copy in registers), which row pointer the call gets
+    and the constant V (vectors past nv are computed on staged zeros, never stored) differ.
     """
     glob, smem = _kernel("global"), _kernel("smem")
-    # The accumulators, scale/bias loads, the call's template arguments and its
-    # w/scale/bias/sums/nv arguments are the same text.
-    tail = "        w + w_step(idx),\n        scale,\n        bias,\n        sums,\n        nv);\n"
     for text in (glob, smem):
         assert text.count("dequant_fma_streamed<V, elems_per_thread, has_bias>(") == 1
-        assert text.count(tail) == 1
-        assert "sums[V][elems_per_thread] =\n      {};" in text
-        # The k loop's idx and the residue tail's idx, as qmv_kernel_impl computes them.
-        assert "int idx = warp.thread_rank() * elems_per_thread + r * elems_per_warp;" in text
-        assert "int idx = warp.thread_rank() * elems_per_thread + k - rest;" in text
         assert text.count("cg::reduce(warp, sum, cg::plus<float>{})") == 1
-    scale_bias = "    S scale = scales[idx / group_size];"
-    assert _between(glob, scale_bias, "sums,\n        nv);") != _between(
-        smem, scale_bias, "sums,\n        nv);"
-    )  # the x argument differs ...
-    strip = _between(glob, scale_bias, "has_bias>(\n")
-    assert strip == _between(smem, scale_bias, "has_bias>(\n")  # ... nothing before it does
-    assert "        x + idx,\n        static_cast<int64_t>(k),\n" in glob
-    assert "        x_tile,\n" in smem and "x + idx" not in smem
-    # The per-vector sum, reduce, scaling and store: byte for byte the same block.
-    reduce = ("#pragma unroll\n  for (int v = 0; v < V; ++v) {\n    if (v < nv) {", "\n}\n")
-    assert _between(glob, *reduce) == _between(smem, *reduce)
-    # The full-tile steps run in the same increasing r order, each tile once.
-    assert "for (int r0 = 0; r0 < steps; r0 += stage_steps)" in smem
-    assert "int r = r0 + s;\n        if (r < steps) {" in smem
+        # The residue tail's idx, as qmv_kernel_impl computes it.
+        assert "int idx = warp.thread_rank() * elems_per_thread + k - rest;" in text
+    tail = "        w + w_step(idx),\n        scale,\n        bias,\n        sums,\n        nv);"
+    assert tail in glob
+    # One accumulator row per (row, vector); row j's own weights, scale and bias.
+    assert "sums[rows_per_warp][V][elems_per_thread] = {};" in smem
+    assert "w + jr * w_step(k) + w_step(idx),\n          scale,\n          bias,\n" in smem
+    assert "sums[j],\n          V);" in smem
+    assert "S scale = scales[jr * groups_per_row + idx / group_size];" in smem
+    # Rows past n recompute row n - 1 (never stored); vectors past nv read staged zeros.
+    assert "int jr = cuda::std::min(j, n - 1 - row);" in smem
+    assert "*d = v < nv ? src[i] : 0u;" in smem and '"r"(v < nv ? 4 : 0)' in smem
+    # x reaches the fma as a bit copy: 16-byte words from shared memory into registers.
+    assert "uint4 x_regs[V][x_words / 4];" in smem
+    assert "reinterpret_cast<const T*>(x_regs)" in smem and "x + idx" not in smem
+    # idx for staged step s of a stage from r0 is qmv's idx for r = r0 + s; stages cover
+    # r = 0, 1, ..., steps - 1 in increasing order (async full stages, or sync ones, then
+    # single steps), each tile once.
+    assert "warp.thread_rank() * elems_per_thread + (r0 + s) * elems_per_warp;" in smem
+    assert "for (int s = 0; s < decltype(count)::value; ++s) {" in smem
+    assert "for (int i = 0; i < full; ++i, r0 += stage_steps) {" in smem
+    assert "for (; r0 + stage_steps <= steps; r0 += stage_steps) {" in smem
+    assert "for (; r0 < steps; ++r0) {" in smem
+    # The per-vector sum, reduce, scaling and store: the same statements, per row j.
+    reduce_g = _between(glob, "      float sum{0};", "static_cast<T>(sum);")
+    reduce_s = _between(smem, "        float sum{0};", "static_cast<T>(sum);")
+    assert _statements(reduce_s.replace("sums[j][v]", "sums[v]").replace("row + j]", "row]")) == (
+        _statements(reduce_g)
+    )
+    assert "if (v < nv && row + j < n) {" in smem
 
 
 def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
@@ -123,7 +136,7 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     body = _between(code, "void qmv_streamed_kernel_body(", "\n}\n")
     assert not re.search(r"\breturn\b", body)
     barriers = [m.start() for m in re.finditer(r"__syncthreads\(\);", impl)]
-    assert len(barriers) == 3  # after staging, after a stage's compute, after the residue stage
+    assert len(barriers) == 7  # async stages 2, sync stages 2, single steps 2, residue 1
     # A bare `return;` leaves the void kernel (lambdas return values): one, past the last barrier.
     exits = [m.start() for m in re.finditer(r"\breturn;", impl)]
     assert len(exits) == 1 and exits[0] > barriers[-1]
@@ -131,24 +144,44 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     # Compute and stores are guarded by the row instead.
     assert "if (row_active) {" in impl and "if (row_active && idx < k) {" in impl
     assert "bool row_active = row < n;" in impl
-    # rows_per_block reaches the impl (the copy's stride), and the launcher keeps qmv's 8.
-    assert "i += rows_per_block * WARP_SIZE" in impl
-    # Stage depth: the body's last template parameter, 4 unless a caller (the harness) asks.
+    # The async pipeline: stage i's copies have landed (wait_group 1) before the barrier
+    # that precedes its compute; the barrier after the compute frees the buffer.
+    loop = _between(impl, "for (int i = 0; i < full; ++i, r0 += stage_steps) {", "\n    }\n")
+    order = [
+        loop.index(s)
+        for s in (
+            "cp.async.commit_group",
+            "cp.async.wait_group 1",
+            "__syncthreads();",
+            "compute_stage(",
+            "__syncthreads();\n    }",
+        )
+    ]
+    assert order == sorted(order)
+    # The copy's stride is the block's thread count: warps = rows_per_block / rows_per_warp.
+    assert "i += block_threads" in impl
+    assert "block_threads = rows_per_block / rows_per_warp * WARP_SIZE;" in impl
+    # The body's knobs default to the plain shape; the __global__ wrapper passes the tuned one.
     assert (
-        "    typename S,\n    int max_stage_steps = 4>\n__device__ __forceinline__ void"
-        + (" qmv_streamed_kernel_body(")
-        in smem
+        "    int max_stage_steps = 4,\n    int rows_per_warp = 1,\n"
+        "    bool l2_prefetch = false,\n    bool x_async = false>" in smem
     )
+    wrapper = _between(smem, "__global__ void qmv_streamed_kernel(", "\n}\n")
+    assert "/* max_stage_steps */ 4,\n      rows_per_warp,\n" in wrapper
+    assert "/* l2_prefetch */ true,\n      /* x_async */ true>(" in wrapper
     assert "cuda::std::min(max_stage_steps, 6144 / (V * tile_words));" in impl
     launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem"))
-    assert "constexpr int rows_per_block = 8;" in launch
+    assert "constexpr int rows_per_warp = 2;\n  constexpr int rows_per_block = 8;" in launch
+    assert "dim3 block_dims{WARP_SIZE, rows_per_block / rows_per_warp};" in launch
+    assert re.findall(r"if \(m <= (\d+)\)", launch) == ["2"]
+    assert "integral_constant<int, 4>" in launch.rstrip().rsplit("launch(", 1)[1]
 
 
 def test_x_staging_option() -> None:
-    """A render option, default global, validated, and in the context every snippet sees."""
-    assert render.RenderOptions().cuda_x_staging == "global"
-    smem = render.RenderOptions(cuda_x_staging="smem")
-    assert render.context(smem, {})["cuda_x_staging"] == "smem"
+    """A render option, default smem since the H200 runs, validated, and in the context."""
+    assert render.RenderOptions().cuda_x_staging == "smem"
+    glob = render.RenderOptions(cuda_x_staging="global")
+    assert render.context(glob, {})["cuda_x_staging"] == "global"
     with pytest.raises(UserError, match="cuda_x_staging"):
         render.RenderOptions(cuda_x_staging="registers")  # type: ignore[arg-type]
 
@@ -286,10 +319,10 @@ def test_harness_measures_what_is_patched(
 def test_smem_staging_changes_only_the_streamed_kernel(
     upstream: dict[str, str], tmp_path: Path
 ) -> None:
-    """The smem render differs from the default only inside our snippets, and build_bundle
-    writes it under its own name beside the default header."""
-    base = render.RenderOptions(backends=("cuda",))
-    smem = render.RenderOptions(backends=("cuda",), cuda_x_staging="smem")
+    """The smem render (the default) differs from global only inside our snippets, and
+    build_bundle writes each under its own name."""
+    base = render.RenderOptions(backends=("cuda",), cuda_x_staging="global")
+    smem = render.RenderOptions(backends=("cuda",))
     a = render.render_file(_plan(QMV), upstream[QMV], base)
     b = render.render_file(_plan(QMV), upstream[QMV], smem)
     head = a[: a.index("// Streamed qmv: one warp per output row")]
@@ -302,12 +335,12 @@ def test_smem_staging_changes_only_the_streamed_kernel(
 @needs_clone
 @pytest.mark.clone
 @pytest.mark.skipif(_clang_format() is None, reason=f"needs clang-format {CLANG_FORMAT}")
-def test_smem_render_is_clang_format_clean(upstream: dict[str, str], tmp_path: Path) -> None:
-    """The lines the smem render adds are clang-format clean under MLX's config.
+def test_global_render_is_clang_format_clean(upstream: dict[str, str], tmp_path: Path) -> None:
+    """The lines the non-default (global) render adds are clang-format clean under MLX's config.
 
-    (tests/test_format.py checks the default render through patches/.)
+    (tests/test_format.py checks the default render, smem, through patches/.)
     """
-    options = render.RenderOptions(backends=("cuda",), cuda_x_staging="smem")
+    options = render.RenderOptions(backends=("cuda",), cuda_x_staging="global")
     patched = render.render_file(_plan(QMV), upstream[QMV], options)
     config = source.reader(Path(upstream["clone"]), PIN)(".clang-format")
     (tmp_path / ".clang-format").write_text(config)
@@ -498,7 +531,7 @@ class _StandInKernels(cuda.Kernels):
                 mx.quantized_matmul(x[i : i + 1], wq, s, b, group_size=gs, bits=bits)
                 for i in range(x.shape[0])
             ]
-            assert launch["threadgroup"][1] in (8, 16)  # type: ignore[index]
+            assert launch["threadgroup"][1] in (4, 8, 16)  # type: ignore[index]
             return [mx.concatenate(rows)]
 
         return kern
@@ -528,15 +561,17 @@ def test_both_variants_run_through_the_harness_and_report(tmp_path: Path) -> Non
     cfg = cuda.Config(512, 72, 4, 64, "bfloat16")
     res = cuda.run_config(kernels, cfg, parity_sets, timing_sets, ms=(1, 2, 5), iters=1)
     assert cuda.verdict(res)["streamed_rows_differing"] == {f"streamed_{k}": 0 for k in parity_sets}
-    assert "qmv_streamed_smem_v5_r16_bfloat16_b4_g64_r0" in kernels["smem"]._cache
+    assert "qmv_streamed_smem_v4_r8_w2_pf_async_bfloat16_b4_g64_r0" in kernels["smem"]._cache
     assert "qmv_streamed_v5_bfloat16_b4_g64_r0" in kernels["global"]._cache
     payload = {"variant": "both", "results": [res]}
     cuda.dump(tmp_path / "run.json", payload)
     loaded = json.loads((tmp_path / "run.json").read_text())["results"]
-    assert "smem V=2..5" in report.parity_table(loaded)[0]  # type: ignore[attr-defined]
+    shipped = report.ARM_NAMES[report.SHIPPED]  # type: ignore[attr-defined]
+    assert shipped in report.parity_table(loaded)[0]  # type: ignore[attr-defined]
     table = report.comparison_table(loaded[0])  # type: ignore[attr-defined]
     assert table[-1].startswith("| us per added vector (M=1..5) |")
-    assert "smem 16 rows V=2..5 us" in table[2]
+    assert f"{shipped} us" in table[2]
+    assert f"Streamed arm: {shipped}." in report.timing_table(loaded[0])  # type: ignore[attr-defined]
 
 
 class _FailingKernels(cuda.Kernels):
