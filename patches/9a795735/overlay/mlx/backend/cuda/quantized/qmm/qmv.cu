@@ -371,8 +371,8 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
   }
 
   // One accumulator row per (row, vector), of the type qmv_kernel_impl uses.
-  cuda::std::conditional_t<(bits >= 8), float, T>
-      sums[rows_per_warp][V][elems_per_thread] = {};
+  using accumulator = cuda::std::conditional_t<(bits >= 8), float, T>;
+  accumulator sums[rows_per_warp][V][elems_per_thread] = {};
 
   // Shared x: a thread's elems_per_thread elements are x_words 32-bit words
   // (4, 8 or 16), read back as 16-byte vectors. The lane pitch x_words | 4 is
@@ -399,10 +399,9 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
   // k loop's loads find them in L2 instead of each waiting on memory.
   if constexpr (l2_prefetch) {
     auto prefetch = [&](const void* p, int bytes) {
-      for (int b = warp.thread_rank() * 128; b < bytes;
-           b += WARP_SIZE * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(
-            static_cast<const char*>(p) + b));
+      for (int b = warp.thread_rank() * 128; b < bytes; b += WARP_SIZE * 128) {
+        asm volatile(
+            "prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + b));
       }
     };
     if (row_active) {
@@ -521,7 +520,8 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
     }
   } else {
     for (; r0 + stage_steps <= steps; r0 += stage_steps) {
-      stage_x(xs, r0 * elems_per_warp, stage_steps * elems_per_warp, sync_copy{});
+      stage_x(
+          xs, r0 * elems_per_warp, stage_steps * elems_per_warp, sync_copy{});
       __syncthreads();
       compute_stage(xs, r0, full_stage{});
       __syncthreads();
