@@ -1,9 +1,11 @@
 """Build the cuda_kernel header for the GPU host from the pinned ``qmv.cu`` (CPU only).
 
 Usage: python scripts/cuda_jit_bundle.py [MLX_GIT_DIR] [COMMIT]  -> .device/cuda_jit/
-Writes one header per x-staging variant: ``qmv_jit_header.cuh`` (the default,
-x read from global memory, as patched) and ``qmv_jit_header_smem.cuh``
-(``RenderOptions(cuda_x_staging="smem")``, not the default render).
+Writes one header per x-staging variant: ``qmv_jit_header.cuh`` (``global``: x
+read from global memory, session 1's kernel, the baseline arm) and
+``qmv_jit_header_smem.cuh`` (``smem``, the default render since session 2; the
+harness sets its knobs per arm, and the shipped shape is the arm
+``smem_v24_w2_pf_async_4warps``).
 The output holds upstream MLX text, so it goes to the git-ignored ``.device/``
 and travels with ``run --carry .device``; it is never committed.
 """
