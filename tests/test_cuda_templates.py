@@ -478,11 +478,12 @@ def test_jit_header_compiles_for_sm90(
         cuda.Config(8192, 28672, 8, 64, "bfloat16"),
         cuda.Config(4160, 4096, 4, 64, "float16"),
     ]
-    instances: list[tuple[cuda.Config, int, int, int | None]] = [
+    instances: list[cuda.Instance] = [
         (c, v, r, None) for c in configs for r in (8, 16) for v in (2, 3, 4, 5)
     ]
-    if staging == "smem":  # the one-k-step-per-stage arm cuda_h200.py also times
+    if staging == "smem":  # the one-k-step-per-stage arm, and the shape the patch launches
         instances += [(c, v, 8, 1) for c in configs for v in (2, 3, 4, 5)]
+        instances += [(c, v, 8, None, 2, True, True) for c in configs for v in (2, 4)]
     tu = tmp_path / "jit.cu"
     tu.write_text(cuda.nvcc_source(header, instances))
     cmd = [
@@ -505,8 +506,9 @@ def test_jit_header_compiles_for_sm90(
     usage = _no_streamed_spills(proc.stdout + proc.stderr)
     assert len(usage) == len(instances)
     for name, u in sorted(usage.items()):
-        print(staging, re.search(r"streamed_\w+?_v\d+_r\d+(_s\d+)?", name).group(0), u)  # type: ignore[union-attr]
+        print(staging, re.search(r"streamed_\w+?_v\d+_r\d+\w*?(?=E|$)", name).group(0), u)  # type: ignore[union-attr]
         assert (u["smem"] > 0) == (staging == "smem")
+        assert u["smem"] <= 48 * 1024  # static shared memory: no opt-in launch attribute needed
 
 
 # ------------------------------------- the GPU half, with a CPU stand-in kernel
