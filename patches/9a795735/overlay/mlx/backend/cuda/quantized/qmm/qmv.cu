@@ -4,9 +4,9 @@
 // base blob:  4ec6b95a7a2d8a0680d74d2a4849dc63a04a387d
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -208,6 +208,469 @@ __global__ void qmv_kernel(
-//   @@ -293,6 +756,83 @@ void qmv(
-//   @@ -439,6 +979,28 @@ void qmv(
+//   @@ -208,6 +208,474 @@ __global__ void qmv_kernel(
+//   @@ -293,6 +761,83 @@ void qmv(
+//   @@ -439,6 +984,28 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -331,6 +331,11 @@ __device__ __forceinline__ void dequant_fma_streamed(
 // too changes no per-row order. Rows past n within a warp recompute row n - 1
 // and are never stored. Vectors past nv read zeros staged for them and are
 // never stored either, so the fma loop has no per-vector branch.
+//
+// Two more memory-only knobs: x_async copies stage i + 1 with cp.async into a
+// second buffer while stage i is computed, and l2_prefetch asks L2 for the
+// warp's weight rows up front. The __global__ wrapper below passes the values
+// the host launcher was measured with; the defaults are the plain form.
 template <
     int V,
     int rows_per_block,
