@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import zipfile
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from support_git import mlx_clone
@@ -521,6 +522,8 @@ class _StandInKernels(cuda.Kernels):
     JSON shape, the report) on a machine without a GPU; the numbers mean nothing.
     """
 
+    fills: ClassVar[list[object]] = []  # init_value of every launch, in order
+
     def get(self, name: str, body: str) -> object:
         mx = pytest.importorskip("mlx.core")
         self._cache[name] = body
@@ -534,6 +537,7 @@ class _StandInKernels(cuda.Kernels):
                 for i in range(x.shape[0])
             ]
             assert launch["threadgroup"][1] in (4, 8, 16)  # type: ignore[index]
+            self.fills.append(launch["init_value"])
             return [mx.concatenate(rows)]
 
         return kern
@@ -561,7 +565,14 @@ def test_both_variants_run_through_the_harness_and_report(tmp_path: Path) -> Non
     assert h200.RAGGED not in [c for c, _ in h200.plan()]  # type: ignore[attr-defined]
     kernels = {v: _StandInKernels("", v) for v in ("global", "smem")}
     cfg = cuda.Config(512, 72, 4, 64, "bfloat16")
+    _StandInKernels.fills = []
     res = cuda.run_config(kernels, cfg, parity_sets, timing_sets, ms=(1, 2, 5), iters=1)
+    # Parity launches pre-fill with NaN (an unwritten element fails); timed ones do not.
+    fills = _StandInKernels.fills
+    assert any(f is None for f in fills) and any(f != f for f in fills if f is not None)
+    first_timed = fills.index(None)
+    assert all(f is not None for f in fills[:first_timed])
+    assert all(f is None for f in fills[first_timed:])
     assert cuda.verdict(res)["streamed_rows_differing"] == {f"streamed_{k}": 0 for k in parity_sets}
     assert "qmv_streamed_smem_v4_r8_w2_pf_async_bfloat16_b4_g64_r0" in kernels["smem"]._cache
     assert "qmv_streamed_v5_bfloat16_b4_g64_r0" in kernels["global"]._cache
