@@ -136,7 +136,15 @@ def test_rendered_test_sweeps_small_m_in_mlx_style() -> None:
     assert "with self.subTest(" in metal and "product(group_sizes, bit_widths, Ns, dtypes)" in metal
     assert "mx.array_equal(y, mx.concatenate(rows))" in metal
     assert "mx.cuda.is_available()" in metal  # Metal-only PR: CUDA skips
-    assert "mx.cuda.is_available()" not in _render_test(("metal", "cuda"))
+    both = _render_test(("metal", "cuda"))
+    assert "Metal only" not in both
+    # With CUDA: the affine test runs there for the M CUDA streams by default (M < 8);
+    # the fp test skips there (CUDA's fp kernels are not what the patch checks).
+    affine = both[both.index("def test_qmv_small_batch") : both.index("def test_fp_qmv_small")]
+    assert "if mx.cuda.is_available():\n            # CUDA streams" in affine
+    assert "            Ms = range(2, 8)\n" in affine
+    fp = both[both.index("def test_fp_qmv_small") :]
+    assert 'self.skipTest("On CUDA the streamed qmv is checked for affine modes.")' in fp
 
 
 def test_rendered_benchmark_is_a_new_python_script() -> None:
