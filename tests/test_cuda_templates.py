@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from support_format import CLANG_FORMAT_VERSION, clang_format
 from support_git import mlx_clone
 
 from patchkit import render, source
@@ -259,17 +260,6 @@ def test_ptxas_usage_parses_registers_smem_and_spills() -> None:
 
 # ------------------------------------------------------- against the pinned text
 
-CLANG_FORMAT = "21.1.8"  # the version in MLX's .pre-commit-config.yaml at the pin
-
-
-def _clang_format() -> str | None:
-    exe = shutil.which("clang-format")
-    if exe is None:
-        return None
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    return exe if CLANG_FORMAT in out else None
-
-
 needs_clone = pytest.mark.skipif(
     mlx_clone() is None,
     reason="needs a full MLX clone with commit 9a795735: set PATCHKIT_MLX_REPO=/path/to/mlx",
@@ -335,7 +325,7 @@ def test_smem_staging_changes_only_the_streamed_kernel(
 
 @needs_clone
 @pytest.mark.clone
-@pytest.mark.skipif(_clang_format() is None, reason=f"needs clang-format {CLANG_FORMAT}")
+@pytest.mark.skipif(clang_format() is None, reason=f"needs clang-format {CLANG_FORMAT_VERSION}")
 def test_global_render_is_clang_format_clean(upstream: dict[str, str], tmp_path: Path) -> None:
     """The lines the non-default (global) render adds are clang-format clean under MLX's config.
 
@@ -355,7 +345,7 @@ def test_global_render_is_clang_format_clean(upstream: dict[str, str], tmp_path:
     ]
     assert ranges
     proc = subprocess.run(
-        [_clang_format(), f"--style=file:{tmp_path / '.clang-format'}", *ranges, str(path)],
+        [clang_format(), f"--style=file:{tmp_path / '.clang-format'}", *ranges, str(path)],
         capture_output=True,
         text=True,
         check=True,

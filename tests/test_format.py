@@ -10,31 +10,22 @@ copy, with MLX's own ``.clang-format`` from the pinned tree. Needs the clone
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from support_format import CLANG_FORMAT_VERSION, clang_format
 from support_git import mlx_clone
 
 from patchkit import export, git, pin, source
 
 ROOT = Path(__file__).resolve().parent.parent
-CLANG_FORMAT_VERSION = "21.1.8"
 CXX = (".h", ".cpp", ".cu", ".metal")
-
-
-def _clang_format() -> str | None:
-    exe = shutil.which("clang-format")
-    if exe is None:
-        return None
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    return exe if CLANG_FORMAT_VERSION in out else None
 
 
 pytestmark = [
     pytest.mark.skipif(
-        _clang_format() is None,
+        clang_format() is None,
         reason=f"needs clang-format {CLANG_FORMAT_VERSION}: "
         f"pip install clang-format=={CLANG_FORMAT_VERSION}",
     ),
@@ -75,6 +66,6 @@ def test_patch_hunks_are_clang_format_clean(overlay: Path, tmp_path: Path) -> No
     target.write_text(body)
     lines = [f"--lines={a}:{b}" for a, b in ranges]
     formatted = subprocess.run(
-        [_clang_format(), *lines, str(target)], capture_output=True, text=True, check=True
+        [clang_format(), *lines, str(target)], capture_output=True, text=True, check=True
     ).stdout
     assert formatted == body, f"{upstream_path}: clang-format would change the patch's lines"
