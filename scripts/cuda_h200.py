@@ -35,23 +35,27 @@ PARITY_SETS = {
 }
 TIMING_SETS = {"render": render.STREAMED_VECS, "v248": (2, 4, 8), "v24816": (2, 4, 8, 16)}
 
-# x staged in shared memory. Arm(vecs, "smem", rows_per_block, stage_steps, rows_per_warp,
-# l2_prefetch): a warp owns rows_per_warp rows and reads its x slices once for them; a
-# block has rows_per_block / rows_per_warp warps; l2_prefetch asks L2 for the warp's
-# weight rows up front. Registers (nvcc 13.0, sm_90a, 4-bit bf16, prefetch):
-# V2/R1 62, V4/R1 109, V8/R1 158, V2/R2 100, V4/R2 168, V8/R2 215.
-# x_async: double-buffered cp.async x staging (stage i + 1 copied while i is computed).
+# x staged in shared memory: Arm(vecs, "smem", rows_per_block, Knobs(...)). A warp owns
+# rows_per_warp rows and reads its x slices once for them; a block has rows_per_block /
+# rows_per_warp warps; l2_prefetch asks L2 for the warp's weight rows up front; x_async
+# double-buffers the x staging with cp.async. Registers (nvcc 13.0, sm_90a, 4-bit bf16):
+# shipped V2 107, V4 165; 8 warps x 1 row, prefetch, V8 158; 4 warps x 2 rows V8 215+.
+PF_ASYNC = cuda.Knobs(l2_prefetch=True, x_async=True)
+W2_PF = cuda.Knobs(rows_per_warp=2, l2_prefetch=True)
+SHIPPED = cuda.Arm((2, 4), "smem", 8, cuda.SHIPPED_KNOBS)  # what patches/ renders
 SMEM_PARITY = {
-    "smem_v24_w2_pf_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True),
-    "smem_v24_w2_pf_async_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True, True),
-    "smem_v248_pf_async": cuda.Arm((2, 4, 8), "smem", 8, None, 1, True, True),
+    "smem_v24_w2_pf_4warps": cuda.Arm((2, 4), "smem", 8, W2_PF),
+    "smem_v24_w2_pf_async_4warps": SHIPPED,
+    "smem_v248_pf_async": cuda.Arm((2, 4, 8), "smem", 8, PF_ASYNC),
 }
 SMEM_TIMING = {
-    "smem_v24_w2_pf_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True),
-    "smem_v24_w2_pf_async_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, True, True),
-    "smem_v24_w2_async_4warps": cuda.Arm((2, 4), "smem", 8, None, 2, False, True),
-    "smem_v248_pf_async": cuda.Arm((2, 4, 8), "smem", 8, None, 1, True, True),
-    "smem_v248_w2_pf_async_4warps": cuda.Arm((2, 4, 8), "smem", 8, None, 2, True, True),
+    "smem_v24_w2_pf_4warps": cuda.Arm((2, 4), "smem", 8, W2_PF),
+    "smem_v24_w2_pf_async_4warps": SHIPPED,
+    "smem_v24_w2_async_4warps": cuda.Arm(
+        (2, 4), "smem", 8, cuda.Knobs(rows_per_warp=2, x_async=True)
+    ),
+    "smem_v248_pf_async": cuda.Arm((2, 4, 8), "smem", 8, PF_ASYNC),
+    "smem_v248_w2_pf_async_4warps": cuda.Arm((2, 4, 8), "smem", 8, cuda.SHIPPED_KNOBS),
 }
 # Side by side: the global arms the smem ones are compared with, then the smem ones.
 BOTH_GLOBAL = ({"render": render.STREAMED_VECS}, {"render": render.STREAMED_VECS})

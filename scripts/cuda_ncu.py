@@ -36,7 +36,7 @@ def main() -> None:
     if args.smem:
         smem_header = args.header.with_name(cuda.HEADER_NAMES["smem"])
         smem = cuda.Kernels(smem_header.read_text(), "smem")
-        mx.eval(cuda.run_jit(smem, prob, 8, 4, 0, 8, None, 2, True, True))  # shipped
+        mx.eval(cuda.run_jit(smem, prob, 8, 4, 0, 8, cuda.SHIPPED_KNOBS))  # shipped
         mx.eval(cuda.run_jit(smem, prob, 8, 8))
         launched += ", shipped smem V=4 M=8, plain smem V=8 M=8"
     mx.synchronize()

@@ -177,6 +177,12 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     assert "dim3 block_dims{WARP_SIZE, rows_per_block / rows_per_warp};" in launch
     assert re.findall(r"if \(m <= (\d+)\)", launch) == ["2"]
     assert "integral_constant<int, 4>" in launch.rstrip().rsplit("launch(", 1)[1]
+    # The harness's shipped arm is what the wrapper and the launcher say.
+    k = cuda.SHIPPED_KNOBS
+    assert f"/* max_stage_steps */ {k.stage_steps}," in wrapper
+    assert f"constexpr int rows_per_warp = {k.rows_per_warp};" in launch
+    assert f"/* l2_prefetch */ {str(k.l2_prefetch).lower()}," in wrapper
+    assert f"/* x_async */ {str(k.x_async).lower()}>(" in wrapper
 
 
 def test_x_staging_option() -> None:
@@ -240,10 +246,16 @@ def test_harness_bodies_and_grids() -> None:
     assert cuda.as_arm((2, 4)) == cuda.Arm((2, 4), "global", 8)
     assert cuda.kernel_name("global", cfg, 4, 8) == f"qmv_streamed_v4_{cfg.tag}"
     assert cuda.kernel_name("smem", cfg, 4, 16) == f"qmv_streamed_smem_v4_r16_{cfg.tag}"
-    assert cuda.kernel_name("smem", cfg, 4, 8, 1) == f"qmv_streamed_smem_v4_r8_s1_{cfg.tag}"
-    # The smem body's trailing max_stage_steps (default 4) is set only when asked.
-    assert "<5, 8, 16, 64, true, true, T, Q, S, 1>(" in cuda.streamed_body(cfg, 5, 8, 1)
+    one_step = cuda.Knobs(stage_steps=1)
+    assert cuda.kernel_name("smem", cfg, 4, 8, one_step) == f"qmv_streamed_smem_v4_r8_s1_{cfg.tag}"
+    shipped = cuda.kernel_name("smem", cfg, 4, 8, cuda.SHIPPED_KNOBS)
+    assert shipped == f"qmv_streamed_smem_v4_r8_w2_pf_async_{cfg.tag}"
+    # The smem body's trailing knobs are passed only up to the last non-default one,
+    # in the order the body declares them: max_stage_steps, rows_per_warp, prefetch, async.
+    assert "<5, 8, 16, 64, true, true, T, Q, S, 1>(" in cuda.streamed_body(cfg, 5, 8, one_step)
     assert "T, Q, S>(" in cuda.streamed_body(cfg, 5, 8)
+    assert "T, Q, S, 4, 2, true, true>(" in cuda.streamed_body(cfg, 4, 8, cuda.SHIPPED_KNOBS)
+    assert "T, Q, S, 4, 1, true>(" in cuda.streamed_body(cfg, 4, 8, cuda.Knobs(l2_prefetch=True))
     assert set(cuda.HEADER_NAMES) == {"global", "smem"}
     assert cuda.HEADER_NAME == cuda.HEADER_NAMES["global"] == "qmv_jit_header.cuh"
 
@@ -470,11 +482,12 @@ def test_jit_header_compiles_for_sm90(
         cuda.Config(4160, 4096, 4, 64, "float16"),
     ]
     instances: list[cuda.Instance] = [
-        (c, v, r, None) for c in configs for r in (8, 16) for v in (2, 3, 4, 5)
+        (c, v, r, cuda.Knobs()) for c in configs for r in (8, 16) for v in (2, 3, 4, 5)
     ]
     if staging == "smem":  # the one-k-step-per-stage arm, and the shape the patch launches
-        instances += [(c, v, 8, 1) for c in configs for v in (2, 3, 4, 5)]
-        instances += [(c, v, 8, None, 2, True, True) for c in configs for v in (2, 4)]
+        one_step = cuda.Knobs(stage_steps=1)
+        instances += [(c, v, 8, one_step) for c in configs for v in (2, 3, 4, 5)]
+        instances += [(c, v, 8, cuda.SHIPPED_KNOBS) for c in configs for v in (2, 4)]
     tu = tmp_path / "jit.cu"
     tu.write_text(cuda.nvcc_source(header, instances))
     cmd = [

@@ -23,7 +23,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -174,35 +174,54 @@ def m1_body(cfg: Config) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """The smem kernel body's trailing template parameters; each default is the body's own.
+
+    None of them changes any row's arithmetic: they say how x is staged, how many rows
+    a warp owns and how the weights are fetched. The global header's body has none.
+    """
+
+    stage_steps: int = 4  # max_stage_steps: k steps per staged x copy
+    rows_per_warp: int = 1  # rows one warp owns (its x slices are read once for them)
+    l2_prefetch: bool = False  # ask L2 for the warp's weight rows up front
+    x_async: bool = False  # double-buffered cp.async x staging
+
+    def template_args(self) -> list[str]:
+        """The trailing template arguments, without trailing defaults (as a caller writes)."""
+        args = [str(v).lower() for v in astuple(self)]
+        defaults = [str(v).lower() for v in astuple(Knobs())]
+        while args and args[-1] == defaults[len(args) - 1]:
+            args.pop()
+        return args
+
+    def name_suffix(self) -> str:
+        """What a kernel name adds for the non-default knobs (``_s1``, ``_w2``, ``_pf``, ...)."""
+        return (
+            ("" if self.stage_steps == 4 else f"_s{self.stage_steps}")
+            + ("" if self.rows_per_warp == 1 else f"_w{self.rows_per_warp}")
+            + ("_pf" if self.l2_prefetch else "")
+            + ("_async" if self.x_async else "")
+        )
+
+
+# What the patch's __global__ qmv_streamed_kernel passes (with 8 rows per block, V in {2, 4}).
+SHIPPED_KNOBS = Knobs(rows_per_warp=2, l2_prefetch=True, x_async=True)
+
+
 def streamed_body(
-    cfg: Config,
-    vecs: int,
-    rows_per_block: int = ROWS_PER_BLOCK,
-    stage_steps: int | None = None,
-    rows_per_warp: int = 1,
-    l2_prefetch: bool = False,
-    x_async: bool = False,
+    cfg: Config, vecs: int, rows_per_block: int = ROWS_PER_BLOCK, knobs: Knobs = Knobs()
 ) -> str:
     """Body calling the rendered streamed kernel body with V = ``vecs``; M read from params.
 
     The same body serves either header: the x-staging variant is in the header's text.
-    ``stage_steps``, ``rows_per_warp``, ``l2_prefetch`` and ``x_async`` (smem header only)
-    override the body's defaulted trailing parameters (4, 1, false, false).
+    Non-default ``knobs`` need the smem header.
     """
     targs = (
         f"{vecs}, {rows_per_block}, {cfg.elems_per_thread}, {cfg.group_size}, true, "
         f"{str(cfg.has_residue_k).lower()}"
     )
-    extra = [
-        str(stage_steps or 4),
-        str(rows_per_warp),
-        str(l2_prefetch).lower(),
-        str(x_async).lower(),
-    ]
-    defaults = ["4", "1", "false", "false"]
-    while extra and extra[-1] == defaults[len(extra) - 1]:
-        extra.pop()  # trailing defaults are left out, as a caller would
-    qsargs = ", ".join(["T, Q, S", *extra])
+    qsargs = ", ".join(["T, Q, S", *knobs.template_args()])
     return _casts(cfg) + (
         f"  qmv_streamed_kernel_body<{targs}, {qsargs}>(\n"
         "      x_, w_, s_, b_, nullptr, o_, params[0], params[1], params[2], false);\n"
@@ -242,10 +261,7 @@ class Arm:
     vecs: tuple[int, ...]
     variant: str = "global"  # RenderOptions.cuda_x_staging
     rows_per_block: int = ROWS_PER_BLOCK
-    stage_steps: int | None = None  # smem only: max k steps per staged x copy (None: the default)
-    rows_per_warp: int = 1  # smem only: rows one warp owns (x slices reused across them)
-    l2_prefetch: bool = False  # smem only: prefetch the warp's weight rows into L2 up front
-    x_async: bool = False  # smem only: double-buffered cp.async x staging
+    knobs: Knobs = Knobs()  # smem only
 
 
 def as_arm(spec: Arm | Sequence[int]) -> Arm:
@@ -262,28 +278,24 @@ CUDA_KERNEL_DEFAULT_HEADER = """\
 """
 
 
-# (config, V, rows_per_block, stage_steps or None[, rows_per_warp[, l2_prefetch[, x_async]]])
-Instance = tuple[Config, int, int, int | None, *tuple[int | bool, ...]]
+Instance = tuple[Config, int, int, Knobs]  # (config, V, rows_per_block, knobs)
 
 
 def nvcc_source(header: str, instances: Sequence[Instance]) -> str:
     """A .cu that wraps streamed bodies the way cuda_kernel does, for ``nvcc -Xptxas -v``.
 
-    ``instances`` are (config, V, rows_per_block, stage_steps or None[, rows_per_warp]);
-    each becomes a ``__global__`` named ``streamed_<tag>_v<V>_r<rows>[_s<steps>][_w<R>]``.
-    Not NVRTC (the device run covers that), but the same header text and the same bodies, so
-    ptxas's register and shared memory counts are the ones the JIT arms get.
+    Each instance becomes a ``__global__`` named ``streamed_<tag>_v<V>_r<rows><knobs>``
+    (``Knobs.name_suffix``). Not NVRTC (the device run covers that), but the same header
+    text and the same bodies, so ptxas's register and shared memory counts are the ones
+    the JIT arms get.
     """
     kernels = []
-    for cfg, vecs, rows, steps, *more in instances:
-        per, pf, xa = (list(more) + [1, False, False][len(more) :])[:3]
-        suffix = ("" if steps is None else f"_s{steps}") + ("" if per == 1 else f"_w{per}")
-        suffix += ("_pf" if pf else "") + ("_async" if xa else "")
+    for cfg, vecs, rows, knobs in instances:
         kernels.append(
-            f"__global__ void streamed_{cfg.tag}_v{vecs}_r{rows}{suffix}(\n"
+            f"__global__ void streamed_{cfg.tag}_v{vecs}_r{rows}{knobs.name_suffix()}(\n"
             "    const uint16_t* x, const uint8_t* w, const uint16_t* scales,\n"
             "    const uint16_t* biases, const int32_t* params, uint16_t* out) {\n"
-            f"{streamed_body(cfg, vecs, rows, steps, int(per), bool(pf), bool(xa))}}}\n"
+            f"{streamed_body(cfg, vecs, rows, knobs)}}}\n"
         )
     return "\n".join(
         [
@@ -426,38 +438,16 @@ def run_arm(
 ) -> tuple[int, Any]:
     """(V, output) of one streamed arm on x[:m], from the header of the arm's variant."""
     v = pick_vecs(m, arm.vecs)
-    return v, run_jit(
-        kernels[arm.variant],
-        prob,
-        m,
-        v,
-        copy,
-        arm.rows_per_block,
-        arm.stage_steps,
-        arm.rows_per_warp,
-        arm.l2_prefetch,
-        arm.x_async,
-        fill,
-    )
+    return v, run_jit(kernels[arm.variant], prob, m, v, copy, arm.rows_per_block, arm.knobs, fill)
 
 
 def kernel_name(
-    variant: str,
-    cfg: Config,
-    vecs: int,
-    rows_per_block: int,
-    stage_steps: int | None = None,
-    rows_per_warp: int = 1,
-    l2_prefetch: bool = False,
-    x_async: bool = False,
+    variant: str, cfg: Config, vecs: int, rows_per_block: int, knobs: Knobs = Knobs()
 ) -> str:
     """The cuda_kernel name of a streamed instance; the default arm keeps its old name."""
-    if variant == "global" and rows_per_block == ROWS_PER_BLOCK and stage_steps is None:
+    if variant == "global" and rows_per_block == ROWS_PER_BLOCK and knobs == Knobs():
         return f"qmv_streamed_v{vecs}_{cfg.tag}"
-    steps = "" if stage_steps is None else f"_s{stage_steps}"
-    per_warp = "" if rows_per_warp == 1 else f"_w{rows_per_warp}"
-    pf = ("_pf" if l2_prefetch else "") + ("_async" if x_async else "")
-    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}{steps}{per_warp}{pf}_{cfg.tag}"
+    return f"qmv_streamed_{variant}_v{vecs}_r{rows_per_block}{knobs.name_suffix()}_{cfg.tag}"
 
 
 def run_jit(
@@ -467,10 +457,7 @@ def run_jit(
     vecs: int | None,
     copy: int = 0,
     rows_per_block: int = ROWS_PER_BLOCK,
-    stage_steps: int | None = None,
-    rows_per_warp: int = 1,
-    l2_prefetch: bool = False,
-    x_async: bool = False,
+    knobs: Knobs = Knobs(),
     fill: bool = True,
 ) -> Any:
     """Launch the M = 1 copy (``vecs`` None, grid.y = M) or the streamed kernel on x[:m].
@@ -484,11 +471,9 @@ def run_jit(
         kern = kernels.get(f"qmv_m1_{suffix}", m1_body(cfg))
         grid, block = m1_grid(cfg, m)
     else:
-        knobs = (stage_steps, rows_per_warp, l2_prefetch, x_async)
-        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block, *knobs)
-        body = streamed_body(cfg, vecs, rows_per_block, *knobs)
-        kern = kernels.get(name, body)
-        grid, block = streamed_grid(cfg, m, vecs, rows_per_block, rows_per_warp)
+        name = kernel_name(kernels.variant, cfg, vecs, rows_per_block, knobs)
+        kern = kernels.get(name, streamed_body(cfg, vecs, rows_per_block, knobs))
+        grid, block = streamed_grid(cfg, m, vecs, rows_per_block, knobs.rows_per_warp)
     wq, s, b = prob.weights[copy]
     return kern(
         inputs=[prob.prefixes[m], wq, s, b, prob.params[m]],
