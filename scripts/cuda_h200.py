@@ -58,13 +58,13 @@ SMEM_TIMING = {
     "smem_v248_w2_pf_async_4warps": cuda.Arm((2, 4, 8), "smem", 8, cuda.SHIPPED_KNOBS),
 }
 # Side by side: the global arms the smem ones are compared with, then the smem ones.
-BOTH_GLOBAL = ({"render": render.STREAMED_VECS}, {"render": render.STREAMED_VECS})
+GLOBAL_ARMS = {"render": render.STREAMED_VECS}  # parity and timing
 ARMS = {
     "global": (PARITY_SETS, TIMING_SETS),
     "smem": (SMEM_PARITY, SMEM_TIMING),
     "both": (
-        {**BOTH_GLOBAL[0], **SMEM_PARITY},
-        {**BOTH_GLOBAL[1], **SMEM_TIMING},
+        {**GLOBAL_ARMS, **SMEM_PARITY},
+        {**GLOBAL_ARMS, **SMEM_TIMING},
     ),
 }
 # N % 4 == 2 and a K tail: the last row block has warps past n, which must still
@@ -167,11 +167,11 @@ def main() -> None:
         except Exception as exc:
             # One device run: if an smem arm fails (NVRTC, launch), record it and keep the
             # global arms of --variant both for the rest of the run.
-            if args.variant != "both" or parity_sets is BOTH_GLOBAL[0]:
+            if args.variant != "both" or parity_sets is GLOBAL_ARMS:
                 raise
             payload.setdefault("errors", []).append({"config": cfg.__dict__, "error": repr(exc)})
             print(cfg, "smem arms failed, global only from here:", repr(exc), flush=True)
-            parity_sets, timing_sets = BOTH_GLOBAL
+            parity_sets = timing_sets = GLOBAL_ARMS
             res = cuda.run_config(kernels, cfg, parity_sets, timing_sets if timed else None, ms=ms)
         payload["results"].append(res)
         print(cfg, cuda.verdict(res), f"{res['seconds']:.1f}s", flush=True)

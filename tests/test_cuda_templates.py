@@ -403,6 +403,16 @@ def _pinned_cuh(upstream: dict[str, str], src: Path) -> None:
         (src / rel).write_text(read(rel))
 
 
+def _nvcc_includes(upstream: dict[str, str], tmp_path: Path) -> tuple[Path, Path]:
+    """(wheel include dir, pin's .cuh dir) for an nvcc check; skips without the wheel."""
+    inc = _wheel_include(tmp_path)
+    if inc is None:
+        pytest.skip(f"set {WHEEL_ENV} to the mlx-cuda-13 0.32.1 wheel file")
+    src = tmp_path / "src"
+    _pinned_cuh(upstream, src)
+    return inc, src
+
+
 def _no_streamed_spills(log: str) -> dict[str, dict[str, int]]:
     usage = {k: v for k, v in cuda.ptxas_usage(log).items() if "streamed" in k}
     assert usage, log[-2000:]
@@ -425,11 +435,7 @@ def test_patched_qmv_compiles_for_sm90(
     from the pinned clone and a two-line shim. Slow (all instantiations): ~minutes
     per x-staging variant. No qmv_streamed_kernel instantiation may spill.
     """
-    inc = _wheel_include(tmp_path)
-    if inc is None:
-        pytest.skip(f"set {WHEEL_ENV} to the mlx-cuda-13 0.32.1 wheel file")
-    src = tmp_path / "src"
-    _pinned_cuh(upstream, src)
+    inc, src = _nvcc_includes(upstream, tmp_path)
     (tmp_path / "fmt").mkdir()
     (tmp_path / "fmt" / "format.h").write_text(FMT_SHIM)
     patched = tmp_path / "qmv.cu"
@@ -469,11 +475,7 @@ def test_jit_header_compiles_for_sm90(
     V = 2..5 at 8 and 16 rows per block, 4/8-bit bf16 and the 4160 K tail in fp16.
     Prints ptxas's registers / shared bytes per instance (``pytest -s``); none spills.
     """
-    inc = _wheel_include(tmp_path)
-    if inc is None:
-        pytest.skip(f"set {WHEEL_ENV} to the mlx-cuda-13 0.32.1 wheel file")
-    src = tmp_path / "src"
-    _pinned_cuh(upstream, src)
+    inc, src = _nvcc_includes(upstream, tmp_path)
     options = render.RenderOptions(cuda_x_staging=staging)
     header = cuda.jit_header(upstream[QMV], options)
     configs = [
