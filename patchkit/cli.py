@@ -20,10 +20,10 @@ from typing import Any
 import click
 from rich.console import Console
 
-from patchkit import apply as apply_mod
-from patchkit import check as check_mod
-from patchkit import rebase as rebase_mod
-from patchkit import render
+from patchkit.carry import apply as apply_mod
+from patchkit.carry import check as check_mod
+from patchkit.carry import rebase as rebase_mod
+from patchkit.carry import render
 from patchkit.errors import PatchkitError, ToolError, UserError
 
 EXIT_FAIL = 1  # a check that ran and found problems, or a user-fixable error
@@ -222,7 +222,7 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: Any) -> None:
     """Run the Metal kernels on the CPU and compare batched rows with M = 1, bit for bit."""
-    from patchkit.emulate import cli_support
+    from patchkit.verify.emulate import cli_support
 
     root = find_root(Path.cwd())
     with progress(as_json) as say:
@@ -252,14 +252,14 @@ def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: 
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
 def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool) -> None:
     """Compare batched rows of the importable MLX with M = 1, bit for bit (exit 1 if any differ)."""
-    from patchkit import parity
+    from patchkit.verify import mlx_parity
 
     click.get_current_context().meta["json"] = as_json
     with progress(as_json) as say:
-        report = parity.run(parity.configs(not quick, modes, bits, dtypes), progress=say)
+        report = mlx_parity.run(mlx_parity.configs(not quick, modes, bits, dtypes), progress=say)
     if out:
-        parity.write_json(out, report)
-    emit(as_json, report, parity.format_report(report))
+        mlx_parity.write_json(out, report)
+    emit(as_json, report, mlx_parity.format_report(report))
     if not report["identical"]:
         sys.exit(EXIT_FAIL)
 
@@ -275,7 +275,7 @@ def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool
 @common_options
 def export_pr_cmd(as_json: bool, common: dict[str, Any], **kw: Any) -> None:
     """One upstream-ready commit (Metal by default; --backend cuda adds CUDA) + PR body draft."""
-    from patchkit import export_pr
+    from patchkit.carry import export_pr
 
     given = click.get_current_context().params.get("backends") or export_pr.DEFAULT_BACKENDS
     opts = common["options"]
@@ -311,7 +311,7 @@ def build_cmd(
     worktree: Path | None, backend: str | None, mlx_repo: str | None, dry_run: bool, as_json: bool
 ) -> None:
     """Build MLX from the patched tree the way MLX documents, then run `patchkit parity`."""
-    from patchkit import build
+    from patchkit.carry import mlx_build as build
 
     click.get_current_context().meta["json"] = as_json
     root = find_root(Path.cwd())
@@ -344,7 +344,7 @@ def build_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
 def bench_cmd(quick: bool, out: Path, mode: str, as_json: bool) -> None:
     """Time stock qmv, stock batched and the streamed JIT kernel on an Apple GPU."""
-    from patchkit import bench
+    from patchkit.verify import bench
 
     click.get_current_context().meta["json"] = as_json
     root = find_root(Path.cwd())
@@ -394,8 +394,8 @@ def _probe_root() -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
 def probe_cmd(as_json: bool, out: Path | None, **kw: Any) -> None:
     """Verify block vs chain of single-token forwards on a quantized decoder, byte for byte."""
-    from patchkit.probe import Options, report
-    from patchkit.probe import run as probe_run
+    from patchkit.verify.probe import Options, report
+    from patchkit.verify.probe import run as probe_run
 
     click.get_current_context().meta["json"] = as_json
     max_t = kw.pop("max_t")

@@ -1,6 +1,6 @@
 """Driver for one GPU run: JIT-vs-compiled sanity, the parity matrix and the timing sweep.
 
-Thin on purpose: the work is in ``patchkit.harness.cuda``. Run on the GPU host
+Thin on purpose: the work is in ``patchkit.verify.harness.cuda``. Run on the GPU host
 with the stock mlx + mlx-cuda-13 wheels importable and the header built here by
 ``scripts/cuda_jit_bundle.py`` (see docs/cuda.md). Configs run in
 priority order and the JSON is rewritten after each, so a run cut off by its
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from patchkit import render
-from patchkit.harness import cuda
+from patchkit.carry import render
+from patchkit.verify.harness import cuda
 
 SHAPES = [(8192, 28672), (3840, 15360), (15360, 3840), (4096, 4096), (4160, 4096)]  # K x N
 PARITY_SETS = {

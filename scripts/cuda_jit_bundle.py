@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from patchkit import render
-from patchkit.harness import cuda
+from patchkit.carry import render
+from patchkit.verify.harness import cuda
 
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
 DEFAULT_GIT = "/work/.mirror/ml-explore+mlx/repo"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from patchkit.harness import cuda
+from patchkit.verify.harness import cuda
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
 # The GPU host has no package index, so MLX's CUDA runtime travels packed in two halves
 # (/work/shared/tools/pack-mlx-cuda.sh: .mlxpack/a and .mlxpack/b, each under the 64 MiB
 # carry limit) and the cuda_kernel header travels in the git-ignored .device/ (it holds MLX
-# source; built here by scripts/cuda_jit_bundle.py or patchkit.harness.cuda.build_bundle).
+# source; built here by scripts/cuda_jit_bundle.py or patchkit.verify.harness.cuda.build_bundle).
 #
 #   call 1:  bash scripts/probe_h200.sh stage            carry [".mlxpack/a"]
 #   call 2:  bash scripts/probe_h200.sh run [ARGS...]    carry [".mlxpack/b", ".device"]
@@ -53,7 +53,7 @@ case "$mode" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.device_info())"
     out=${OUT:-/tmp/probe-out}; mkdir -p "$out"
-    python3 -m patchkit.probe --size 3b --timing --repeats 3 \
+    python3 -m patchkit.verify.probe --size 3b --timing --repeats 3 \
       --cuda-header .device/probe/qmv_jit_header.cuh --out "$out/probe-h200.json" "$@" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

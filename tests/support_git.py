@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import git, wheels
+from patchkit.carry import wheels
+from patchkit.util import git
 
 QH = "mlx/backend/metal/kernels/quantized.h"
 OLD, NEW = "0.32.1", "0.32.4"
@@ -99,7 +100,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream: dict[str, obj
 
 def mlx_clone() -> str | None:
     """A source spec for a full MLX clone holding the pin: PATCHKIT_MLX_REPO, else the cache."""
-    from patchkit import pin, source
+    from patchkit.carry import pin, source
 
     spec = os.environ.get("PATCHKIT_MLX_REPO")
     candidates = [Path(spec)] if spec and Path(spec).exists() else []

@@ -9,8 +9,10 @@ import pytest
 from click.testing import CliRunner
 from support_git import QH, write_templates
 
-from patchkit import apply, check, cli, git, pin, source
+from patchkit import cli
+from patchkit.carry import apply, check, pin, source
 from patchkit.errors import AnchorError, BlobMismatchError, UserError
+from patchkit.util import git
 
 # Fixtures (header_repo, upstream, env) live in tests/support_git.py.
 pytest_plugins = ("support_git",)
@@ -52,7 +54,7 @@ def test_apply_commits_branch_and_exports(env: dict) -> None:
 
 def test_overlay_body_is_the_patched_file(env: dict) -> None:
     """Stripping the header gives exactly the overlay-flavour render of upstream."""
-    from patchkit import export, render
+    from patchkit.carry import export, render
 
     r = run_apply(env)
     text = (r.patches_dir / "overlay" / QH).read_text()

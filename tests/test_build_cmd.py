@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from patchkit import build
+from patchkit.carry import mlx_build as build
 from patchkit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from patchkit import pin
+from patchkit.carry import pin
 
 WORKFLOW = Path(__file__).resolve().parents[1] / "ci" / "macos.yml"
 

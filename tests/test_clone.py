@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from support_git import QH, mlx_clone
 
-from patchkit import apply, git, pin, rebase, render, source
+from patchkit.carry import apply, pin, rebase, render, source
+from patchkit.util import git
 
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
 LATER_TOUCHING_QUANTIZED_CPP = "a082cb91d"  # qmm_t_nax change in metal/quantized.cpp

@@ -28,9 +28,9 @@ import pytest
 from support_format import CLANG_FORMAT_VERSION, clang_format
 from support_git import mlx_clone
 
-from patchkit import render, source
+from patchkit.carry import render, source
 from patchkit.errors import UserError
-from patchkit.harness import cuda
+from patchkit.verify.harness import cuda
 
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"

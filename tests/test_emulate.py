@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from patchkit import emulate
-from patchkit.emulate import build, extract, parity, suite
 from patchkit.errors import BlobMismatchError, UserError
+from patchkit.verify import emulate
+from patchkit.verify.emulate import build, extract, parity, suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.emulate import build, extract, fp
 from patchkit.errors import BlobMismatchError
+from patchkit.verify.emulate import build, extract, fp
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = extract.FP_UPSTREAM_KERNELS + extract.FP_STREAMED_KERNELS

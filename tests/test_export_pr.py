@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from support_git import PIN_SHA, mlx_clone
 
-from patchkit import export, export_pr, git, pyedit, render, source
+from patchkit.carry import export, export_pr, pyedit, render, source
 from patchkit.errors import AnchorError, UserError
+from patchkit.util import git
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"

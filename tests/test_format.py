@@ -17,7 +17,8 @@ import pytest
 from support_format import CLANG_FORMAT_VERSION, clang_format
 from support_git import mlx_clone
 
-from patchkit import export, git, pin, source
+from patchkit.carry import export, pin, source
+from patchkit.util import git
 
 ROOT = Path(__file__).resolve().parent.parent
 CXX = (".h", ".cpp", ".cu", ".metal")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import cxx, export
+from patchkit.carry import cxx, export
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAY = ROOT / "patches" / "9a795735" / "overlay" / "mlx" / "backend" / "metal"

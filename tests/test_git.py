@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import git, wheels
+from patchkit.carry import wheels
 from patchkit.errors import ToolError
+from patchkit.util import git
 
 QH = "mlx/backend/metal/kernels/quantized.h"
 PIN_QH_BLOB = "f628c0561227b709e455d91dc0a0f5885368f26a"

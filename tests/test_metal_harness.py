@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import cxx, emulate
-from patchkit.emulate import build, extract, suite
-from patchkit.emulate import parity as emu
-from patchkit.harness import metal
+from patchkit.carry import cxx
+from patchkit.verify import emulate
+from patchkit.verify.emulate import build, extract, suite
+from patchkit.verify.emulate import parity as emu
+from patchkit.verify.harness import metal
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMED_FUNCS = (
@@ -116,12 +117,12 @@ def test_bench_without_an_apple_gpu_says_so_in_one_line_and_fails() -> None:
     r = CliRunner().invoke(main, ["bench", "--quick", "--out", "unused.json"])
     assert r.exit_code == 1
     message = " ".join(r.stderr.split())
-    assert "needs an Apple GPU" in message and "patchkit/harness/cuda.py" in message
+    assert "needs an Apple GPU" in message and "scripts/cuda_h200.py" in message
     assert not Path("unused.json").exists()
 
 
 def test_recovered_fraction() -> None:
-    from patchkit.bench import recovered_fraction
+    from patchkit.verify.bench import recovered_fraction
 
     # streamed halfway between per-vector qmv and batched: half the gap recovered
     assert recovered_fraction(10.0, 7.5, 5.0) == 0.5

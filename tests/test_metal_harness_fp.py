@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import cxx
-from patchkit.emulate import build, extract, fp
-from patchkit.emulate import parity as emu
-from patchkit.harness import metal
+from patchkit.carry import cxx
+from patchkit.verify.emulate import build, extract, fp
+from patchkit.verify.emulate import parity as emu
+from patchkit.verify.harness import metal
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMED_FUNCS = (

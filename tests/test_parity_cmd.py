@@ -9,22 +9,22 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from patchkit import parity
 from patchkit.cli import main
+from patchkit.verify import mlx_parity
 
-METAL_G15 = parity.DeviceInfo("metal", "applegpu_g15s", 15, "s")
-METAL_G13 = parity.DeviceInfo("metal", "applegpu_g13g", 13, "g")
-CUDA = parity.DeviceInfo("cuda", "NVIDIA H200")
+METAL_G15 = mlx_parity.DeviceInfo("metal", "applegpu_g15s", 15, "s")
+METAL_G13 = mlx_parity.DeviceInfo("metal", "applegpu_g13g", 13, "g")
+CUDA = mlx_parity.DeviceInfo("cuda", "NVIDIA H200")
 
 
 def cfg(mode: str = "affine", bits: int = 4, B: int = 1, K: int = 4096, N: int = 4096):
-    return parity.Config(mode, bits, 64 if mode == "affine" else 32, "float16", K, N, B)
+    return mlx_parity.Config(mode, bits, 64 if mode == "affine" else 32, "float16", K, N, B)
 
 
 def test_metal_arch_parses_like_device_cpp() -> None:
-    assert parity.metal_arch("applegpu_g15s") == (15, "s")
-    assert parity.metal_arch("applegpu_g13d") == (13, "d")
-    assert parity.metal_arch("x") == (0, "x")
+    assert mlx_parity.metal_arch("applegpu_g15s") == (15, "s")
+    assert mlx_parity.metal_arch("applegpu_g13d") == (13, "d")
+    assert mlx_parity.metal_arch("x") == (0, "x")
 
 
 @pytest.mark.parametrize(
@@ -32,42 +32,42 @@ def test_metal_arch_parses_like_device_cpp() -> None:
     [
         (METAL_G15, 4096, 4096, 15),  # gen 15 mid table
         (METAL_G15, 8192, 28672, 13),
-        (parity.DeviceInfo("metal", "applegpu_g17s", 17, "s"), 1024, 1024, 33),
+        (mlx_parity.DeviceInfo("metal", "applegpu_g17s", 17, "s"), 1024, 1024, 33),
         (METAL_G13, 8192, 8192, 6),  # M1 hosted runner, large shape
-        (parity.DeviceInfo("metal", "applegpu_g14d", 14, "d"), 2048, 2048, 32),
+        (mlx_parity.DeviceInfo("metal", "applegpu_g14d", 14, "d"), 2048, 2048, 32),
         (CUDA, 512, 64, 13),  # off Metal: a gen-15 Mac's range
     ],
 )
 def test_batch_limit_matches_get_qmv_batch_limit(dev, K: int, N: int, limit: int) -> None:
-    assert parity.batch_limit(K, N, dev) == limit
+    assert mlx_parity.batch_limit(K, N, dev) == limit
 
 
 def test_kernel_path_routing_rules() -> None:
     # gen >= 15 affine M >= 2: qmv_wide (the defect); M = 1: qmv_fast when aligned.
-    assert parity.kernel_path(METAL_G15, cfg(), 2) == "qmv_wide"
-    assert parity.kernel_path(METAL_G15, cfg(), 1) == "qmv_fast"
+    assert mlx_parity.kernel_path(METAL_G15, cfg(), 2) == "qmv_wide"
+    assert mlx_parity.kernel_path(METAL_G15, cfg(), 1) == "qmv_fast"
     # gen 13 affine: per-vector qmv at every M below the limit; qmv on ragged shapes.
-    assert parity.kernel_path(METAL_G13, cfg(), 5) == "qmv_fast"
-    assert parity.kernel_path(METAL_G13, cfg(K=640, N=37), 3) == "qmv"
+    assert mlx_parity.kernel_path(METAL_G13, cfg(), 5) == "qmv_fast"
+    assert mlx_parity.kernel_path(METAL_G13, cfg(K=640, N=37), 3) == "qmv"
     # fp modes take fp_qmv_wide on every generation.
-    assert parity.kernel_path(METAL_G13, cfg("mxfp4"), 2) == "fp_qmv_wide"
+    assert mlx_parity.kernel_path(METAL_G13, cfg("mxfp4"), 2) == "fp_qmv_wide"
     # M >= limit: qmm (split-K when B == 1).
-    assert parity.kernel_path(METAL_G13, cfg(K=8192, N=8192), 6) == "qmm_splitk"
-    assert parity.kernel_path(METAL_G15, cfg(B=3), 15) == "qmm"
+    assert mlx_parity.kernel_path(METAL_G13, cfg(K=8192, N=8192), 6) == "qmm_splitk"
+    assert mlx_parity.kernel_path(METAL_G15, cfg(B=3), 15) == "qmm"
     # CUDA: M * B < 8 -> qmv, else qmm.
-    assert parity.kernel_path(CUDA, cfg(B=3), 2) == "qmv"
-    assert parity.kernel_path(CUDA, cfg(B=3), 3) == "qmm"
-    assert parity.kernel_path(parity.DeviceInfo("cpu", "cpu"), cfg(), 4) == "cpu"
+    assert mlx_parity.kernel_path(CUDA, cfg(B=3), 2) == "qmv"
+    assert mlx_parity.kernel_path(CUDA, cfg(B=3), 3) == "qmm"
+    assert mlx_parity.kernel_path(mlx_parity.DeviceInfo("cpu", "cpu"), cfg(), 4) == "cpu"
 
 
 def test_configs_quick_covers_axes_and_filters() -> None:
-    quick = parity.configs(False)
-    assert {c.bits for c in quick if c.mode == "affine"} == set(parity.AFFINE_BITS)
-    assert {c.group_size for c in quick if c.mode == "affine"} == set(parity.GROUP_SIZES)
-    assert {c.mode for c in quick} == {"affine", *parity.FP_MODES}
-    assert {c.B for c in quick} == set(parity.BATCHES)
-    assert len(parity.configs(True)) > len(quick)
-    only = parity.configs(False, modes=["affine"], bits=[3], dtypes=["bfloat16"])
+    quick = mlx_parity.configs(False)
+    assert {c.bits for c in quick if c.mode == "affine"} == set(mlx_parity.AFFINE_BITS)
+    assert {c.group_size for c in quick if c.mode == "affine"} == set(mlx_parity.GROUP_SIZES)
+    assert {c.mode for c in quick} == {"affine", *mlx_parity.FP_MODES}
+    assert {c.B for c in quick} == set(mlx_parity.BATCHES)
+    assert len(mlx_parity.configs(True)) > len(quick)
+    only = mlx_parity.configs(False, modes=["affine"], bits=[3], dtypes=["bfloat16"])
     assert only and all((c.mode, c.bits, c.dtype) == ("affine", 3, "bfloat16") for c in only)
 
 
@@ -78,7 +78,7 @@ def test_cli_json_matches_printed_table(tmp_path: Path) -> None:
     args = ["parity", "--mode", "affine", "--bits", "4", "--bits", "3", "--dtype", "bfloat16"]
     runner = CliRunner()
     human = runner.invoke(main, args)
-    out = tmp_path / "parity.json"
+    out = tmp_path / "mlx_parity.json"
     machine = runner.invoke(main, [*args, "--json", "--out", str(out)])
     assert human.exit_code == 0, human.output
     assert machine.exit_code == 0, machine.output
@@ -87,8 +87,8 @@ def test_cli_json_matches_printed_table(tmp_path: Path) -> None:
     assert report["device"]["backend"] == "cpu"
     assert report["rows_compared"] > 0 and report["rows_differing"] == 0
     assert report["rows_differing_by_mode"] == {"affine": 0}
-    table = parity.parse_table(human.stdout)
-    assert table == [parity.table_cells(r) for r in report["rows"]]
+    table = mlx_parity.parse_table(human.stdout)
+    assert table == [mlx_parity.table_cells(r) for r in report["rows"]]
     assert len(table) == 4  # bits {3, 4} x B {1, 3}
     # every M from 2 to limit - 1, each with the dispatch path named
     assert [m["M"] for m in report["rows"][0]["by_m"]] == list(range(2, report["rows"][0]["limit"]))
@@ -118,16 +118,16 @@ class _ReorderedMLX:
 
 
 def test_negative_control_reordered_batch_is_caught() -> None:
-    dev = parity.DeviceInfo("cpu", "cpu")
-    c = parity.Config("affine", 4, 64, "float32", 512, 64, 1)
-    row = parity.run_config(_ReorderedMLX(mlx), dev, c)
+    dev = mlx_parity.DeviceInfo("cpu", "cpu")
+    c = mlx_parity.Config("affine", 4, 64, "float32", 512, 64, 1)
+    row = mlx_parity.run_config(_ReorderedMLX(mlx), dev, c)
     assert row["status"] == "ok"
     assert row["rows_differing"] > 0 and row["max_abs_diff"] > 0
-    assert parity.run_config(mlx, dev, c)["rows_differing"] == 0
+    assert mlx_parity.run_config(mlx, dev, c)["rows_differing"] == 0
 
 
 def test_unsupported_mode_is_reported_not_raised() -> None:
-    c = parity.Config("mxfp4", 4, 64, "float16", 512, 64, 1)  # mxfp4 admits only gs 32
-    row = parity.run_config(mlx, parity.DeviceInfo("cpu", "cpu"), c)
+    c = mlx_parity.Config("mxfp4", 4, 64, "float16", 512, 64, 1)  # mxfp4 admits only gs 32
+    row = mlx_parity.run_config(mlx, mlx_parity.DeviceInfo("cpu", "cpu"), c)
     assert row["status"] == "unsupported" and row["error"]
-    assert parity.table_cells(row)[-1].startswith("unsupported")
+    assert mlx_parity.table_cells(row)[-1].startswith("unsupported")

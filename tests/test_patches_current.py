@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import emulate, export, pin, render
+from patchkit.carry import export, pin, render
+from patchkit.verify import emulate
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = emulate.QUANTIZED_H

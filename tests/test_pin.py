@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import pin
+from patchkit.carry import pin
 from patchkit.errors import BlobMismatchError, UserError
 
 QH = "mlx/backend/metal/kernels/quantized.h"

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from patchkit.cli import main
 from patchkit.errors import UserError
-from patchkit.probe import Options, report, run, speed
+from patchkit.verify.probe import Options, report, run, speed
 
 mx = pytest.importorskip("mlx.core", reason="mlx not installed: pip install -e '.[mlx]'")
 

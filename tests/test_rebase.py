@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from support_git import QH, write_templates
 
-from patchkit import apply, cxx, git, pin, rebase, wheels
+from patchkit.carry import apply, cxx, pin, rebase, wheels
 from patchkit.errors import UserError
+from patchkit.util import git
 
 # Fixtures (header_repo, upstream, env) live in tests/support_git.py.
 pytest_plugins = ("support_git",)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit import apply, rebase
+from patchkit.carry import apply, rebase
 
 FP = rebase.FP_PARITY_FILE
 OK = rebase.Parity(True, "fine")

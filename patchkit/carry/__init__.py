@@ -1,0 +1,1 @@
+"""The pipeline that carries the patch: pin -> source -> render -> commit -> patches -> build."""

@@ -1,0 +1,363 @@
+"""``patchkit export-pr``: one upstream-ready commit for ml-explore/mlx, plus a draft PR body.
+
+Flow: resolve the base (the pin, or ``--onto REV``) in the cached clone ->
+render the kernel, instantiations and dispatch with :func:`apply.render_all`
+(the same templates and code path the overlay comes from) and the test and
+benchmark files from the ``backend = "pr"`` plans via :mod:`patchkit.carry.pyedit`
+-> write them in a fresh worktree -> format with the formatter versions the
+base's ``.pre-commit-config.yaml`` names and verify a second pass changes nothing
+-> commit once -> branch -> ``git format-patch`` -> prove it applies to the base
+with ``git am`` and rebuilds the same tree -> render the PR body draft.
+
+Scope by default: Metal only. The test asserts what the Metal change delivers;
+CUDA is being measured separately and can join with ``--backend cuda``.
+
+MLX's contribution policy asks that humans write PR descriptions (and, from
+057cdc9e on, commit messages) and disclose AI use, so the commit carries only a
+title and the PR body is a DRAFT of facts for the submitter to rewrite. This
+module never pushes unless ``push`` names a remote explicitly.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from patchkit.carry import apply, pin, render, source
+from patchkit.errors import AnchorError, ToolError, UserError
+from patchkit.util import git
+
+PR_BACKEND = "pr"
+DEFAULT_TITLE = "Add order-preserving streamed qmv for small batches"
+DEFAULT_BRANCH = "order-preserving-qmv"
+DEFAULT_BACKENDS = ("metal",)
+PR_OPTIONS = render.RenderOptions(DEFAULT_BACKENDS)
+# Largest M the test asserts: the smallest qmv batch limit for K, N <= 2048 on any
+# Apple GPU generation is 13, and M >= limit goes to qmm, which sums differently.
+TEST_MAX_M = 12
+BODY_TEMPLATE = "pr/body.md.j2"
+PR_TEMPLATE = ".github/pull_request_template.md"
+PRECOMMIT = ".pre-commit-config.yaml"
+CXX_SUFFIXES = (".h", ".cpp", ".metal", ".cu", ".cuh")
+# Formatter hooks of MLX's .pre-commit-config.yaml: repo URL fragment -> PyPI name.
+FORMATTERS = {
+    "mirrors-clang-format": "clang-format",
+    "black-pre-commit-mirror": "black",
+    "pycqa/isort": "isort",
+}
+DRAFT_NOTICE = (
+    "DRAFT for the submitter to rewrite in their own words: MLX's CONTRIBUTING forbids"
+    " AI-written PR descriptions and asks contributors to disclose AI use."
+)
+
+Read = Callable[[str], "str | None"]
+
+
+@dataclass
+class PrResult:
+    """What export-pr did, for the CLI and ``--json``."""
+
+    repository: Path
+    branch: str
+    commit: str
+    base: str
+    files: list[str]
+    patch: Path
+    body: Path
+    formatters: dict[str, str]
+    reformatted: list[str] = field(default_factory=list)
+    pushed: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-friendly summary (repository path, branch and commit first)."""
+        return {
+            "repository": str(self.repository),
+            "branch": self.branch,
+            "commit": self.commit,
+            "base": self.base,
+            "files": self.files,
+            "patch": str(self.patch),
+            "body": str(self.body),
+            "body_is_draft": True,
+            "formatters": self.formatters,
+            "reformatted": self.reformatted,
+            "pushed": self.pushed,
+        }
+
+
+def pr_plans(templates_dir: Path) -> list[render.FilePlan]:
+    """The plans only the PR carries (tests, benchmarks): ``backend = "pr"`` in edits.toml."""
+    return [p for p in render.load_plans(templates_dir) if p.backend == PR_BACKEND]
+
+
+def pr_context(options: render.RenderOptions) -> dict[str, object]:
+    """Jinja context for the PR-only snippets: which backends the PR covers, test bounds."""
+    return {
+        "backends": list(options.backends),
+        "routing": options.routing,
+        "flavour": "upstream",
+        "max_m": TEST_MAX_M,
+    }
+
+
+def render_pr_file(plan: render.FilePlan, text: str | None, options: render.RenderOptions) -> str:
+    """Patched text of one PR-only file (``text`` is None for a file new upstream)."""
+    try:
+        return render.render_file(plan, text, options, pr_context(options))
+    except AnchorError as exc:
+        raise AnchorError(f"{plan.path}: {exc}") from exc
+
+
+def render_pr(
+    read: Read, options: render.RenderOptions, templates_dir: Path
+) -> tuple[dict[str, str | None], dict[str, str]]:
+    """(upstream texts, patched texts) of every file in the PR, kernel files first.
+
+    Kernel, instantiations and dispatch come from :func:`apply.render_all` in
+    the upstream flavour, the function the overlay export also renders with.
+    """
+
+    def must_read(path: str) -> str:
+        text = read(path)
+        if text is None:
+            raise UserError(f"{path} does not exist in the base tree; is this an MLX tree?")
+        return text
+
+    upstream_opts = render.RenderOptions(options.backends, options.routing, "upstream")
+    core = apply.render_all(must_read, upstream_opts, templates_dir)
+    upstream: dict[str, str | None] = dict(core.upstream)
+    patched = dict(core.patched)
+    for plan in pr_plans(templates_dir):
+        upstream[plan.path] = read(plan.path)
+        patched[plan.path] = render_pr_file(plan, upstream[plan.path], options)
+    return upstream, patched
+
+
+def optional_reader(clone: Path, commit: str) -> Read:
+    """``read(path)`` at ``commit`` that returns None for a missing file (new files)."""
+
+    def read(path: str) -> str | None:
+        if git.blob_id(clone, commit, path) is None:
+            return None
+        return git.show_file(clone, commit, path)
+
+    return read
+
+
+def formatter_versions(precommit_text: str) -> dict[str, str]:
+    """``{PyPI name: version}`` of the formatter hooks in a ``.pre-commit-config.yaml``.
+
+    Read with a regex on ``repo:``/``rev:`` pairs: the file is simple YAML and
+    patchkit does not otherwise need a YAML parser.
+    """
+    versions = {}
+    pairs = re.findall(r"repo:\s*(\S+)\s*\n\s*rev:\s*(\S+)", precommit_text)
+    for url, rev in pairs:
+        for fragment, name in FORMATTERS.items():
+            if fragment in url:
+                versions[name] = rev.lstrip("v")
+    return versions
+
+
+def installed_version(tool: str) -> str | None:
+    """Version a formatter on PATH reports, or None when it is not installed."""
+    exe = shutil.which(tool)
+    if exe is None:
+        return None
+    proc = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
+    found = re.search(r"(\d+\.\d+\.\d+)", proc.stdout + proc.stderr)
+    return found.group(1) if found else None
+
+
+def ensure_formatters(wanted: dict[str, str], install: bool) -> None:
+    """Make sure each formatter is installed at the version upstream's pre-commit pins.
+
+    A different version formats differently, and the PR would then not be what
+    ``pre-commit run --all-files`` produces; so a mismatch is an error unless
+    ``install`` lets patchkit ``pip install`` the exact versions from PyPI.
+    """
+    missing = {t: v for t, v in wanted.items() if installed_version(t) != v}
+    if not missing:
+        return
+    specs = [f"{t}=={v}" for t, v in sorted(missing.items())]
+    if not install:
+        found = {t: installed_version(t) or "absent" for t in missing}
+        raise UserError(
+            f"formatters {found} differ from upstream's pre-commit pins; run"
+            f" `{sys.executable} -m pip install {' '.join(specs)}` or pass --install-formatters"
+        )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", *specs], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise ToolError(["pip", "install", *specs], proc.returncode, proc.stdout, proc.stderr)
+
+
+def _format_cmds(paths: Sequence[str], check: bool) -> list[list[str]]:
+    """Formatter commands: clang-format for C++/Metal/CUDA, isort then black for Python."""
+    cxx = [p for p in paths if p.endswith(CXX_SUFFIXES)]
+    py = [p for p in paths if p.endswith(".py")]
+    cmds = []
+    if cxx:
+        flags = ["--dry-run", "--Werror"] if check else ["-i"]
+        cmds.append(["clang-format", *flags, *cxx])
+    if py:
+        # isort before black, as the pre-commit config orders them; --profile=black as it says.
+        cmds.append(["isort", "--profile=black", *(["--check-only"] if check else []), *py])
+        cmds.append(["black", "--quiet", *(["--check"] if check else []), *py])
+    return cmds
+
+
+def run_formatters(worktree: Path, paths: Sequence[str], *, check: bool) -> None:
+    """Format ``paths`` in place in ``worktree`` (so the tree's .clang-format and pyproject
+    apply, with real include paths); with ``check``, fail if anything would change."""
+    for cmd in _format_cmds(paths, check):
+        proc = subprocess.run(cmd, cwd=worktree, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
+
+
+def write_and_format(
+    wt: Path, upstream: dict[str, str | None], patched: dict[str, str]
+) -> tuple[list[str], list[str]]:
+    """Write the patched files into ``wt``, format, verify; return (changed, reformatted)."""
+    changed = sorted(p for p in patched if patched[p] != upstream[p])
+    for p in changed:
+        (wt / p).parent.mkdir(parents=True, exist_ok=True)
+        (wt / p).write_bytes(patched[p].encode("utf-8", "surrogateescape"))
+    run_formatters(wt, changed, check=False)
+    run_formatters(wt, changed, check=True)
+    reformatted = [p for p in changed if (wt / p).read_bytes().decode() != patched[p]]
+    return changed, reformatted
+
+
+def commit_pr(
+    clone: Path,
+    base: str,
+    upstream: dict[str, str | None],
+    patched: dict[str, str],
+    title: str,
+    author: tuple[str, str],
+) -> tuple[str, list[str], list[str]]:
+    """One formatted commit on ``base`` in a fresh worktree; return (commit, files, reformatted)."""
+    with source.worktree(clone, base) as wt:
+        changed, reformatted = write_and_format(wt, upstream, patched)
+        if not changed:
+            raise UserError(f"the templates change nothing at {base[:8]}; nothing to export")
+        git.add(wt, changed)
+        head = git.commit(wt, title + "\n", date=git.commit_date(clone, base), author=author)
+    return head, changed, reformatted
+
+
+def verify_am(clone: Path, base: str, patch: Path, head: str) -> None:
+    """Apply ``patch`` to ``base`` with plain ``git am`` and require the tree of ``head``.
+
+    This is what a reviewer's ``git am`` / GitHub's merge does with the patch;
+    a mismatch would mean the format-patch output lost something.
+    """
+    ident = {"GIT_COMMITTER_NAME": "patchkit", "GIT_COMMITTER_EMAIL": git.FIXED_AUTHOR[1]}
+    with source.worktree(clone, base, base_ref="refs/patchkit/pr-am-base") as wt:
+        git.run(wt, "am", "--quiet", str(patch), env=ident)
+        got = git.out(wt, "rev-parse", "HEAD^{tree}")
+    want = git.out(clone, "rev-parse", f"{head}^{{tree}}")
+    if got != want:
+        raise UserError(f"{patch} applied with git am gives tree {got}, not {want}")
+
+
+def format_patch(clone: Path, base: str, head: str, out_dir: Path) -> Path:
+    """``git format-patch`` of the single commit into ``out_dir``; return the file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.patch"):
+        old.unlink()
+    files = git.format_patch(clone, base, head, out_dir)
+    if len(files) != 1:
+        raise UserError(f"expected one commit between {base[:8]} and {head[:8]}, got {len(files)}")
+    return files[0]
+
+
+def benchmark_tables(root: Path, backends: Sequence[str]) -> list[tuple[str, str]]:
+    """(path, text) of each ``docs/benchmark_results/<backend>-*.md`` for the PR's backends."""
+    found = []
+    for backend in backends:
+        for f in sorted((root / "docs" / "benchmark_results").glob(f"{backend}-*.md")):
+            found.append((f.relative_to(root).as_posix(), f.read_text()))
+    return found
+
+
+def render_body(templates_dir: Path, context: dict[str, object]) -> str:
+    """The PR body draft from ``templates/pr/body.md.j2``."""
+    return render.environment(templates_dir).get_template(BODY_TEMPLATE).render(**context)
+
+
+def body_context(
+    root: Path, read: Read, base: str, files: list[str], options: render.RenderOptions
+) -> dict[str, object]:
+    """Facts the body draft states: base, files, scope, routing, evidence, upstream template."""
+    return {
+        "notice": DRAFT_NOTICE,
+        "base": base,
+        "pin": base == _pinned(root),
+        "files": files,
+        "backends": list(options.backends),
+        "routing": options.routing,
+        "max_m": TEST_MAX_M,
+        "benchmarks": benchmark_tables(root, options.backends),
+        "cuda_results": [p for p, _ in benchmark_tables(root, ("cuda",))],
+        "pr_template": read(PR_TEMPLATE) or "",
+    }
+
+
+def _pinned(root: Path) -> str | None:
+    path = root / pin.PIN_FILE
+    return pin.load(path).commit if path.exists() else None
+
+
+def push_branch(clone: Path, remote: str, branch: str, head: str) -> str:
+    """Push ``head`` to ``remote`` as ``branch`` (only ever a remote the user named)."""
+    git.run(clone, "push", remote, f"{head}:refs/heads/{branch}")
+    return remote
+
+
+def export_pr(
+    *,
+    root: Path,
+    onto: str | None = None,
+    branch: str = DEFAULT_BRANCH,
+    title: str = DEFAULT_TITLE,
+    push: str | None = None,
+    out_dir: Path | None = None,
+    mlx_repo: str | None = None,
+    templates_dir: Path = render.TEMPLATES_DIR,
+    options: render.RenderOptions = PR_OPTIONS,
+    author: tuple[str, str] = git.FIXED_AUTHOR,
+    install_formatters: bool = False,
+    progress: source.Progress = source._quiet,
+) -> PrResult:
+    """Build the PR branch, its patch and the body draft; see the module doc."""
+    pinned = _pinned(root)
+    rev = onto or pinned
+    if rev is None:
+        raise UserError(f"no {pin.PIN_FILE} in {root}; pass --onto REV")
+    clone = source.open_source(mlx_repo, progress=progress)
+    base = source.resolve(clone, rev, progress=progress)
+    read = optional_reader(clone, base)
+    wanted = formatter_versions(read(PRECOMMIT) or "")
+    ensure_formatters(wanted, install_formatters)
+    progress("rendering")
+    upstream, patched = render_pr(read, options, templates_dir)
+    progress("formatting and committing")
+    head, files, reformatted = commit_pr(clone, base, upstream, patched, title, author)
+    git.branch_force(clone, branch, head)
+    out = (out_dir or root / "build" / "pr" / base[:8]).resolve()
+    patch = format_patch(clone, base, head, out)
+    progress("checking the patch with git am")
+    verify_am(clone, base, patch, head)
+    body = out / "PR_BODY.draft.md"
+    body.write_text(render_body(templates_dir, body_context(root, read, base, files, options)))
+    pushed = push_branch(clone, push, branch, head) if push else None
+    return PrResult(clone, branch, head, base, files, patch, body, wanted, reformatted, pushed)

@@ -1,0 +1,91 @@
+"""Python-structure anchors for the files only the upstream PR adds to: tests and benchmarks.
+
+The C++ finder in :mod:`patchkit.carry.cxx` anchors on braces and statements; a Python
+test class has neither, so these edits anchor by the ``ast`` module instead: a
+class is found by name and a method is appended after the last line of its body.
+The edits are pure text functions (``str -> str``) so ``render.py`` can call
+them from ``_apply_edit`` exactly like the C++ ops.
+
+Ops:
+
+* ``append_to_class``: add a snippet (written at method indentation) as the last
+  member of class ``anchor``, separated from the previous member by a blank line.
+* ``new_file``: the file does not exist upstream; the snippet is the whole file.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from patchkit.errors import AnchorError
+
+PY_OPS = ("append_to_class", "new_file")
+
+
+def find_class(source: str, name: str) -> ast.ClassDef:
+    """The module-level class ``name``; missing or duplicated is an :class:`AnchorError`.
+
+    Only top-level classes count: a nested class of the same name is a
+    different anchor and silently picking it would put the test in the wrong place.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise AnchorError(f"cannot parse Python source: {exc.msg} (line {exc.lineno})") from exc
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    if not found:
+        raise AnchorError(f"no top-level class '{name}'")
+    if len(found) > 1:
+        raise AnchorError(f"class '{name}' is defined {len(found)} times")
+    return found[0]
+
+
+def class_end_line(source: str, name: str) -> int:
+    """1-based number of the last line of class ``name``'s body (its last member's end).
+
+    ``end_lineno`` of the last body statement excludes trailing blank lines and
+    comments after the class, so an insertion there lands inside the class.
+    """
+    node = find_class(source, name)
+    last = node.body[-1]
+    if last.end_lineno is None:  # pragma: no cover - CPython always sets it
+        raise AnchorError(f"class '{name}' has no end line")
+    return last.end_lineno
+
+
+def append_to_class(source: str, name: str, snippet: str) -> str:
+    """``source`` with ``snippet`` appended as the last member of class ``name``.
+
+    The snippet carries its own indentation (method level). One blank line
+    separates it from the previous member, as black keeps methods; what
+    followed the class (blank lines, ``if __name__ == ...``) is untouched.
+    """
+    end = class_end_line(source, name)
+    lines = source.splitlines(keepends=True)
+    body = snippet.strip("\n") + "\n"
+    head = "".join(lines[:end])
+    if not head.endswith("\n"):
+        head += "\n"
+    return head + "\n" + body + "".join(lines[end:])
+
+
+def new_file(existing: str | None, snippet: str) -> str:
+    """The text of a file the patch creates; refuse if upstream now has a file there.
+
+    Overwriting an upstream file of the same name would silently drop upstream's
+    content from the PR, so an existing file is an anchor error for the rebase to report.
+    """
+    if existing is not None:
+        raise AnchorError("the file exists upstream; a new_file edit would overwrite it")
+    return snippet.rstrip("\n") + "\n"
+
+
+def apply_edit(text: str | None, op: str, anchor: str, snippet: str) -> str:
+    """Apply one Python-structure op; ``text`` is None when the file is absent upstream."""
+    if op == "new_file":
+        return new_file(text, snippet)
+    if op == "append_to_class":
+        if text is None:
+            raise AnchorError(f"append_to_class '{anchor}': the file does not exist upstream")
+        return append_to_class(text, anchor, snippet)
+    raise AnchorError(f"unknown Python edit op '{op}'; choose from {list(PY_OPS)}")

@@ -1,0 +1,336 @@
+"""``patchkit rebase --to REV``: move the pin, gated on exactness rather than on "it applied".
+
+A patch that still applies can silently stop meaning what it did. So before
+anything is written, rebase:
+
+1. diffs, between the old and the new pin, the upstream functions each template
+   declares it depends on (``[depends]`` in ``edits.toml``): *mirrored* ones (the
+   M = 1 kernels whose lane mapping and summation order the streamed kernel
+   reproduces) and *called* ones (helpers it calls or derives from);
+2. refuses if any mirrored function changed, naming it;
+3. re-renders against the new tree (structural anchors follow moved code); a
+   file whose anchor is gone falls back to a 3-way ``git merge-file`` of old
+   upstream -> new upstream into the old rendered file, and conflicts are
+   reported with file and line range and refuse the rebase;
+4. runs the CPU parity suite on the new patched ``quantized.h``; a failure
+   refuses, and changed called functions are only accepted with parity passing.
+
+Only then are ``patches/<new>/`` and ``pin.toml`` written (staged, then renamed),
+and the old ``patches/<old>/`` dropped. Every refusal raises before any write.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchkit.carry import apply, export, pin, render, source
+from patchkit.errors import AnchorError, BlobMismatchError, UserError
+from patchkit.util import git
+
+PARITY_FILE = "mlx/backend/metal/kernels/quantized.h"
+FP_PARITY_FILE = "mlx/backend/metal/kernels/fp_quantized.h"
+FP_TYPE_FILES = ("mlx/backend/metal/kernels/fp4.h", "mlx/backend/metal/kernels/fp8.h")
+
+
+class RebaseRefused(UserError):
+    """The new tree changes what the patch means (a mirrored function, or parity fails)."""
+
+
+class MergeConflictError(UserError):
+    """The 3-way fallback for a file whose anchor vanished left conflicts."""
+
+
+@dataclass(frozen=True)
+class Parity:
+    """The part of the emulator's report rebase needs."""
+
+    ok: bool
+    summary: str
+    failures: tuple[str, ...] = ()
+
+
+ParityCheck = Callable[[str], Parity | None]
+# The fp suite also needs the new tree's fp4.h and fp8.h, which define the fp types.
+FpParityCheck = Callable[[str, tuple[str, str]], Parity | None]
+
+
+def emulator_parity(patched_header: str) -> Parity | None:
+    """Run ``patchkit.verify.emulate.verify_header`` (quick mode); ``None`` if it is not available.
+
+    This is the seam tests replace where the emulator would be too slow; the
+    lead's emulator owns what "parity" means.
+    """
+    try:
+        from patchkit.verify.emulate import verify_header  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    report = verify_header(patched_header, quick=True)
+    return Parity(bool(report.ok), str(report.summary), tuple(getattr(report, "failures", ())))
+
+
+def emulator_fp_parity(patched_header: str, types: tuple[str, str]) -> Parity | None:
+    """Run ``patchkit.verify.emulate.fp.verify_fp_header`` (quick mode); ``None`` if unavailable."""
+    try:
+        from patchkit.verify.emulate.fp import verify_fp_header
+    except ImportError:
+        return None
+    report = verify_fp_header(patched_header, types, quick=True)
+    return Parity(bool(report.ok), str(report.summary), tuple(report.failures))
+
+
+@dataclass
+class Conflict:
+    """One conflicted region left by ``git merge-file``."""
+
+    path: str
+    first_line: int
+    last_line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.first_line}-{self.last_line}"
+
+
+@dataclass
+class RebaseResult:
+    """What rebase found and did."""
+
+    old: str
+    new: str
+    changed_mirrored: dict[str, list[str]] = field(default_factory=dict)
+    changed_called: dict[str, list[str]] = field(default_factory=dict)
+    merged_files: list[str] = field(default_factory=list)
+    parity: Parity | None = None
+    fp_parity: Parity | None = None
+    head: str = ""
+    patches_dir: str = ""
+    written: bool = False
+
+    def summary(self) -> str:
+        """One human paragraph."""
+        called = ", ".join(f for fs in self.changed_called.values() for f in fs) or "none"
+        parity = self.parity.summary if self.parity else "not run"
+        if self.fp_parity:
+            parity += f"; fp: {self.fp_parity.summary}"
+        return (
+            f"rebased {self.old[:8]} -> {self.new[:8]} ({self.head[:8]}); changed called"
+            f" functions: {called}; parity: {parity}; merged by 3-way: "
+            f"{', '.join(self.merged_files) or 'none'}; wrote {self.patches_dir}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-friendly summary."""
+        return {
+            "old": self.old,
+            "new": self.new,
+            "changed_mirrored": self.changed_mirrored,
+            "changed_called": self.changed_called,
+            "merged_files": self.merged_files,
+            "parity": None
+            if self.parity is None
+            else self.parity.__dict__ | {"failures": list(self.parity.failures)},
+            "fp_parity": None
+            if self.fp_parity is None
+            else self.fp_parity.__dict__ | {"failures": list(self.fp_parity.failures)},
+            "head": self.head,
+            "patches_dir": self.patches_dir,
+            "written": self.written,
+        }
+
+
+def changed_dependencies(
+    plans: list[render.FilePlan], old_read: Callable[[str], str], new_read: Callable[[str], str]
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """``({path: mirrored changed}, {path: called changed})`` between two trees."""
+    mirrored, called = {}, {}
+    for plan in plans:
+        old_text, new_text = old_read(plan.path), new_read(plan.path)
+        if m := render.changed_functions(old_text, new_text, plan.mirrored):
+            mirrored[plan.path] = m
+        if c := render.changed_functions(old_text, new_text, plan.called):
+            called[plan.path] = c
+    return mirrored, called
+
+
+def conflicts_in(path: str, text: str) -> list[Conflict]:
+    """Conflict regions (``<<<<<<<`` .. ``>>>>>>>``) in a merged text, 1-based lines."""
+    found, start = [], None
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("<<<<<<< "):
+            start = n
+        elif line.startswith(">>>>>>> ") and start is not None:
+            found.append(Conflict(path, start, n))
+            start = None
+    return found
+
+
+def merge_three(base: str, current: str, other: str, path: str) -> tuple[str, list[Conflict]]:
+    """``git merge-file``: carry base -> other into current; return text and conflicts."""
+    with tempfile.TemporaryDirectory(prefix="patchkit-merge.") as tmp:
+        files = {}
+        for name, text in (("current", current), ("base", base), ("other", other)):
+            files[name] = Path(tmp) / name
+            files[name].write_bytes(text.encode("utf-8", "surrogateescape"))
+        git.merge_file(None, files["current"], files["base"], files["other"])
+        merged = files["current"].read_bytes().decode("utf-8", "surrogateescape")
+    return merged, conflicts_in(path, merged)
+
+
+def _render_both(
+    plan: render.FilePlan, text: str, options: render.RenderOptions
+) -> tuple[str, str]:
+    overlay = render.RenderOptions(options.backends, options.routing, "overlay")
+    return render.render_file(plan, text, options), render.render_file(plan, text, overlay)
+
+
+def render_or_merge(
+    plans: list[render.FilePlan],
+    old_read: Callable[[str], str],
+    new_read: Callable[[str], str],
+    options: render.RenderOptions,
+) -> tuple[apply.Rendered, list[str], list[Conflict]]:
+    """Render each file on the new tree; 3-way merge the ones whose anchors vanished."""
+    rendered = apply.Rendered({}, {}, {}, {})
+    merged, conflicts = [], []
+    for plan in plans:
+        new_text = new_read(plan.path)
+        try:
+            patched, overlay = _render_both(plan, new_text, options)
+        except AnchorError as exc:
+            old_text = old_read(plan.path)
+            try:
+                old_patched, old_overlay = _render_both(plan, old_text, options)
+            except AnchorError:
+                raise AnchorError(f"{plan.path}: {exc}") from exc
+            patched, c1 = merge_three(old_text, old_patched, new_text, plan.path)
+            overlay, c2 = merge_three(old_text, old_overlay, new_text, plan.path)
+            conflicts += c1 or c2
+            merged.append(plan.path)
+        rendered.upstream[plan.path] = new_text
+        rendered.patched[plan.path] = patched
+        rendered.overlay[plan.path] = overlay
+        rendered.backend_of[plan.path] = plan.backend
+    return rendered, merged, conflicts
+
+
+def gate_parity(
+    result: RebaseResult,
+    rendered: apply.Rendered,
+    parity_check: ParityCheck,
+    fp_parity_check: FpParityCheck | None = None,
+    new_read: Callable[[str], str] | None = None,
+) -> None:
+    """Run parity on the new quantized.h (and fp_quantized.h) and refuse on failure.
+
+    Changed called functions are accepted only when a suite judged them; a
+    failing suite refuses whatever changed.
+    """
+    called = sorted({f for fs in result.changed_called.values() for f in fs})
+    if PARITY_FILE in rendered.patched:
+        result.parity = parity_check(rendered.patched[PARITY_FILE])
+        _judge(result.parity, called, result.new, "patchkit.verify.emulate.verify_header")
+    if fp_parity_check and new_read and FP_PARITY_FILE in rendered.patched:
+        types = (new_read(FP_TYPE_FILES[0]), new_read(FP_TYPE_FILES[1]))
+        result.fp_parity = fp_parity_check(rendered.patched[FP_PARITY_FILE], types)
+        _judge(result.fp_parity, called, result.new, "patchkit.verify.emulate.fp.verify_fp_header")
+
+
+def _judge(parity: Parity | None, called: list[str], new: str, suite: str) -> None:
+    """Refuse when the suite failed, or could not run while called functions changed."""
+    if parity is None:
+        if called:
+            raise RebaseRefused(
+                f"called functions changed ({', '.join(called)}) and the CPU parity suite"
+                f" ({suite}) is not available to judge them; install it and retry"
+            )
+        return
+    if not parity.ok:
+        first = parity.failures[0] if parity.failures else parity.summary
+        raise RebaseRefused(
+            f"parity fails on {new[:8]} (changed called functions:"
+            f" {', '.join(called) or 'none'}): {first}"
+        )
+
+
+def rebase(
+    rev: str,
+    *,
+    root: Path,
+    mlx_repo: str | None = None,
+    templates_dir: Path = render.TEMPLATES_DIR,
+    options: render.RenderOptions = apply.DEFAULT_OPTIONS,
+    release: str | None = None,
+    progress: source.Progress = source._quiet,
+    parity_check: ParityCheck = emulator_parity,
+    fp_parity_check: FpParityCheck | None = emulator_fp_parity,
+) -> RebaseResult:
+    """Move the pin to ``rev``; see the module doc for the gates. Writes only on success."""
+    apply.ensure_outputs_clean(root)
+    old_pin = pin.load(root / pin.PIN_FILE)
+    clone = source.open_source(mlx_repo, old_pin.url, progress=progress)
+    new = source.resolve(clone, rev, progress=progress)
+    old = source.resolve(clone, old_pin.commit, progress=progress)
+    result = RebaseResult(old, new)
+    bad = pin.mismatches(old_pin, lambda p: git.blob_id(clone, old, p))
+    if bad:
+        raise BlobMismatchError(
+            f"pin.toml blobs do not match {old[:8]} ({', '.join(bad)}); run `patchkit check`"
+        )
+    plans = apply.plans(options, templates_dir)
+    apply.touched(options, templates_dir)  # no templates at all is an error
+    old_read, new_read = source.reader(clone, old), source.reader(clone, new)
+    result.changed_mirrored, result.changed_called = changed_dependencies(plans, old_read, new_read)
+    if result.changed_mirrored:
+        names = "; ".join(f"{p}: {', '.join(fs)}" for p, fs in result.changed_mirrored.items())
+        raise RebaseRefused(
+            f"{new[:8]} changes functions the streamed kernel mirrors ({names}); its M = 1"
+            " summation order may differ: update the templates to match, then retry"
+        )
+    progress("rendering")
+    rendered, result.merged_files, conflicts = render_or_merge(plans, old_read, new_read, options)
+    if conflicts:
+        raise MergeConflictError(
+            f"3-way merge conflicts at {', '.join(map(str, conflicts))}; update the templates"
+            " for the new upstream and retry (nothing was written)"
+        )
+    progress("parity")
+    gate_parity(result, rendered, parity_check, fp_parity_check, new_read)
+    _write(result, root, clone, old_pin, rendered, release)
+    return result
+
+
+def _write(
+    result: RebaseResult,
+    root: Path,
+    clone: Path,
+    old_pin: pin.Pin,
+    rendered: apply.Rendered,
+    release: str | None,
+) -> None:
+    """Commit, export and replace patches/ and pin.toml together."""
+    new = result.new
+    called = sorted({f for fs in result.changed_called.values() for f in fs})
+    note = "changed called functions: " + (", ".join(called) or "none")
+    if result.parity is not None:
+        note += f"; parity: {result.parity.summary}"
+    new_pin = pin.Pin(
+        commit=new,
+        blobs=apply.tree_blobs(clone, new, sorted(rendered.upstream)),
+        url=old_pin.url,
+        release=release or "",
+        history=(*old_pin.history, pin.Bump(old_pin.commit, new, apply.today(), note)),
+    )
+    stage = apply.make_stage(root)
+    try:
+        info = export.PinInfo(new_pin.url, new, new_pin.release)
+        result.head, _ = apply.build_from(clone, new, rendered, info, stage)
+        drop = [root / apply.PATCHES / old_pin.short]
+        apply.write_outputs(root, new_pin, stage, drop)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    result.patches_dir = str(root / apply.PATCHES / new_pin.short)
+    result.written = True

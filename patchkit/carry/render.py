@@ -1,0 +1,318 @@
+"""Render the patch: templates + upstream text -> new upstream file texts.
+
+Each upstream file the patch touches has a directory under ``templates/`` at
+its upstream path (``templates/mlx/backend/metal/kernels/quantized.h/``)
+holding ``edits.toml`` and Jinja snippets. ``edits.toml`` says where each
+snippet goes, by structure (after a function, before a statement, inside a
+macro), which upstream functions the rendered code mirrors or calls, and which
+variants are derived mechanically from upstream text at render time. The
+templates therefore hold only this project's code; upstream's own functions are
+called by name or derived from the tree being patched, so a pin bump carries
+upstream's change along.
+
+Rendering is a pure function of (upstream texts, options): no git, no I/O
+besides reading ``templates/``. That is what makes re-rendering for
+``patchkit check`` byte-stable.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import jinja2
+
+from patchkit.carry import cxx, pyedit
+from patchkit.errors import AnchorError, UserError
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+MANIFEST = "edits.toml"
+
+Flavour = Literal["upstream", "overlay"]
+Routing = Literal["stream", "opt_in"]
+# Where the CUDA streamed qmv reads x from: straight from global memory, as the
+# M = 1 kernel does (the default, what patches/ holds), or from a shared-memory
+# copy staged once per block (opt-in, for measurement; see docs/cuda.md).
+CudaXStaging = Literal["global", "smem"]
+BACKENDS = ("metal", "cuda")
+# The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
+# so V = 2..5 covers every M in [2, batch limit).
+STREAMED_VECS = (2, 3, 4, 5)
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """What to render: which backends, which routing policy, which flavour.
+
+    ``upstream`` is the pull-request flavour; ``overlay`` additionally renders
+    the downstream runtime switch engines carry (an environment flag read once
+    plus getter/setter entry points). ``cuda_x_staging`` picks the CUDA
+    streamed qmv's memory plan; both keep qmv's per-thread order. ``smem`` (the
+    default since the H200 runs of 2026-11-29: 2-3.5x faster than ``global``)
+    stages x in shared memory with cp.async, gives each warp 2 rows and
+    prefetches the weight rows into L2; ``global`` reads x from global memory
+    per row, as qmv does (simpler, kept as the measured baseline).
+    """
+
+    backends: tuple[str, ...] = BACKENDS
+    routing: Routing = "stream"
+    flavour: Flavour = "upstream"
+    cuda_x_staging: CudaXStaging = "smem"
+
+    def __post_init__(self) -> None:
+        unknown = set(self.backends) - set(BACKENDS)
+        if unknown:
+            raise UserError(f"unknown backend {sorted(unknown)}; choose from {list(BACKENDS)}")
+        if self.routing not in ("stream", "opt_in"):
+            raise UserError(f"unknown routing '{self.routing}'; choose 'stream' or 'opt_in'")
+        if self.flavour not in ("upstream", "overlay"):
+            raise UserError(f"unknown flavour '{self.flavour}'; choose 'upstream' or 'overlay'")
+        if self.cuda_x_staging not in ("global", "smem"):
+            raise UserError(
+                f"unknown cuda_x_staging '{self.cuda_x_staging}'; choose 'global' or 'smem'"
+            )
+
+
+@dataclass(frozen=True)
+class Derive:
+    """A variant of an upstream function, made from its text at render time."""
+
+    function: str
+    name: str
+    rename: str
+    replace: tuple[tuple[str, str], ...] = ()
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One structural insertion or replacement in an upstream file."""
+
+    op: str
+    anchor: str
+    template: str
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """Everything the patch does to one upstream file, as read from its ``edits.toml``."""
+
+    path: str
+    backend: str
+    mirrored: tuple[str, ...]
+    called: tuple[str, ...]
+    derives: tuple[Derive, ...]
+    edits: tuple[Edit, ...]
+    template_dir: Path = field(compare=False)
+
+
+def load_plans(templates_dir: Path = TEMPLATES_DIR) -> list[FilePlan]:
+    """Every file plan under ``templates_dir``, sorted by upstream path."""
+    plans = []
+    for manifest in sorted(templates_dir.rglob(MANIFEST)):
+        data = tomllib.loads(manifest.read_text())
+        rel = manifest.parent.relative_to(templates_dir).as_posix()
+        deps = data.get("depends", {})
+        plans.append(
+            FilePlan(
+                path=rel,
+                backend=data["backend"],
+                mirrored=tuple(deps.get("mirrored", ())),
+                called=tuple(deps.get("called", ())),
+                derives=tuple(
+                    Derive(
+                        function=d["function"],
+                        name=d["name"],
+                        rename=d["rename"],
+                        replace=tuple(tuple(r) for r in d.get("replace", ())),
+                        index=d.get("index"),
+                    )
+                    for d in data.get("derive", ())
+                ),
+                edits=tuple(
+                    Edit(
+                        op=e["op"], anchor=e["anchor"], template=e["template"], index=e.get("index")
+                    )
+                    for e in data.get("edit", ())
+                ),
+                template_dir=manifest.parent,
+            )
+        )
+    return plans
+
+
+def selected_plans(options: RenderOptions, templates_dir: Path = TEMPLATES_DIR) -> list[FilePlan]:
+    """The plans for the backends ``options`` asks for."""
+    return [p for p in load_plans(templates_dir) if p.backend in options.backends]
+
+
+def touched_files(
+    options: RenderOptions = RenderOptions(), templates_dir: Path = TEMPLATES_DIR
+) -> list[str]:
+    """Upstream paths the patch edits, for blob-hash checks and overlay export."""
+    return [p.path for p in selected_plans(options, templates_dir)]
+
+
+def derive(source: str, spec: Derive) -> str:
+    """Derive a variant of an upstream function from the text of the tree being patched.
+
+    The function is found by structure, its definition name is replaced, and the
+    substitutions run inside its text only. A substitution that matches nothing
+    is an error: it means upstream changed the function in a way the derivation
+    no longer understands, and a silent no-op would change the kernel's meaning.
+    """
+    fn = cxx.find_function(source, spec.function, spec.index)
+    text = fn.text(source)
+    text, n = re.subn(rf"\b{re.escape(spec.function)}(\s*\()", rf"{spec.rename}\1", text, count=1)
+    if n != 1:
+        raise AnchorError(f"cannot rename '{spec.function}' while deriving '{spec.rename}'")
+    for pattern, replacement in spec.replace:
+        text, n = re.subn(pattern, replacement, text)
+        if n == 0:
+            raise AnchorError(
+                f"deriving '{spec.rename}' from '{spec.function}': "
+                f"pattern {pattern!r} no longer matches"
+            )
+    return text
+
+
+def environment(template_dir: Path) -> jinja2.Environment:
+    """The one Jinja environment for every template (snippets and the PR body)."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        # Block tags take their own line in C++ snippets; trimming them keeps
+        # the rendered code exactly as formatted in the template.
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object]:
+    """The Jinja context every snippet of a patch sees; harnesses use it to render the same text."""
+    return {
+        "flavour": options.flavour,
+        "routing": options.routing,
+        "vecs": list(STREAMED_VECS),
+        "cuda_x_staging": options.cuda_x_staging,
+        **derived,
+    }
+
+
+def render_snippet(plan: FilePlan, template: str, context: dict[str, object]) -> str:
+    """Render one snippet of ``plan`` with an explicit context (harnesses use this too)."""
+    try:
+        return environment(plan.template_dir).get_template(template).render(**context)
+    except jinja2.UndefinedError as exc:
+        raise UserError(f"{plan.path}/{template}: {exc.message}") from exc
+
+
+def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:
+    """Apply one edit to ``text``; snippets are separated from upstream code by a blank line.
+
+    Python files (MLX's tests, benchmarks) use :mod:`patchkit.carry.pyedit`'s ``ast``
+    anchors; ``text`` is None only for a file that does not exist upstream.
+    """
+    op = edit.op
+    if op in pyedit.PY_OPS:
+        return pyedit.apply_edit(text, op, edit.anchor, snippet)
+    if text is None:
+        raise AnchorError(f"'{op}' needs an upstream file, and there is none")
+    if op in ("after_function", "before_function"):
+        fn = cxx.find_function(text, edit.anchor, edit.index)
+        if op == "after_function":
+            at = cxx.line_end(text, fn.span[1] - 1)
+            return text[:at] + "\n" + snippet + text[at:]
+        return text[: fn.span[0]] + snippet + "\n" + text[fn.span[0] :]
+    if op in ("before_statement", "after_statement", "replace_statement"):
+        start, end = cxx.find_statement(text, edit.anchor)
+        if op == "before_statement":
+            return text[:start] + snippet + text[start:]
+        if op == "after_statement":
+            return text[:end] + snippet + text[end:]
+        return text[:start] + snippet + text[end:]
+    if op == "after_macro":
+        _, end = cxx.find_macro(text, edit.anchor)
+        return text[:end] + "\n" + snippet + text[end:]
+    if op == "append_to_macro":
+        _, end = cxx.find_macro(text, edit.anchor)
+        body_end = end - 1 if text[end - 1] == "\n" else end
+        last_line_start = text.rfind("\n", 0, body_end) + 1
+        last_line = text[last_line_start:body_end]
+        added = snippet.rstrip("\n").split("\n")
+        lines = [last_line.rstrip() + " \\"] + [
+            (line + " \\") if i < len(added) - 1 else line for i, line in enumerate(added)
+        ]
+        return text[:last_line_start] + "\n".join(lines) + text[body_end:]
+    raise UserError(f"unknown edit op '{op}' for anchor '{edit.anchor}'")
+
+
+def render_file(
+    plan: FilePlan,
+    upstream_text: str | None,
+    options: RenderOptions,
+    extra_context: dict[str, object] | None = None,
+) -> str:
+    """The patched text of one upstream file (``None``: a file new upstream).
+
+    ``extra_context`` adds values some snippets need (export-pr's test bounds).
+    """
+    derived = {d.name: derive(upstream_text or "", d) for d in plan.derives}
+    ctx = {**context(options, derived), **(extra_context or {})}
+    text = upstream_text
+    for edit in plan.edits:
+        snippet = render_snippet(plan, edit.template, ctx)
+        if not snippet.strip():
+            continue  # an option turned this edit off
+        text = _apply_edit(text, edit, snippet)
+    if text is None:
+        raise UserError(f"{plan.path}: its edits.toml has no edits")
+    return text
+
+
+def render_tree(
+    read: Callable[[str], str],
+    options: RenderOptions = RenderOptions(),
+    templates_dir: Path = TEMPLATES_DIR,
+) -> dict[str, str]:
+    """Patched texts of every touched file, given ``read(upstream_path) -> text``.
+
+    Raises :class:`AnchorError` (a :class:`UserError`) naming the file and anchor
+    when upstream no longer has something an edit needs.
+    """
+    out = {}
+    for plan in selected_plans(options, templates_dir):
+        try:
+            out[plan.path] = render_file(plan, read(plan.path), options)
+        except AnchorError as exc:
+            raise AnchorError(f"{plan.path}: {exc}") from exc
+    return out
+
+
+def dependencies(
+    options: RenderOptions = RenderOptions(), templates_dir: Path = TEMPLATES_DIR
+) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """``{path: (mirrored, called)}``: upstream functions whose change a rebase must judge."""
+    return {p.path: (p.mirrored, p.called) for p in selected_plans(options, templates_dir)}
+
+
+def changed_functions(old: str, new: str, names: Iterable[str]) -> list[str]:
+    """Names whose definition text differs between two versions of a file (or vanished)."""
+    changed = []
+    for name in names:
+        try:
+            before = [f.text(old) for f in cxx.find_functions(old, name)]
+            after = [f.text(new) for f in cxx.find_functions(new, name)]
+        except AnchorError:
+            changed.append(name)
+            continue
+        if before != after:
+            changed.append(name)
+    return changed

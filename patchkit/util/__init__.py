@@ -1,0 +1,1 @@
+"""Project-agnostic helpers: git over a clone, atomic writes."""

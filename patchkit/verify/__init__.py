@@ -1,0 +1,1 @@
+"""What checks the patch: dispatch facts, the CPU emulator, MLX parity, benches, the probe."""

@@ -1,0 +1,118 @@
+"""Upstream's dispatch facts, in one place: which kernel a quantized matmul call takes.
+
+Everything that decides *which* kernel the proof, the parity suite, the
+benchmarks or the probe must exercise asks this module, so the facts cannot
+drift apart between them. Each function names the upstream code it restates
+(pin 9a795735, ``mlx/backend/metal/quantized.cpp`` unless said otherwise), and
+``tests/test_dispatch.py`` checks the restatements against the pinned source
+text where a clone is available.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# The fp modes and their fixed (group_size, bits): ``quantized.cpp``'s mode table.
+FP_MODES: dict[str, tuple[int, int]] = {"mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
+MODES = ("affine", *FP_MODES)
+AFFINE_BITS = (2, 3, 4, 5, 6, 8)
+GROUP_SIZES = (32, 64, 128)
+# qmv_wide / the streamed kernels take at most this many vectors per threadgroup.
+MAX_VECS_PER_TG = 5
+
+
+def pack_factor(bits: int) -> int:
+    """Values per 32-bit pack, as ``get_pack_factor<bits, 32>`` (``kernels/quantized_utils.h``)."""
+    return 8 if bits in (3, 5) else (4 if bits == 6 else 32 // bits)
+
+
+def qmv_fast_k_alignment(bits: int) -> int:
+    """The K step of ``qmv_fast_impl`` (``qmv_fast_k_alignment``): packs per thread x 32 lanes."""
+    return pack_factor(bits) * (1 if bits == 2 else 2) * 32
+
+
+def uses_qmv_fast(K: int, N: int, bits: int) -> bool:
+    """``qmv``'s M = 1 choice, the same for every mode: ``N % 8 == 0 && K % alignment == 0``."""
+    return N % 8 == 0 and K % qmv_fast_k_alignment(bits) == 0
+
+
+def vecs_per_tg(M: int) -> int:
+    """``dispatch_qmv``'s tile: the fewest tiles of at most 5 vectors, then the smallest tile."""
+    n_tiles = -(-M // MAX_VECS_PER_TG)
+    return -(-M // n_tiles)
+
+
+def uses_qmv_quad(K: int, bits: int) -> bool:
+    """``dispatch_qmv``: K in {64, 128} with power-of-two bits takes ``qmv_quad`` (out of scope)."""
+    return K in (64, 128) and bits & (bits - 1) == 0
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Where MLX's default device runs, as the dispatch sees it."""
+
+    backend: str  # "metal" | "cuda" | "cpu"
+    name: str  # e.g. "applegpu_g15s", "NVIDIA H200", "cpu"
+    gen: int | None = None  # Metal architecture generation (device.cpp's arch_gen)
+    size: str = ""  # Metal architecture size letter: 'p' phone, 'g', 's', 'c', 'd'
+
+
+def metal_arch(name: str) -> tuple[int, str]:
+    """(gen, size) from an architecture name such as ``applegpu_g15s``, as device.cpp parses it."""
+    digits = name[-3:-1] if len(name) >= 3 else ""
+    gen = int(digits) if re.fullmatch(r"\d\d", digits) else 0
+    return gen, name[-1:] if name else ""
+
+
+def batch_limit(K: int, N: int, dev: DeviceInfo) -> int:
+    """``get_qmv_batch_limit(D=K, O=N)``: from this M on, Metal runs qmm.
+
+    Off Metal there is no such limit; we use a generation-15 Mac's, so every
+    backend is asked about the M range where the defect lives.
+    """
+    gen, size = (dev.gen or 15, dev.size or "s") if dev.backend == "metal" else (15, "s")
+    small, mid = K <= 2048 and N <= 2048, K <= 4096 and N <= 4096
+    if gen >= 17 and size != "d":
+        table = (33, 25, 13)
+    elif gen >= 15 and size != "d":
+        table = (13, 15, 13)
+    elif size == "d":  # gen 13/14 and older share the 'd' (Ultra) table
+        table = (32, 18, 12)
+    elif gen >= 13:
+        table = (14, 10, 6)
+    else:
+        table = (18, 12, 10)
+    return table[0] if small else table[1] if mid else table[2]
+
+
+def uses_qmv_wide(mode: str, dev: DeviceInfo) -> bool:
+    """``use_qmv_wide``: the fp modes on every generation, affine from generation 15 on."""
+    return mode != "affine" or (dev.gen or 0) >= 15
+
+
+CUDA_QMV_MAX_ROWS = 8  # cuda/quantized/quantized.cpp: M * B below this takes qmv
+
+
+def kernel_path(dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B: int) -> str:
+    """The kernel *stock* MLX's dispatch picks for one call of ``M`` rows on ``dev``.
+
+    - Metal ``QuantizedMatmul::eval_gpu``: M >= batch limit -> qmm (split-K when B == 1).
+    - Metal ``dispatch_qmv``: qmv_quad, then ``M >= 2 && use_qmv_wide`` -> qmv_wide,
+      otherwise the per-vector qmv (qmv_fast when aligned) with a grid of M.
+    - CUDA: M * B < 8 -> qmv (one warp per row, order of M = 1), else qmm.
+    - CPU: one code path, reported as "cpu".
+    """
+    fp = mode != "affine"
+    prefix = "fp_" if fp else ""
+    if dev.backend == "cpu":
+        return "cpu"
+    if dev.backend == "cuda":
+        return prefix + "qmv" if M * B < CUDA_QMV_MAX_ROWS else "qmm"
+    if batch_limit(K, N, dev) <= M:
+        return "qmm_splitk" if B == 1 else "qmm"
+    if uses_qmv_quad(K, bits):
+        return "qmv_quad"
+    if M >= 2 and uses_qmv_wide(mode, dev):
+        return prefix + "qmv_wide"
+    return prefix + ("qmv_fast" if uses_qmv_fast(K, N, bits) else "qmv")

@@ -1,0 +1,332 @@
+"""`patchkit parity`: bitwise row identity of the importable MLX, batched vs M = 1.
+
+For each configuration it runs ``mx.quantized_matmul`` once per vector (M = 1,
+the reference every decoding step produces) and once per M = 2 ... limit - 1
+on the same vectors, and compares every row bit for bit (float32 as uint32,
+half types as uint16). Whatever MLX is importable is measured: a stock wheel,
+or the build ``patchkit build`` made. It also names the kernel path MLX's
+dispatch takes for each shape on this device (:func:`kernel_path`), because the
+verdict means different things on different paths.
+
+MLX is imported lazily so the rest of patchkit works without it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from patchkit.errors import UserError
+from patchkit.verify import dispatch
+from patchkit.verify.dispatch import (
+    AFFINE_BITS,
+    FP_MODES,
+    GROUP_SIZES,
+    DeviceInfo,
+    batch_limit,
+    metal_arch,
+)
+
+DTYPES = ("float32", "float16", "bfloat16")
+BATCHES = (1, 3)
+# (K, N) with why each is here, kept small because MLX's CPU backend is slow
+# (~10 ms per row at 1024 x 256). "aligned" takes qmv_fast at M = 1 for every
+# bits (K % qmv_fast_k_alignment == 0, N % 8 == 0); "ragged" takes qmv with its
+# safe tail (640 % 512 != 0) and moved-back last tile (37 = 4 * 8 + 5).
+SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One parity configuration: a weight matrix, a dtype and a batch count."""
+
+    mode: str
+    bits: int
+    group_size: int
+    dtype: str
+    K: int
+    N: int
+    B: int
+
+    def label(self) -> str:
+        return (
+            f"{self.mode} b{self.bits} g{self.group_size} {self.dtype} "
+            f"K{self.K} N{self.N} B{self.B}"
+        )
+
+
+def detect_device(mx: Any) -> DeviceInfo:
+    """The default device of the imported MLX, with its Metal architecture when there is one."""
+    if mx.metal.is_available():
+        arch = str(mx.metal.device_info().get("architecture", ""))
+        gen, size = metal_arch(arch)
+        return DeviceInfo("metal", arch, gen, size)
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        info = mx.device_info() if hasattr(mx, "device_info") else {}
+        return DeviceInfo("cuda", str(info.get("device_name", "cuda")))
+    return DeviceInfo("cpu", "cpu")
+
+
+def kernel_path(dev: DeviceInfo, cfg: Config, M: int) -> str:
+    """The kernel *stock* MLX's dispatch picks for ``cfg`` at ``M`` rows (:mod:`dispatch`).
+
+    A build with the patch runs the streamed kernels where this says
+    ``qmv_wide``/``fp_qmv_wide``: nothing in Python tells the two builds apart,
+    so the path is reported for stock MLX.
+    """
+    return dispatch.kernel_path(dev, cfg.mode, cfg.bits, cfg.K, cfg.N, M, cfg.B)
+
+
+def configs(
+    full: bool,
+    modes: Iterable[str] = (),
+    bits: Iterable[int] = (),
+    dtypes: Iterable[str] = (),
+) -> list[Config]:
+    """The matrix, optionally narrowed by mode, bits and dtype (empty = all).
+
+    ``full`` is every axis; the quick default keeps every bits, dtype and B on
+    one shape and group size 64, plus the other group sizes on 4-bit float16.
+    """
+    keep = _keep(set(modes), set(bits), set(dtypes))
+    return [c for c in _all_configs(full) if keep(c)]
+
+
+def _keep(modes: set[str], bits: set[int], dtypes: set[str]) -> Callable[[Config], bool]:
+    return lambda c: (
+        (not modes or c.mode in modes)
+        and (not bits or c.bits in bits)
+        and (not dtypes or c.dtype in dtypes)
+    )
+
+
+def _all_configs(full: bool) -> list[Config]:
+    """Every configuration of the quick or full matrix."""
+    shapes = list(SHAPES.values()) if full else [SHAPES["aligned"]]
+    gs_all = GROUP_SIZES if full else (64,)
+    out = [
+        Config("affine", bits, gs, dtype, K, N, B)
+        for (K, N), bits, gs, dtype, B in itertools.product(
+            shapes,  # M = 1 path: qmv_fast / qmv
+            AFFINE_BITS,  # affine bits
+            gs_all,  # group sizes
+            DTYPES,  # activation / output dtypes
+            BATCHES,  # batch count (batched weights when B > 1)
+        )
+    ]
+    if not full:  # the other group sizes on the most used bits
+        out += [Config("affine", 4, gs, "float16", *shapes[0], 1) for gs in (32, 128)]
+    fp_dtypes = DTYPES if full else ("float16",)
+    for (mode, (gs, bits)), dtype, B in itertools.product(FP_MODES.items(), fp_dtypes, BATCHES):
+        out.append(Config(mode, bits, gs, dtype, *shapes[0], B))
+    return out
+
+
+def _bits(mx: Any, y: Any) -> np.ndarray:
+    """The raw bits of ``y`` (float32 as uint32, half types as uint16): exact comparison."""
+    view = mx.uint32 if y.dtype == mx.float32 else mx.uint16
+    return np.array(y.view(view))
+
+
+def _path_summary(by_m: list[dict[str, Any]]) -> str:
+    """Consecutive M with one path folded: ``2-7:qmv 8-12:qmm``."""
+    parts: list[list[Any]] = []
+    for r in by_m:
+        if parts and parts[-1][2] == r["path"] and parts[-1][1] == r["M"] - 1:
+            parts[-1][1] = r["M"]
+        else:
+            parts.append([r["M"], r["M"], r["path"]])
+    return " ".join(f"{a}-{b}:{p}" if a != b else f"{a}:{p}" for a, b, p in parts)
+
+
+class _Operands:
+    """A config's quantized weights and vectors, built once and sliced per M."""
+
+    def __init__(self, mx: Any, cfg: Config, m_max: int, seed: int):
+        rng = np.random.default_rng(seed)
+        lead = (cfg.B,) if cfg.B > 1 else ()  # B > 1: batched weights, batch_1 kernels
+        dtype = getattr(mx, cfg.dtype)
+        w = mx.array(rng.standard_normal((*lead, cfg.N, cfg.K), dtype=np.float32)).astype(dtype)
+        self.mx, self.cfg, self.dtype = mx, cfg, dtype
+        self.x = rng.standard_normal((*lead, m_max, cfg.K), dtype=np.float32)
+        q = mx.quantize(w, group_size=cfg.group_size, bits=cfg.bits, mode=cfg.mode)
+        self.w, self.scales = q[0], q[1]
+        self.biases = q[2] if len(q) > 2 else None
+
+    def matmul(self, x: np.ndarray, b: int | None = None) -> Any:
+        """``quantized_matmul`` of fresh contiguous ``x`` (with weights ``b`` when given)."""
+        mx, c = self.mx, self.cfg
+        pick = (lambda a: a) if b is None else (lambda a: None if a is None else a[b])
+        y = mx.quantized_matmul(
+            mx.array(x).astype(self.dtype),
+            pick(self.w),
+            pick(self.scales),
+            pick(self.biases),
+            transpose=True,
+            group_size=c.group_size,
+            bits=c.bits,
+            mode=c.mode,
+        )
+        mx.eval(y)
+        return y
+
+    def reference(self) -> np.ndarray:
+        """Every vector alone (M = 1): bits of shape (B, m_max, N)."""
+        xs = self.x.reshape(-1, *self.x.shape[-2:])
+        rows = [
+            [
+                _bits(self.mx, self.matmul(xb[i : i + 1], b if self.cfg.B > 1 else None))[0]
+                for i in range(xb.shape[0])
+            ]
+            for b, xb in enumerate(xs)
+        ]
+        return np.array(rows)
+
+
+def run_config(mx: Any, dev: DeviceInfo, cfg: Config, seed: int = 0) -> dict[str, Any]:
+    """One table row: every M = 2 ... limit - 1 compared with M = 1, bit for bit."""
+    limit = batch_limit(cfg.K, cfg.N, dev)
+    row: dict[str, Any] = {**asdict(cfg), "limit": limit, "status": "ok", "by_m": []}
+    try:
+        ops = _Operands(mx, cfg, limit - 1, seed)
+        ref = ops.reference()
+    except (ValueError, RuntimeError) as exc:  # MLX raises these for unsupported modes
+        return {
+            **row,
+            "status": "unsupported",
+            "error": str(exc).splitlines()[0],
+            "rows": 0,
+            "rows_differing": 0,
+            "max_abs_diff": 0.0,
+            "paths": "",
+        }
+    for M in range(2, limit):
+        y = ops.matmul(ops.x[..., :M, :])
+        got = _bits(mx, y).reshape(ref.shape[0], M, -1)
+        want = ref[:, :M]
+        diff = (got != want).any(axis=-1)
+        yf = np.array(y.astype(mx.float32)).reshape(got.shape)
+        wf = np.array(mx.array(want).view(y.dtype).astype(mx.float32))
+        row["by_m"].append(
+            {
+                "M": M,
+                "path": kernel_path(dev, cfg, M),
+                "rows": int(diff.size),
+                "rows_differing": int(diff.sum()),
+                "max_abs_diff": float(np.abs(yf - wf).max()),
+            }
+        )
+    row["rows"] = sum(r["rows"] for r in row["by_m"])
+    row["rows_differing"] = sum(r["rows_differing"] for r in row["by_m"])
+    row["max_abs_diff"] = max(r["max_abs_diff"] for r in row["by_m"])
+    row["paths"] = _path_summary(row["by_m"])
+    return row
+
+
+def import_mlx() -> Any:
+    """``mlx.core``, or a UserError saying how to get it."""
+    try:
+        import mlx.core as mx
+    except ImportError as exc:
+        raise UserError(
+            "MLX is not importable: pip install 'patchkit[mlx]' (Linux CPU), "
+            "'mlx==0.32.1' (macOS), or run `patchkit build` on a patched worktree"
+        ) from exc
+    return mx
+
+
+def run(
+    cfgs: list[Config], progress: Callable[[str], None] | None = None, seed: int = 0
+) -> dict[str, Any]:
+    """The whole parity report over ``cfgs`` (the JSON ``patchkit parity`` writes)."""
+    mx = import_mlx()
+    dev = detect_device(mx)
+    if not cfgs:
+        raise UserError("no configuration left after the --mode/--bits/--dtype filters")
+    rows = []
+    for cfg in cfgs:
+        if progress:
+            progress(cfg.label())
+        rows.append(run_config(mx, dev, cfg, seed))
+    checked = [r for r in rows if r["status"] == "ok"]
+    return {
+        "mlx_version": mx.__version__,
+        "device": asdict(dev),
+        "rows": rows,
+        "rows_compared": sum(r["rows"] for r in checked),
+        "rows_differing": sum(r["rows_differing"] for r in checked),
+        "identical": all(r["rows_differing"] == 0 for r in checked),
+        # Per mode, so a failure names the kernel family (affine or an fp mode).
+        "rows_differing_by_mode": {
+            m: sum(r["rows_differing"] for r in checked if r["mode"] == m)
+            for m in dict.fromkeys(r["mode"] for r in checked)
+        },
+    }
+
+
+TABLE_COLUMNS = (
+    "mode",
+    "bits",
+    "group_size",
+    "dtype",
+    "K",
+    "N",
+    "B",
+    "rows",
+    "rows_differing",
+    "max_abs_diff",
+    "paths",
+)
+
+
+def table_cells(row: dict[str, Any]) -> list[str]:
+    """One printed line's cells, derived only from the JSON row (so the two cannot disagree)."""
+    cells = [str(row[c]) for c in TABLE_COLUMNS[:7]]
+    if row["status"] != "ok":
+        return [*cells, "-", "-", "-", f"unsupported: {row['error']}"]
+    return [
+        *cells,
+        str(row["rows"]),
+        str(row["rows_differing"]),
+        repr(row["max_abs_diff"]),
+        row["paths"],
+    ]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The human table for ``report`` plus a one-line verdict."""
+    dev = report["device"]
+    where = dev["name"] + (f" (gen {dev['gen']})" if dev["gen"] else "")
+    body = [TABLE_COLUMNS, *(table_cells(r) for r in report["rows"])]
+    widths = [max(len(line[i]) for line in body) for i in range(len(TABLE_COLUMNS) - 1)]
+    lines = [f"MLX {report['mlx_version']} on {dev['backend']}: {where}"]
+    lines += [
+        "  ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)), line[-1]])
+        for line in body
+    ]
+    verdict = "identical" if report["identical"] else "ROWS DIFFER"
+    modes = ", ".join(f"{m} {n}" for m, n in report["rows_differing_by_mode"].items())
+    lines.append(
+        f"{report['rows_differing']}/{report['rows_compared']} rows differ ({modes}): {verdict}"
+    )
+    return "\n".join(lines)
+
+
+def parse_table(text: str) -> list[list[str]]:
+    """Split a printed table back into cells (the tests compare it with the JSON)."""
+    lines = text.splitlines()[2:-1]
+    return [re.split(r"\s{2,}", line.rstrip(), maxsplit=len(TABLE_COLUMNS) - 1) for line in lines]
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` where the user asked (the artifact CI uploads)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")

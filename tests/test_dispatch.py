@@ -1,0 +1,108 @@
+"""The dispatch facts (patchkit.verify.dispatch) against the pinned upstream source text.
+
+Each restated rule is checked two ways: by value on the cases the proof relies
+on, and, with a clone of the pin, against upstream's own expression, so a pin
+bump that changes the rule fails here instead of silently proving the wrong
+kernel.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from support_git import PIN_SHA, mlx_clone
+
+from patchkit.carry import cxx
+from patchkit.util import git
+from patchkit.verify import dispatch
+
+SPEC = mlx_clone()
+METAL_CPP = "mlx/backend/metal/quantized.cpp"
+
+
+def test_qmv_fast_alignment_by_value() -> None:
+    # 512 is the K step at 4 bits (8 values per pack, 2 packs per lane, 32 lanes).
+    assert [dispatch.qmv_fast_k_alignment(b) for b in (2, 3, 4, 5, 6, 8)] == [
+        512, 512, 512, 512, 256, 256,
+    ]  # fmt: skip
+    assert dispatch.uses_qmv_fast(4096, 64, 4) and not dispatch.uses_qmv_fast(4096, 60, 4)
+    assert not dispatch.uses_qmv_fast(640, 64, 4)
+
+
+def test_tiling_caps_at_five_and_balances() -> None:
+    assert [dispatch.vecs_per_tg(m) for m in range(2, 13)] == [2, 3, 4, 5, 3, 4, 4, 5, 5, 4, 4]
+
+
+def test_kernel_path_routes_like_stock() -> None:
+    g15 = dispatch.DeviceInfo("metal", "applegpu_g15s", 15, "s")
+    g14 = dispatch.DeviceInfo("metal", "applegpu_g14g", 14, "g")
+    cuda = dispatch.DeviceInfo("cuda", "NVIDIA H200")
+    assert dispatch.kernel_path(g15, "affine", 4, 4096, 4096, 2, 1) == "qmv_wide"
+    assert dispatch.kernel_path(g14, "affine", 4, 4096, 4096, 2, 1) == "qmv_fast"
+    assert dispatch.kernel_path(g14, "mxfp4", 4, 4096, 4096, 2, 1) == "fp_qmv_wide"
+    assert dispatch.kernel_path(g15, "affine", 4, 4096, 4096, 15, 1) == "qmm_splitk"
+    assert dispatch.kernel_path(g15, "affine", 4, 128, 4096, 2, 1) == "qmv_quad"
+    assert dispatch.kernel_path(cuda, "affine", 4, 4096, 4096, 7, 1) == "qmv"
+    assert dispatch.kernel_path(cuda, "affine", 4, 4096, 4096, 4, 2) == "qmm"
+
+
+def _upstream(path: str) -> str:
+    from patchkit.carry import source
+
+    clone = source.clone_dir(source.source_spec(SPEC))
+    return git.show_file(clone, PIN_SHA, path)
+
+
+needs_clone = pytest.mark.skipif(
+    SPEC is None,
+    reason="needs a full MLX clone with commit 9a795735: set PATCHKIT_MLX_REPO=/path/to/mlx",
+)
+
+
+def _c_int(expr: str, **names: int) -> int:
+    """Evaluate a C integer expression of + - * / and ternaries over ``names``."""
+    py = re.sub(r"(\w+)\s*==\s*(\w+)\s*\?\s*(\w+)\s*:\s*(\w+)", r"(\3 if \1 == \2 else \4)", expr)
+    return int(eval(py.replace("/", "//"), {}, names))
+
+
+@needs_clone
+def test_alignment_is_upstreams_expression() -> None:
+    body = cxx.function_text(_upstream(METAL_CPP), "qmv_fast_k_alignment")
+    expr = re.search(r"return (.*);", body).group(1)
+    expr = expr.replace("get_pack_factor(bits, 32)", "pack")
+    for bits in (2, 3, 4, 5, 6, 8):
+        got = _c_int(expr, bits=bits, pack=dispatch.pack_factor(bits))
+        assert got == dispatch.qmv_fast_k_alignment(bits), bits
+
+
+@needs_clone
+def test_tiling_is_upstreams_expression() -> None:
+    text = _upstream(METAL_CPP)
+    n_tiles = re.search(r"int n_tiles = (\(M \+ 4\) / 5);", text).group(1)
+    vecs = re.search(r"int vecs_per_tg = (.*);", text).group(1)
+    for m in range(2, 33):
+        tiles = _c_int(n_tiles, M=m)
+        assert _c_int(vecs, M=m, n_tiles=tiles) == dispatch.vecs_per_tg(m), m
+
+
+@needs_clone
+def test_batch_limit_table_is_upstreams() -> None:
+    body = cxx.function_text(_upstream(METAL_CPP), "get_qmv_batch_limit")
+    upstream_numbers = [int(n) for n in re.findall(r"return (\d+);", body)]
+    ours = []
+    for gen, size in ((17, "s"), (15, "s"), (13, "d"), (13, "g"), (12, "d"), (12, "g")):
+        dev = dispatch.DeviceInfo("metal", f"applegpu_g{gen}{size}", gen, size)
+        ours += [dispatch.batch_limit(k, k, dev) for k in (2048, 4096, 8192)]
+    assert ours == upstream_numbers
+
+
+@needs_clone
+def test_routing_conditions_are_upstreams() -> None:
+    text = _upstream(METAL_CPP)
+    body = cxx.function_text(text, "use_qmv_wide")
+    assert 'mode != "affine" || d.get_architecture_gen() >= 15' in body
+    assert "bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;" in text
+    assert "if ((K == 128 || K == 64) && is_power_of_2(bits) && !global_scale)" in text
+    cuda = _upstream("mlx/backend/cuda/quantized/quantized.cpp")
+    assert f"(M * B < {dispatch.CUDA_QMV_MAX_ROWS})" in cuda
