@@ -104,46 +104,28 @@ def _mutant_run(
     return fp.run(mutated, types, cases, build.TOOLCHAINS["clang"], controls=False)
 
 
-def _in_qdot_thread(patched: str, old: str, new: str) -> str:
-    """``patched`` with the first ``old`` inside the derived qdot_thread replaced."""
-    start = patched.index("qdot_thread(")
-    at = patched.index(old, start)
-    assert at < patched.index("qdot_safe_thread(")
-    return patched[:at] + new + patched[at + len(old) :]
-
-
 def test_harness_catches_a_reordered_streamed_kernel(patched: str, types: tuple[str, str]) -> None:
-    # Mutations of the derived qdot_thread that keep the value in exact
-    # arithmetic but change the order: the 4-bit sum regrouped, the 8-bit sum
-    # taken in reverse. (Moving the scale inside the sum would not do: e8m0
-    # scales are powers of two, so that changes no bits.) A harness that cannot see these could not
+    # Mutation: the streamed kernels add each block's qdot to the row's sum in
+    # two exact halves, the same value in exact arithmetic, rounded twice.
+    # (Moving the scale out of qdot would not do: e8m0 scales are powers of
+    # two, so that changes no bits.) A harness that cannot see this could not
     # prove identity.
-    regrouped = _in_qdot_thread(
-        patched,
-        "accum +=\n          (x_thread[4 * i] * Dequantize<4>{}(ws[i]) +",
-        "accum = accum + x_thread[4 * i] * Dequantize<4>{}(ws[i]) + (",
+    call = "result[v][row] +=\n            qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);"
+    assert patched.count(call) == 2  # the main loops of both streamed kernels
+    halves = (
+        "{\n"
+        "          U q = qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);\n"
+        "          result[v][row] += q * 0.5f;\n"
+        "          result[v][row] += q * 0.5f;\n"
+        "        }"
     )
-    reversed_8bit = _in_qdot_thread(
-        patched,
-        "accum += x_thread[i] * Dequantize<8>{}(w[i]);",
-        "accum += x_thread[values_per_thread - 1 - i] *\n"
-        "            Dequantize<8>{}(w[values_per_thread - 1 - i]);",
-    )
-    # Both mutations in one header (they sit in different branches of
-    # qdot_thread), one build per mode.
-    both = _in_qdot_thread(
-        regrouped,
-        "accum += x_thread[i] * Dequantize<8>{}(w[i]);",
-        "accum += x_thread[values_per_thread - 1 - i] *\n"
-        "            Dequantize<8>{}(w[values_per_thread - 1 - i]);",
-    )
-    assert reversed_8bit != patched
+    mutated = patched.replace(call, halves)
     cases = [
         fp.FpCase(mode, K, N, "float32", M)
         for mode in ("mxfp4", "mxfp8")
         for K, N, M in ((1024, 64, 5), (544, 37, 7))
     ]
-    mutant = _mutant_run(patched, types, both, cases)
+    mutant = _mutant_run(patched, types, mutated, cases)
     assert len(mutant.failures()) == len(cases)
 
 

@@ -20,13 +20,7 @@ from patchkit.verify.emulate import parity as emu
 from patchkit.verify.harness import metal
 
 ROOT = Path(__file__).resolve().parents[1]
-STREAMED_FUNCS = (
-    "qdot_thread",
-    "qdot_safe_thread",
-    "load_packed_weights",
-    "qmv_fast_streamed_impl",
-    "qmv_streamed_impl",
-)
+STREAMED_FUNCS = ("qmv_fast_streamed_impl", "qmv_streamed_impl")
 # One (dtype, bits) so one library serves both; one case per M = 1 path.
 CASES = [
     emu.Case(1024, 64, 4, 64, "float16", 5),  # qmv_fast -> qmv_fast_streamed, V = 5

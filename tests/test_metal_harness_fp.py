@@ -17,12 +17,7 @@ from patchkit.verify.emulate import parity as emu
 from patchkit.verify.harness import metal
 
 ROOT = Path(__file__).resolve().parents[1]
-STREAMED_FUNCS = (
-    "qdot_thread",
-    "qdot_safe_thread",
-    "fp_qmv_fast_streamed_impl",
-    "fp_qmv_streamed_impl",
-)
+STREAMED_FUNCS = ("fp_qmv_fast_streamed_impl", "fp_qmv_streamed_impl")
 
 
 @pytest.fixture(scope="module")

@@ -201,6 +201,25 @@ def find_statement(text: str, head: str) -> Span:
     return (start, len(text) if nl < 0 else nl + 1)
 
 
+def find_statements(
+    text: str, head: str, through: str | None = None, within: Span | None = None
+) -> Span:
+    """Span from the statement starting with ``head`` through the one starting with ``through``.
+
+    ``within`` limits the search to part of the text (a function's span), for a
+    statement that occurs in several functions. Without ``through`` this is
+    :func:`find_statement`'s span.
+    """
+    lo, hi = within or (0, len(text))
+    region = text[lo:hi]
+    start, end = find_statement(region, head)
+    if through is not None:
+        last_start, end = find_statement(region, through)
+        if last_start < start:
+            raise AnchorError(f"statement '{through}' comes before '{head}'")
+    return (lo + start, lo + end)
+
+
 def _leading_comment_start(text: str, line_start: int) -> int:
     """Move ``line_start`` up over the ``//`` comment lines directly above it.
 

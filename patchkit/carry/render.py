@@ -89,13 +89,35 @@ class Derive:
 
 
 @dataclass(frozen=True)
+class Lift:
+    """Upstream statements, taken verbatim from a function at render time.
+
+    A patch that moves upstream code into a shared helper lifts it: the helper's
+    template receives the statements' text (with the comments above them), and
+    a ``replace_statement`` edit with the same ``anchor``/``through`` puts the
+    helper's call in their place.
+    """
+
+    name: str
+    within: str
+    statement: str
+    through: str | None = None
+
+
+@dataclass(frozen=True)
 class Edit:
-    """One structural insertion or replacement in an upstream file."""
+    """One structural insertion or replacement in an upstream file.
+
+    ``within`` (a function name) scopes a statement anchor to that function;
+    ``through`` extends a statement anchor to a range of statements.
+    """
 
     op: str
     anchor: str
     template: str
     index: int | None = None
+    within: str | None = None
+    through: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +129,7 @@ class FilePlan:
     mirrored: tuple[str, ...]
     called: tuple[str, ...]
     derives: tuple[Derive, ...]
+    lifts: tuple[Lift, ...]
     edits: tuple[Edit, ...]
     template_dir: Path = field(compare=False)
 
@@ -134,9 +157,23 @@ def load_plans(templates_dir: Path = TEMPLATES_DIR) -> list[FilePlan]:
                     )
                     for d in data.get("derive", ())
                 ),
+                lifts=tuple(
+                    Lift(
+                        name=lf["name"],
+                        within=lf["within"],
+                        statement=lf["statement"],
+                        through=lf.get("through"),
+                    )
+                    for lf in data.get("lift", ())
+                ),
                 edits=tuple(
                     Edit(
-                        op=e["op"], anchor=e["anchor"], template=e["template"], index=e.get("index")
+                        op=e["op"],
+                        anchor=e["anchor"],
+                        template=e["template"],
+                        index=e.get("index"),
+                        within=e.get("within"),
+                        through=e.get("through"),
                     )
                     for e in data.get("edit", ())
                 ),
@@ -179,6 +216,18 @@ def derive(source: str, spec: Derive) -> str:
                 f"pattern {pattern!r} no longer matches"
             )
     return text
+
+
+def _statement_span(text: str, head: str, through: str | None, within: str | None) -> cxx.Span:
+    """The span of statements ``head`` … ``through``, inside function ``within`` if given."""
+    scope = cxx.find_function(text, within).span if within else None
+    return cxx.find_statements(text, head, through, scope)
+
+
+def lift(source: str, spec: Lift) -> str:
+    """The text of the upstream statements ``spec`` names, with the comments above them."""
+    start, end = _statement_span(source, spec.statement, spec.through, spec.within)
+    return source[start:end].rstrip("\n")
 
 
 def environment(template_dir: Path) -> jinja2.Environment:
@@ -232,7 +281,7 @@ def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:
             return text[:at] + "\n" + snippet + text[at:]
         return text[: fn.span[0]] + snippet + "\n" + text[fn.span[0] :]
     if op in ("before_statement", "after_statement", "replace_statement"):
-        start, end = cxx.find_statement(text, edit.anchor)
+        start, end = _statement_span(text, edit.anchor, edit.through, edit.within)
         if op == "before_statement":
             return text[:start] + snippet + text[start:]
         if op == "after_statement":
@@ -265,6 +314,7 @@ def render_file(
     ``extra_context`` adds values some snippets need (export-pr's test bounds).
     """
     derived = {d.name: derive(upstream_text or "", d) for d in plan.derives}
+    derived |= {lf.name: lift(upstream_text or "", lf) for lf in plan.lifts}
     ctx = {**context(options, derived), **(extra_context or {})}
     text = upstream_text
     for edit in plan.edits:

@@ -32,19 +32,8 @@ KERNELS: dict[str, tuple[str, ...]] = {
     "qmv_fast": ("qmv_fast_impl", "affine_qmv_fast"),
     "qmv": ("qmv_impl", "affine_qmv"),
     "qmv_wide": ("qmv_wide_impl", "affine_qmv_wide"),
-    "qmv_fast_streamed": (
-        "qdot_thread",
-        "load_packed_weights",
-        "qmv_fast_streamed_impl",
-        "affine_qmv_fast_streamed",
-    ),
-    "qmv_streamed": (
-        "qdot_thread",
-        "qdot_safe_thread",
-        "load_packed_weights",
-        "qmv_streamed_impl",
-        "affine_qmv_streamed",
-    ),
+    "qmv_fast_streamed": ("qmv_fast_streamed_impl", "affine_qmv_fast_streamed"),
+    "qmv_streamed": ("qmv_streamed_impl", "affine_qmv_streamed"),
 }
 
 UPSTREAM_KERNELS = ("qmv_fast", "qmv", "qmv_wide")
@@ -125,19 +114,8 @@ FP_KERNELS: dict[str, tuple[str, ...]] = {
     "fp_qmv_fast": ("fp_qmv_fast_impl", "fp_qmv_fast"),
     "fp_qmv": ("fp_qmv_impl", "fp_qmv"),
     "fp_qmv_wide": ("fp_qmv_wide_impl", "fp_qmv_wide"),
-    "fp_qmv_fast_streamed": (
-        "qdot_thread",
-        "load_packed_weights",
-        "fp_qmv_fast_streamed_impl",
-        "fp_qmv_fast_streamed",
-    ),
-    "fp_qmv_streamed": (
-        "qdot_thread",
-        "qdot_safe_thread",
-        "load_packed_weights",
-        "fp_qmv_streamed_impl",
-        "fp_qmv_streamed",
-    ),
+    "fp_qmv_fast_streamed": ("fp_qmv_fast_streamed_impl", "fp_qmv_fast_streamed"),
+    "fp_qmv_streamed": ("fp_qmv_streamed_impl", "fp_qmv_streamed"),
 }
 FP_UPSTREAM_KERNELS = ("fp_qmv_fast", "fp_qmv", "fp_qmv_wide")
 FP_STREAMED_KERNELS = ("fp_qmv_fast_streamed", "fp_qmv_streamed")

@@ -4,8 +4,11 @@
 // base blob:  5db3893226bd8617e6dbaaf75e6be5f4ebca829e
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -624,6 +624,197 @@ void qmv_wide(
-//   @@ -1756,6 +1947,37 @@ void dispatch_qmv(
+//   @@ -148,6 +148,43 @@ inline int qmv_fast_k_alignment(int bits) {
+//   @@ -481,11 +518,7 @@ void qmv(
+//   @@ -555,11 +588,7 @@ void qmv_wide(
+//   @@ -624,6 +653,174 @@ void qmv_wide(
+//   @@ -1756,6 +1953,37 @@ void dispatch_qmv(
 // end of patchkit header
 // Copyright © 2023-2026 Apple Inc.
 
@@ -155,6 +158,43 @@ inline int get_qmv_batch_limit(int D, int O, metal::Device& d) {
 //   pack_factor<bits, 32>() * (bits == 2 ? 1 : 2) * SIMD_SIZE
 inline int qmv_fast_k_alignment(int bits) {
   return get_pack_factor(bits, 32) * (bits == 2 ? 1 : 2) * 32;
+}
+
+// The M = 1 kernel qmv runs for a shape: qmv_fast when fast, else qmv, with
+// the narrow output tile when use_narrow_qmv. The streamed qmv sums each
+// vector in that kernel's order, so qmv and the streamed dispatch share this.
+struct QmvVariant {
+  bool fast;
+  bool use_narrow_qmv;
+};
+
+inline QmvVariant
+qmv_variant(int N, int K, int bits, const std::string& mode, metal::Device& d) {
+  int bn = 8;
+  bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;
+  // A narrower output tile reduces register pressure for large
+  // floating-point quantized matrix-vector products on M5 Max GPUs.
+  bool use_narrow_qmv = fast && N >= 4096 && d.get_architecture_gen() == 17 &&
+      d.get_architecture().back() == 's' && mode == "nvfp4";
+  return {fast, use_narrow_qmv};
+}
+
+// Shared by qmv_wide and the streamed qmv.
+inline int qmv_vecs_per_tg(int M) {
+  // vecs_per_tg is the per-threadgroup input-vector tile. Each tile re-reads
+  // the weights, so use the fewest tiles, then the smallest tile that fills
+  // them.
+  int n_tiles = (M + 4) / 5; // ceil(M / 5); tile size caps at 5
+  int vecs_per_tg = (M + n_tiles - 1) / n_tiles;
+  return vecs_per_tg;
+}
+
+// The streamed qmv keeps each batched row bit-identical to the same vector
+// alone. MLX_QMV_STREAMED=1 by default; 0 restores the routing without
+// it (qmv_wide, or one qmv per vector).
+inline bool qmv_streamed_enabled() {
+  static bool enabled_ = env::get_var("MLX_QMV_STREAMED", 1);
+  return enabled_;
 }
 
 inline int add_strides_and_shapes(
@@ -490,11 +530,7 @@ void qmv(
   std::string kname;
   kname.reserve(64);
   std::string type_string = get_type_string(x.dtype());
-  bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;
-  // A narrower output tile reduces register pressure for large
-  // floating-point quantized matrix-vector products on M5 Max GPUs.
-  bool use_narrow_qmv = fast && N >= 4096 && d.get_architecture_gen() == 17 &&
-      d.get_architecture().back() == 's' && mode == "nvfp4";
+  auto [fast, use_narrow_qmv] = qmv_variant(N, K, bits, mode, d);
   int results_per_simdgroup = use_narrow_qmv ? 2 : 4;
   bn = 2 * results_per_simdgroup;
   MTL::Size group_dims(bk, 2, 1);
@@ -564,11 +600,7 @@ void qmv_wide(
     metal::Device& d,
     const Stream& s,
     const std::string& mode) {
-  // vecs_per_tg is the per-threadgroup input-vector tile. Each tile re-reads
-  // the weights, so use the fewest tiles, then the smallest tile that fills
-  // them.
-  int n_tiles = (M + 4) / 5; // ceil(M / 5); tile size caps at 5
-  int vecs_per_tg = (M + n_tiles - 1) / n_tiles;
+  int vecs_per_tg = qmv_vecs_per_tg(M);
 
   // k_lanes: lanes reducing K per output row (32/k_lanes rows per simdgroup).
   // The affine subchunk decode has enough ALU per weight load to favor more
@@ -650,15 +682,12 @@ void qmv_streamed(
     metal::Device& d,
     const Stream& s,
     const std::string& mode) {
-  // The tiling of qmv_wide: the fewest tiles of at most 5 vectors.
-  int n_tiles = (M + 4) / 5;
-  int vecs_per_tg = (M + n_tiles - 1) / n_tiles;
-
-  // The M = 1 kernel is chosen exactly as qmv chooses it, since each vector
-  // must be summed in that kernel's order.
+  int vecs_per_tg = qmv_vecs_per_tg(M);
+  // Each vector must be summed in the order of the M = 1 kernel qmv runs
+  // (affine never takes the narrow tile).
+  bool fast = qmv_variant(N, K, bits, mode, d).fast;
   int bn = 8;
   int bk = 32;
-  bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;
   int B = out.size() / M / N;
   bool batched = B > 1;
 
@@ -727,19 +756,13 @@ void fp_qmv_streamed(
     metal::Device& d,
     const Stream& s,
     const std::string& mode) {
-  // The tiling of qmv_wide: the fewest tiles of at most 5 vectors.
-  int n_tiles = (M + 4) / 5;
-  int vecs_per_tg = (M + n_tiles - 1) / n_tiles;
-
-  // The M = 1 kernel and its output tile are chosen exactly as qmv chooses
-  // them, since each vector must be summed in that kernel's order.
-  int bn = 8;
-  int bk = 32;
-  bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;
-  bool use_narrow_qmv = fast && N >= 4096 && d.get_architecture_gen() == 17 &&
-      d.get_architecture().back() == 's' && mode == "nvfp4";
+  int vecs_per_tg = qmv_vecs_per_tg(M);
+  // Each vector must be summed in the order of the M = 1 kernel qmv runs,
+  // with the same output tile.
+  auto [fast, use_narrow_qmv] = qmv_variant(N, K, bits, mode, d);
   int results_per_simdgroup = use_narrow_qmv ? 2 : 4;
-  bn = 2 * results_per_simdgroup;
+  int bn = 2 * results_per_simdgroup;
+  int bk = 32;
   int B = out.size() / M / N;
   bool batched = B > 1;
 
@@ -808,20 +831,6 @@ void fp_qmv_streamed(
   add_strides_and_shapes(compute_encoder, !batched, x, w, scales, biases, c);
 
   compute_encoder.dispatch_threadgroups(grid_dims, group_dims);
-}
-
-// MLX_QMV_STREAMED=1 by default; read once, then settable at run time.
-std::atomic<bool>& qmv_streamed_flag() {
-  static std::atomic<bool> flag{env::get_var("MLX_QMV_STREAMED", 1) != 0};
-  return flag;
-}
-
-bool qmv_streamed_enabled() {
-  return qmv_streamed_flag().load(std::memory_order_relaxed);
-}
-
-void set_qmv_streamed_enabled(bool enabled) {
-  qmv_streamed_flag().store(enabled, std::memory_order_relaxed);
 }
 
 void qvm_split_k(
@@ -1956,34 +1965,34 @@ void dispatch_qmv(
     return;
   }
 
-  // Small affine batch: stream the vectors through the M = 1 kernel's order, so
-  // each row matches the same vector alone (qmv_wide sums in another order).
-  if (M >= 2 && mode == "affine" && biases && !global_scale &&
+  // Small batch (M below the batch limit) where qmv_wide runs, or, for nvfp4
+  // with a global scale, which qmv_wide lacks, one qmv per vector: stream the
+  // vectors through the M = 1 kernel's order instead, so each row matches the
+  // same vector alone (qmv_wide sums in another order). Elsewhere, including
+  // affine on generations before 15 and any M at or above the batch limit
+  // (QQMatmul calls this at every M), the routing below is unchanged.
+  if (M >= 2 && M < get_qmv_batch_limit(K, N, d) && use_qmv_wide(mode, d) &&
       qmv_streamed_enabled()) {
-    qmv_streamed(
-        x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);
-    return;
-  }
-
-  // Small fp batch, with or without a global scale: stream the vectors through
-  // the M = 1 kernel's order, so each row matches the same vector alone
-  // (fp_qmv_wide sums in another order and has no global-scale variant).
-  if (M >= 2 && mode != "affine" && !biases && qmv_streamed_enabled()) {
-    fp_qmv_streamed(
-        x,
-        w,
-        scales,
-        biases,
-        global_scale,
-        out,
-        group_size,
-        bits,
-        M,
-        N,
-        K,
-        d,
-        s,
-        mode);
+    if (mode == "affine") {
+      qmv_streamed(
+          x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);
+    } else {
+      fp_qmv_streamed(
+          x,
+          w,
+          scales,
+          biases,
+          global_scale,
+          out,
+          group_size,
+          bits,
+          M,
+          N,
+          K,
+          d,
+          s,
+          mode);
+    }
     return;
   }
 

@@ -4,8 +4,8 @@
 // base blob:  8c963030f263b2679d8f504a76a58100218d582e
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -673,6 +673,321 @@ METAL_FUNC void fp_qmv_wide_impl(
-//   @@ -1326,6 +1641,125 @@ template <
+//   @@ -673,6 +673,257 @@ METAL_FUNC void fp_qmv_wide_impl(
+//   @@ -1326,6 +1577,125 @@ template <
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -685,68 +685,12 @@ METAL_FUNC void fp_qmv_wide_impl(
 // Order-preserving streamed qmv for the fp modes. fp_qmv_wide reads each
 // weight group once for several vectors but sums in another order, so its rows
 // differ from M = 1 in the last bits (and it has no global-scale variant). The
-// kernels below read each weight block once for vecs_per_tg vectors and, for
+// kernels below share each weight block between vecs_per_tg vectors and, for
 // every vector, do exactly what fp_qmv_fast_impl / fp_qmv_impl do at M = 1:
-// the same lane-to-K mapping, the same qdot expression on the same packed
-// bytes and scale, one accumulator per output row added to in the same order,
-// the same simd_sum and the same global-scale multiply at the store. Row i of
-// a batch is therefore bit-identical to vector i computed alone.
-
-// qdot and qdot_safe reading the packed weights from registers, derived from
-// the functions above with only the address space changed.
-template <typename U, int values_per_thread, int bits>
-inline U
-qdot_thread(const thread uint8_t* w, const thread U* x_thread, U scale) {
-  U accum = 0;
-  if constexpr (bits == 4) {
-    const thread uint16_t* ws = (const thread uint16_t*)w;
-    for (int i = 0; i < (values_per_thread / 4); i++) {
-      accum +=
-          (x_thread[4 * i] * Dequantize<4>{}(ws[i]) +
-           x_thread[4 * i + 1] * Dequantize<4>{}(ws[i] >> 4) +
-           x_thread[4 * i + 2] * Dequantize<4>{}(ws[i] >> 8) +
-           x_thread[4 * i + 3] * Dequantize<4>{}(ws[i] >> 12));
-    }
-  } else {
-    for (int i = 0; i < values_per_thread; i++) {
-      accum += x_thread[i] * Dequantize<8>{}(w[i]);
-    }
-  }
-
-  return scale * accum;
-}
-template <typename U, int values_per_thread, int bits>
-inline U qdot_safe_thread(
-    const thread uint8_t* w,
-    const thread U* x_thread,
-    U scale,
-    int N) {
-  U accum = 0;
-
-  if constexpr (bits == 4) {
-    const thread uint16_t* ws = (const thread uint16_t*)w;
-    for (int i = 0; i < (N / 4); i++) {
-      accum +=
-          (x_thread[4 * i] * Dequantize<4>{}(ws[i]) +
-           x_thread[4 * i + 1] * Dequantize<4>{}(ws[i] >> 4) +
-           x_thread[4 * i + 2] * Dequantize<4>{}(ws[i] >> 8) +
-           x_thread[4 * i + 3] * Dequantize<4>{}(ws[i] >> 12));
-    }
-  } else {
-    for (int i = 0; i < N; i++) {
-      accum += x_thread[i] * Dequantize<8>{}(w[i]);
-    }
-  }
-  return scale * accum;
-}
-template <int n_bytes>
-METAL_FUNC void load_packed_weights(
-    const device uint8_t* w,
-    thread uint8_t* w_local) {
-  for (int i = 0; i < n_bytes; i++) {
-    w_local[i] = w[i];
-  }
-}
+// the same lane-to-K mapping, the same qdot / qdot_safe call on the same
+// packed bytes and scale, one accumulator per output row added to in the same
+// order, the same simd_sum and the same global-scale multiply at the store.
+// Row i of a batch is therefore bit-identical to vector i computed alone.
 
 template <
     typename T,
@@ -775,18 +719,15 @@ METAL_FUNC void fp_qmv_fast_streamed_impl(
   constexpr int values_per_thread = pack_factor * packs_per_thread;
   constexpr int block_size = values_per_thread * SIMD_SIZE;
   constexpr int scale_step_per_thread = group_size / values_per_thread;
-  constexpr int w_bytes_per_thread = packs_per_thread * bytes_per_pack;
 
   const device uint8_t* ws = (const device uint8_t*)w;
 
   typedef float U;
 
-  // One vector's x_thread at a time: the block's packed weights and decoded
-  // scales stay in registers instead.
+  // One vector's x_thread at a time; the block's decoded scales are kept for
+  // all vectors.
   thread U x_thread[values_per_thread];
   thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  // Word storage keeps the 16-bit reads of the 4-bit qdot aligned.
-  thread uint32_t w_words[results_per_simdgroup][(w_bytes_per_thread + 3) / 4];
   thread U s[results_per_simdgroup];
 
   // Adjust positions
@@ -808,10 +749,8 @@ METAL_FUNC void fp_qmv_fast_streamed_impl(
   y += vec0 * out_vec_size + out_row;
 
   for (int k = 0; k < in_vec_size; k += block_size) {
-    // The block's packed weights and scales, read once for all vectors.
+    // The block's scales, decoded once for all vectors.
     for (int row = 0; row < results_per_simdgroup; row++) {
-      load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device auto* sl = scales + row * in_vec_size_g;
 
       s[row] = dequantize_scale<U, group_size>(sl[0]);
@@ -821,8 +760,9 @@ METAL_FUNC void fp_qmv_fast_streamed_impl(
     for (int v = 0; v < vecs_per_tg; v++) {
       load_vector<T, U, values_per_thread>(xv[v], x_thread);
       for (int row = 0; row < results_per_simdgroup; row++) {
-        result[v][row] += qdot_thread<U, values_per_thread, bits>(
-            (thread uint8_t*)w_words[row], x_thread, s[row]);
+        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
+        result[v][row] +=
+            qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);
       }
     }
 
@@ -881,7 +821,6 @@ METAL_FUNC void fp_qmv_streamed_impl(
   constexpr int values_per_thread = pack_factor * packs_per_thread;
   constexpr int block_size = values_per_thread * SIMD_SIZE;
   constexpr int scale_step_per_thread = group_size / values_per_thread;
-  constexpr int w_bytes_per_thread = packs_per_thread * bytes_per_pack;
 
   const device uint8_t* ws = (const device uint8_t*)w;
 
@@ -889,7 +828,6 @@ METAL_FUNC void fp_qmv_streamed_impl(
 
   thread U x_thread[values_per_thread];
   thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  thread uint32_t w_words[results_per_simdgroup][(w_bytes_per_thread + 3) / 4];
   thread U s[results_per_simdgroup];
 
   // Adjust positions
@@ -934,8 +872,6 @@ METAL_FUNC void fp_qmv_streamed_impl(
   int k = 0;
   for (; k < in_vec_size - block_size; k += block_size) {
     for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device auto* sl = scales + row * in_vec_size_g;
 
       s[row] = dequantize_scale<U, group_size>(sl[0]);
@@ -944,8 +880,9 @@ METAL_FUNC void fp_qmv_streamed_impl(
     for (int v = 0; v < vecs_per_tg; v++) {
       load_vector<T, U, values_per_thread>(xv[v], x_thread);
       for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-        result[v][row] += qdot_thread<U, values_per_thread, bits>(
-            (thread uint8_t*)w_words[row], x_thread, s[row]);
+        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
+        result[v][row] +=
+            qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);
       }
     }
 
@@ -961,8 +898,6 @@ METAL_FUNC void fp_qmv_streamed_impl(
       values_per_thread);
   if (remaining > 0) {
     for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device auto* sl = scales + row * in_vec_size_g;
 
       s[row] = dequantize_scale<U, group_size>(sl[0]);
@@ -971,12 +906,13 @@ METAL_FUNC void fp_qmv_streamed_impl(
     for (int v = 0; v < vecs_per_tg; v++) {
       load_vector_safe<T, U, values_per_thread>(xv[v], x_thread, remaining);
       for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
+        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
         if (guard_rows) {
-          result[v][row] += qdot_thread<U, values_per_thread, bits>(
-              (thread uint8_t*)w_words[row], x_thread, s[row]);
+          result[v][row] +=
+              qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);
         } else {
-          result[v][row] += qdot_safe_thread<U, values_per_thread, bits>(
-              (thread uint8_t*)w_words[row], x_thread, s[row], remaining);
+          result[v][row] += qdot_safe<U, values_per_thread, bits>(
+              wl, x_thread, s[row], remaining);
         }
       }
     }

@@ -4,8 +4,8 @@
 // base blob:  f628c0561227b709e455d91dc0a0f5885368f26a
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -1079,6 +1079,457 @@ METAL_FUNC void qmv_wide_impl(
-//   @@ -1771,6 +2222,112 @@ template <
+//   @@ -1079,6 +1079,233 @@ METAL_FUNC void qmv_wide_impl(
+//   @@ -1771,6 +1998,112 @@ template <
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -1091,223 +1091,13 @@ METAL_FUNC void qmv_wide_impl(
 // Order-preserving streamed qmv. At M > 1, qmv re-reads every weight row once
 // per vector (the grid maps vectors to tid.x) and qmv_wide reads it once but
 // sums in another order, so its rows differ from M = 1 in the last bits. The
-// kernels below read each weight block once for vecs_per_tg vectors and, for
+// kernels below share each weight block between vecs_per_tg vectors and, for
 // every vector, do exactly what qmv_fast_impl / qmv_impl do at M = 1: the same
-// lane-to-K mapping, the same qdot expression on the same packed bytes, one
-// accumulator per output row added to in the same order, the same simd_sum.
-// Row i of a batch is therefore bit-identical to vector i computed alone.
-
-// qdot and qdot_safe reading the packed weights from registers, derived from
-// the functions above with only the address space changed.
-template <typename U, int values_per_thread, int bits>
-inline U qdot_thread(
-    const thread uint8_t* w,
-    const thread U* x_thread,
-    U scale,
-    U bias,
-    U sum) {
-  static_assert(
-      bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 ||
-          bits == 8,
-      "Template undefined for bits not in {2, 3, 4, 5, 6, 8}");
-
-  U accum = 0;
-
-  if (bits == 2) {
-    for (int i = 0; i < (values_per_thread / 4); i++) {
-      accum +=
-          (x_thread[4 * i] * (w[i] & 0x03) +
-           x_thread[4 * i + 1] * (w[i] & 0x0c) +
-           x_thread[4 * i + 2] * (w[i] & 0x30) +
-           x_thread[4 * i + 3] * (w[i] & 0xc0));
-    }
-  }
-
-  else if (bits == 3) {
-    for (int i = 0; i < (values_per_thread / 8); i++) {
-      x_thread += 8 * i;
-      w += 3 * i;
-
-      accum += (w[0] & 0x07) * x_thread[0];
-      accum += (w[0] & 0x38) * x_thread[1];
-      accum += (w[0] & 0xc0) * x_thread[2];
-      accum += (w[1] & 0x01) * (x_thread[2] * 256.0f);
-
-      accum += (w[1] & 0x0e) * x_thread[3];
-      accum += (w[1] & 0x70) * x_thread[4];
-      accum += (w[1] & 0x80) * x_thread[5];
-      accum += (w[2] & 0x03) * (x_thread[5] * 256.0f);
-
-      accum += (w[2] & 0x1c) * x_thread[6];
-      accum += (w[2] & 0xe0) * x_thread[7];
-    }
-  }
-
-  else if (bits == 4) {
-    const thread uint16_t* ws = (const thread uint16_t*)w;
-    for (int i = 0; i < (values_per_thread / 4); i++) {
-      accum +=
-          (x_thread[4 * i] * (ws[i] & 0x000f) +
-           x_thread[4 * i + 1] * (ws[i] & 0x00f0) +
-           x_thread[4 * i + 2] * (ws[i] & 0x0f00) +
-           x_thread[4 * i + 3] * (ws[i] & 0xf000));
-    }
-  }
-
-  else if (bits == 5) {
-    for (int i = 0; i < (values_per_thread / 8); i++) {
-      x_thread += 8 * i;
-      w += 5 * i;
-
-      accum += (w[0] & 0x1f) * x_thread[0];
-      accum += (w[0] & 0xe0) * x_thread[1];
-      accum += (w[1] & 0x3) * (x_thread[1] * 256.0f);
-      accum += (w[1] & 0x7c) * x_thread[2];
-      accum += (w[1] & 0x80) * x_thread[3];
-      accum += (w[2] & 0xf) * (x_thread[3] * 256.0f);
-      accum += (w[2] & 0xf0) * x_thread[4];
-      accum += (w[3] & 0x1) * (x_thread[4] * 256.0f);
-      accum += (w[3] & 0x3e) * x_thread[5];
-      accum += (w[3] & 0xc0) * x_thread[6];
-      accum += (w[4] & 0x7) * (x_thread[6] * 256.0f);
-      accum += (w[4] & 0xf8) * x_thread[7];
-    }
-  }
-
-  else if (bits == 6) {
-    for (int i = 0; i < (values_per_thread / 4); i++) {
-      x_thread += 4 * i;
-      w += 3 * i;
-
-      accum += (w[0] & 0x3f) * x_thread[0];
-
-      accum += (w[0] & 0xc0) * x_thread[1];
-      accum += (w[1] & 0x0f) * (x_thread[1] * 256.0f);
-
-      accum += (w[1] & 0xf0) * x_thread[2];
-      accum += (w[2] & 0x03) * (x_thread[2] * 256.0f);
-
-      accum += (w[2] & 0xfc) * x_thread[3];
-    }
-  }
-
-  else if (bits == 8) {
-    for (int i = 0; i < values_per_thread; i++) {
-      accum += x_thread[i] * w[i];
-    }
-  }
-
-  return scale * accum + sum * bias;
-}
-template <typename U, int values_per_thread, int bits>
-inline U qdot_safe_thread(
-    const thread uint8_t* w,
-    const thread U* x_thread,
-    U scale,
-    U bias,
-    U sum,
-    int N) {
-  static_assert(
-      bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 ||
-          bits == 8,
-      "Template undefined for bits not in {2, 3, 4, 5, 6, 8}");
-
-  U accum = 0;
-
-  if (bits == 2) {
-    for (int i = 0; i < (N / 4); i++) {
-      accum +=
-          (x_thread[4 * i] * (w[i] & 0x03) +
-           x_thread[4 * i + 1] * (w[i] & 0x0c) +
-           x_thread[4 * i + 2] * (w[i] & 0x30) +
-           x_thread[4 * i + 3] * (w[i] & 0xc0));
-    }
-  }
-
-  else if (bits == 3) {
-    for (int i = 0; i < (N / 8); i++) {
-      x_thread += 8 * i;
-      w += 3 * i;
-
-      accum += (w[0] & 0x07) * x_thread[0];
-      accum += (w[0] & 0x38) * x_thread[1];
-      accum += (w[0] & 0xc0) * x_thread[2];
-      accum += (w[1] & 0x01) * (x_thread[2] * 256.0f);
-
-      accum += (w[1] & 0x0e) * x_thread[3];
-      accum += (w[1] & 0x70) * x_thread[4];
-      accum += (w[1] & 0x80) * x_thread[5];
-      accum += (w[2] & 0x03) * (x_thread[5] * 256.0f);
-
-      accum += (w[2] & 0x1c) * x_thread[6];
-      accum += (w[2] & 0xe0) * x_thread[7];
-    }
-  }
-
-  else if (bits == 4) {
-    const thread uint16_t* ws = (const thread uint16_t*)w;
-    for (int i = 0; i < (N / 4); i++) {
-      accum +=
-          (x_thread[4 * i] * (ws[i] & 0x000f) +
-           x_thread[4 * i + 1] * (ws[i] & 0x00f0) +
-           x_thread[4 * i + 2] * (ws[i] & 0x0f00) +
-           x_thread[4 * i + 3] * (ws[i] & 0xf000));
-    }
-  }
-
-  else if (bits == 5) {
-    for (int i = 0; i < (N / 8); i++) {
-      x_thread += 8 * i;
-      w += 5 * i;
-
-      accum += (w[0] & 0x1f) * x_thread[0];
-      accum += (w[0] & 0xe0) * x_thread[1];
-      accum += (w[1] & 0x3) * (x_thread[1] * 256.0f);
-      accum += (w[1] & 0x7c) * x_thread[2];
-      accum += (w[1] & 0x80) * x_thread[3];
-      accum += (w[2] & 0xf) * (x_thread[3] * 256.0f);
-      accum += (w[2] & 0xf0) * x_thread[4];
-      accum += (w[3] & 0x1) * (x_thread[4] * 256.0f);
-      accum += (w[3] & 0x3e) * x_thread[5];
-      accum += (w[3] & 0xc0) * x_thread[6];
-      accum += (w[4] & 0x7) * (x_thread[6] * 256.0f);
-      accum += (w[4] & 0xf8) * x_thread[7];
-    }
-  }
-
-  else if (bits == 6) {
-    for (int i = 0; i < (N / 4); i++) {
-      x_thread += 4 * i;
-      w += 3 * i;
-
-      accum += (w[0] & 0x3f) * x_thread[0];
-
-      accum += (w[0] & 0xc0) * x_thread[1];
-      accum += (w[1] & 0x0f) * (x_thread[1] * 256.0f);
-
-      accum += (w[1] & 0xf0) * x_thread[2];
-      accum += (w[2] & 0x03) * (x_thread[2] * 256.0f);
-
-      accum += (w[2] & 0xfc) * x_thread[3];
-    }
-  }
-
-  else if (bits == 8) {
-    for (int i = 0; i < N; i++) {
-      accum += x_thread[i] * w[i];
-    }
-  }
-
-  return scale * accum + sum * bias;
-}
-template <int n_bytes>
-METAL_FUNC void load_packed_weights(
-    const device uint8_t* w,
-    thread uint8_t* w_local) {
-  for (int i = 0; i < n_bytes; i++) {
-    w_local[i] = w[i];
-  }
-}
+// lane-to-K mapping, the same qdot / qdot_safe call on the same packed bytes,
+// one accumulator per output row added to in the same order, the same
+// simd_sum. Row i of a batch is therefore bit-identical to vector i computed
+// alone. The vecs_per_tg qdot calls of a block read the same bytes, so the
+// weights come from memory once per threadgroup, as in qmv_wide.
 
 template <typename T, int group_size, int bits, int vecs_per_tg>
 METAL_FUNC void qmv_fast_streamed_impl(
@@ -1331,18 +1121,15 @@ METAL_FUNC void qmv_fast_streamed_impl(
   constexpr int values_per_thread = pack_factor * packs_per_thread;
   constexpr int block_size = values_per_thread * SIMD_SIZE;
   constexpr int scale_step_per_thread = group_size / values_per_thread;
-  constexpr int w_bytes_per_thread = packs_per_thread * bytes_per_pack;
 
   const device uint8_t* ws = (const device uint8_t*)w;
 
   typedef float U;
 
-  // One vector's x_thread at a time: the block's packed weights stay in
-  // registers instead, which is the smaller of the two for every bits.
+  // One vector's x_thread at a time, so registers grow only by the
+  // per-vector accumulators.
   thread U x_thread[values_per_thread];
   thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  // Word storage keeps the 16-bit reads of the 4-bit qdot aligned.
-  thread uint32_t w_words[results_per_simdgroup][(w_bytes_per_thread + 3) / 4];
   thread U s[results_per_simdgroup];
   thread U b[results_per_simdgroup];
 
@@ -1366,11 +1153,8 @@ METAL_FUNC void qmv_fast_streamed_impl(
   y += vec0 * out_vec_size + out_row;
 
   for (int k = 0; k < in_vec_size; k += block_size) {
-    // The block's packed weights, scales and biases, read once for all
-    // vectors.
+    // The block's scales and biases, read once for all vectors.
     for (int row = 0; row < results_per_simdgroup; row++) {
-      load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device T* sl = scales + row * in_vec_size_g;
       const device T* bl = biases + row * in_vec_size_g;
 
@@ -1382,8 +1166,9 @@ METAL_FUNC void qmv_fast_streamed_impl(
     for (int v = 0; v < vecs_per_tg; v++) {
       U sum = load_vector<T, U, values_per_thread, bits>(xv[v], x_thread);
       for (int row = 0; row < results_per_simdgroup; row++) {
-        result[v][row] += qdot_thread<U, values_per_thread, bits>(
-            (thread uint8_t*)w_words[row], x_thread, s[row], b[row], sum);
+        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
+        result[v][row] +=
+            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);
       }
     }
 
@@ -1428,7 +1213,6 @@ METAL_FUNC void qmv_streamed_impl(
   constexpr int values_per_thread = pack_factor * packs_per_thread;
   constexpr int block_size = values_per_thread * SIMD_SIZE;
   constexpr int scale_step_per_thread = group_size / values_per_thread;
-  constexpr int w_bytes_per_thread = packs_per_thread * bytes_per_pack;
 
   const device uint8_t* ws = (const device uint8_t*)w;
 
@@ -1436,7 +1220,6 @@ METAL_FUNC void qmv_streamed_impl(
 
   thread U x_thread[values_per_thread];
   thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  thread uint32_t w_words[results_per_simdgroup][(w_bytes_per_thread + 3) / 4];
   thread U s[results_per_simdgroup];
   thread U b[results_per_simdgroup];
 
@@ -1475,8 +1258,6 @@ METAL_FUNC void qmv_streamed_impl(
   int k = 0;
   for (; k < in_vec_size - block_size; k += block_size) {
     for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device T* sl = scales + row * in_vec_size_g;
       const device T* bl = biases + row * in_vec_size_g;
 
@@ -1487,8 +1268,9 @@ METAL_FUNC void qmv_streamed_impl(
     for (int v = 0; v < vecs_per_tg; v++) {
       U sum = load_vector<T, U, values_per_thread, bits>(xv[v], x_thread);
       for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-        result[v][row] += qdot_thread<U, values_per_thread, bits>(
-            (thread uint8_t*)w_words[row], x_thread, s[row], b[row], sum);
+        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
+        result[v][row] +=
+            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);
       }
     }
 
@@ -1505,8 +1287,6 @@ METAL_FUNC void qmv_streamed_impl(
       values_per_thread);
   if (remaining > 0) {
     for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      load_packed_weights<w_bytes_per_thread>(
-          ws + row * in_vec_size_w, (thread uint8_t*)w_words[row]);
       const device T* sl = scales + row * in_vec_size_g;
       const device T* bl = biases + row * in_vec_size_g;
 
@@ -1518,13 +1298,9 @@ METAL_FUNC void qmv_streamed_impl(
       U sum = load_vector_safe<T, U, values_per_thread, bits>(
           xv[v], x_thread, remaining);
       for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-        result[v][row] += qdot_safe_thread<U, values_per_thread, bits>(
-            (thread uint8_t*)w_words[row],
-            x_thread,
-            s[row],
-            b[row],
-            sum,
-            remaining);
+        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
+        result[v][row] += qdot_safe<U, values_per_thread, bits>(
+            wl, x_thread, s[row], b[row], sum, remaining);
       }
     }
   }
