@@ -48,9 +48,10 @@ STREAMED_VECS = (2, 3, 4, 5)
 class RenderOptions:
     """What to render: which backends, which routing policy, which flavour.
 
-    ``upstream`` is the pull-request flavour; ``overlay`` additionally renders
-    the downstream runtime switch engines carry (an environment flag read once
-    plus getter/setter entry points). ``cuda_x_staging`` picks the CUDA
+    ``upstream`` is the pull-request flavour, ``overlay`` the whole-file one
+    for downstream engines; the templates render the same code for both (the
+    runtime switches are part of the PR), and export adds the overlay's file
+    headers. ``cuda_x_staging`` picks the CUDA
     streamed qmv's memory plan; both keep qmv's per-thread order. ``smem`` (the
     default since the H200 runs of 2026-11-29: 2-3.5x faster than ``global``)
     stages x in shared memory with cp.async, gives each warp 2 rows and
