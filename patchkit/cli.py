@@ -297,32 +297,122 @@ def export_pr_cmd(as_json: bool, common: dict[str, Any], **kw: Any) -> None:
     )
 
 
+_DEPS_OPTION = click.option(
+    "--deps",
+    "deps_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="PATCHKIT_DEPS_DIR",
+    help="Dependency directory (env PATCHKIT_DEPS_DIR; default <cache>/deps).",
+)
+
+
 @main.command("build")
 @click.option(
-    "--worktree",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="A patched MLX checkout (default: check out patchkit/<pin> to build/mlx-<pin>).",
+    "--backend",
+    type=click.Choice(["metal", "cuda", "cpu"]),
+    help="Default: metal on macOS, cuda where nvidia-smi lists a GPU, else cpu.",
 )
-@click.option("--backend", type=click.Choice(["metal", "cuda", "cpu"]), help="Default: detect.")
 @click.option("--mlx-repo", metavar="PATH_OR_URL", help="Clone the branch lives in (as apply).")
+@_DEPS_OPTION
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel compile jobs.")
+@click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra CMake argument (repeat).")
+@click.option(
+    "--system-site-packages",
+    is_flag=True,
+    help="Let patchkit's venv see this Python's packages (an offline host without MLX).",
+)
+@click.option(
+    "--record-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the build record here (default: docs/builds in the checkout).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the exact commands and env; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def build_cmd(
-    worktree: Path | None, backend: str | None, mlx_repo: str | None, dry_run: bool, as_json: bool
+    dry_run: bool, as_json: bool, record_dir: Path | None, cmake_args: tuple[str, ...], **kw: Any
 ) -> None:
-    """Build MLX from the patched tree the way MLX documents, then run `patchkit parity`."""
-    from patchkit.carry import mlx_build as build
+    """Build MLX from the patched tree in patchkit's own venv, offline; run its tests and parity."""
+    from patchkit.carry import mlx_build
 
     click.get_current_context().meta["json"] = as_json
     root = find_root(Path.cwd())
-    plan = build.plan(root, worktree=worktree, backend=backend, mlx_repo=mlx_repo)
+    plan = mlx_build.plan(root, cmake_args=cmake_args, **kw)
     if dry_run:
         emit(as_json, {**plan.to_json(), "dry_run": True}, plan.describe())
         return
     with progress(as_json) as say:
-        r = build.execute(plan, say)
-    verdict = "identical" if r["parity_identical"] else "ROWS DIFFER (see parity.json)"
-    emit(as_json, r, f"built MLX ({r['backend']}) in {r['worktree']}; log {r['log']}; {verdict}")
+        rec = mlx_build.execute(plan, root, say)
+    path = mlx_build.write_record(rec, record_dir or root / "docs" / "builds")
+    t, p = rec["tests"], rec["parity"]
+    emit(
+        as_json,
+        {**rec, "record": str(path), "log": str(plan.layout.log)},
+        f"built MLX {rec['mlx_version']} ({rec['backend']}) in {plan.layout.worktree}\n"
+        f"test_quantized.py: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
+        f"{t['skipped']} skipped\n"
+        f"parity: {p['rows_differing']}/{p['rows']} rows differ "
+        f"(paths {', '.join(p['kernel_paths'])})\nrecord: {path}\nlog: {plan.layout.log}",
+    )
+    if t["failed"] or t["errors"]:
+        raise UserError(f"MLX's test_quantized.py failed on the build; log: {plan.layout.log}")
+    if p["rows_differing"]:
+        raise UserError(f"parity: rows differ on the build; see {plan.layout.parity_json}")
+
+
+@main.command("deps")
+@click.option(
+    "--from",
+    "search",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Folder of local git clones (owner+name/repo, owner/name.git or name/).",
+)
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["cpu", "cuda", "metal"]),
+    help="Which backends' dependencies (repeat; default cpu and cuda).",
+)
+@click.option(
+    "--rev",
+    "revs",
+    multiple=True,
+    metavar="NAME=REV",
+    help="Export REV instead of the pinned tag (a clone that lacks it); recorded in the stamp.",
+)
+@click.option("--mlx-repo", metavar="PATH_OR_URL", help="Clone the pin lives in (as apply).")
+@_DEPS_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def deps_cmd(
+    search: Path,
+    backends: tuple[str, ...],
+    revs: tuple[str, ...],
+    mlx_repo: str | None,
+    deps_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Fill the dependency directory an offline `patchkit build` reads, from local clones."""
+    from patchkit.carry import mlx_deps, pin, source
+
+    click.get_current_context().meta["json"] = as_json
+    root = find_root(Path.cwd())
+    p = pin.load(root / pin.PIN_FILE)
+    with progress(as_json) as say:
+        clone = source.ensure_clone(source.source_spec(mlx_repo, p.url), progress=say)
+        read = source.reader(clone, p.commit)
+        deps = {d.name: d for b in backends or ("cpu", "cuda") for d in mlx_deps.declared(read, b)}
+        target = deps_dir or mlx_deps.deps_root()
+        subs = dict(r.split("=", 1) for r in revs if "=" in r)
+        if len(subs) != len(revs):
+            raise UserError("--rev takes NAME=REV, e.g. --rev nvtx3=v3.1.0")
+        filled = mlx_deps.fill(list(deps.values()), search, target, say, subs)
+    emit(
+        as_json,
+        {"deps": str(target), "filled": filled, "declared": sorted(deps)},
+        f"{target}: {len(deps)} sources for {p.short} ({', '.join(sorted(deps))}); "
+        f"exported {', '.join(filled) or 'none (all current)'}",
+    )
 
 
 @main.command("bench")

@@ -1,4 +1,4 @@
-"""Shared pytest options: ``--wide`` turns on the full parity sweeps."""
+"""Shared pytest options: ``--wide`` (full parity sweeps) and ``--mlx-build`` (real builds)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the wide sweeps (the full ~8,100-case parity matrix per toolchain)",
     )
+    parser.addoption(
+        "--mlx-build",
+        action="store_true",
+        default=False,
+        help="build MLX from the patched tree (minutes to an hour) and run its tests",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--wide"):
-        return
-    skip = pytest.mark.skip(reason="wide sweep: run with --wide")
-    for item in items:
-        if "wide" in item.keywords:
-            item.add_marker(skip)
+    for flag, mark in (("--wide", "wide"), ("--mlx-build", "mlx_build")):
+        if config.getoption(flag):
+            continue
+        skip = pytest.mark.skip(reason=f"{mark.replace('_', ' ')}: run with {flag}")
+        for item in items:
+            if mark in item.keywords:
+                item.add_marker(skip)

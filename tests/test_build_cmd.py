@@ -1,73 +1,245 @@
-"""`patchkit build --dry-run`: the exact commands MLX's documented build needs, and nothing run."""
+"""`patchkit build` and `patchkit deps`: the plan, the offline hand-over, the user's env untouched.
+
+The planning tests run on a tiny MLX-shaped repository (real git, CMake files
+declaring the same FetchContent sources as MLX); the real build is behind
+``--mlx-build`` because it compiles MLX (minutes on 2 cores with a warm ccache).
+"""
 
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support_git import mlx_clone
 
-from patchkit.carry import mlx_build as build
+from patchkit.carry import mlx_build, mlx_deps, source
 from patchkit.cli import main
+from patchkit.errors import UserError
+from patchkit.util import git
 
 ROOT = Path(__file__).resolve().parents[1]
 
+TOP_CMAKE = """\
+FetchContent_Declare(
+  json
+  URL https://github.com/nlohmann/json/releases/download/v3.11.3/json.tar.xz)
+FetchContent_Declare(
+    fmt
+    GIT_REPOSITORY https://github.com/fmtlib/fmt.git
+    GIT_TAG 12.1.0
+    EXCLUDE_FROM_ALL)
+FetchContent_Declare(dlfcn-win32 GIT_REPOSITORY https://github.com/dlfcn-win32/dlfcn-win32.git
+  GIT_TAG v1.4.2)
+"""
+IO_CMAKE = """\
+FetchContent_Declare(
+    gguflib
+    GIT_REPOSITORY https://github.com/antirez/gguf-tools/
+    GIT_TAG 8fa6eb65236618e28fd7710a0fba565f7faa1848)
+"""
+CUDA_CMAKE = """\
+FetchContent_Declare(
+  cutlass
+  GIT_REPOSITORY https://github.com/NVIDIA/cutlass.git
+  GIT_TAG v4.4.2
+  GIT_SHALLOW TRUE
+  SOURCE_SUBDIR include EXCLUDE_FROM_ALL)
+"""
+
+
+def _commit(repo: Path, files: dict[str, str], message: str = "c") -> str:
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    git.add(repo, list(files))
+    return git.commit(repo, message, date="2026-08-17T00:00:00+00:00")
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A patchkit root pinned to a tiny MLX-shaped repo whose clone has the patch branch."""
+    upstream = tmp_path / "mlx"
+    upstream.mkdir()
+    git.init(upstream)
+    files = {"CMakeLists.txt": TOP_CMAKE, "mlx/io/CMakeLists.txt": IO_CMAKE,
+             "mlx/backend/cuda/CMakeLists.txt": CUDA_CMAKE, "setup.py": ""}  # fmt: skip
+    commit = _commit(upstream, files)
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "pin.toml").write_text(
+        f'[upstream]\nurl = "{upstream}"\ncommit = "{commit}"\n\n[blobs]\n'
+    )
+    monkeypatch.setenv(source.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.delenv(source.ENV_REPO, raising=False)
+    monkeypatch.delenv(mlx_deps.ENV_DEPS, raising=False)
+    clone = source.ensure_clone(str(upstream))
+    git.branch_force(clone, "patchkit/" + commit[:8], commit)
+    return {"root": root, "upstream": upstream, "clone": clone, "deps": tmp_path / "deps"}
+
+
+def _fill_stamps(deps: Path, names: dict[str, str]) -> None:
+    """Dependency folders as `patchkit deps` leaves them (stamp only; content is not read)."""
+    for name, stamp in names.items():
+        (deps / name).mkdir(parents=True)
+        (deps / name / mlx_deps.STAMP).write_text(stamp)
+
+
+CPU_STAMPS = {
+    "json": "nlohmann/json v3.11.3\n",
+    "fmt": "fmtlib/fmt 12.1.0\n",
+    "gguflib": "antirez/gguf-tools 8fa6eb65236618e28fd7710a0fba565f7faa1848\n",
+}
+
 
 @pytest.mark.parametrize(
-    ("system", "nvcc", "backend"),
+    ("system", "gpu", "backend"),
     [("Darwin", False, "metal"), ("Darwin", True, "metal"), ("Linux", True, "cuda"),
      ("Linux", False, "cpu")],
 )  # fmt: skip
-def test_backend_detection(system: str, nvcc: bool, backend: str) -> None:
-    assert build.detect_backend(system, nvcc) == backend
-
-
-@pytest.mark.parametrize(
-    ("backend", "flag"),
-    [("metal", "-DMLX_BUILD_METAL=ON"), ("cuda", "-DMLX_BUILD_CUDA=ON"),
-     ("cpu", "-DMLX_BUILD_METAL=OFF")],
-)  # fmt: skip
-def test_dry_run_prints_pip_install_with_cmake_args(
-    tmp_path: Path, backend: str, flag: str, monkeypatch: pytest.MonkeyPatch
+def test_backend_detection_asks_for_a_gpu_not_a_compiler(
+    system: str, gpu: bool, backend: str
 ) -> None:
-    tree = tmp_path / "mlx"
-    monkeypatch.chdir(ROOT)
-    args = ["build", "--dry-run", "--worktree", str(tree), "--backend", backend]
-    r = CliRunner().invoke(main, [*args, "--json"])
+    assert mlx_build.detect_backend(system, gpu) == backend
+
+
+def test_no_gpu_listed_means_no_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # nvcc on PATH (this machine has one) but nvidia-smi finds no device.
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/local/cuda/bin:/usr/bin:/bin")
+    assert not mlx_build.has_nvidia_gpu()
+    assert mlx_build.detect_backend("Linux") == "cpu"
+
+
+def test_declarations_come_from_the_trees_cmake() -> None:
+    deps = {d.name: d for d in mlx_deps.parse_declarations(TOP_CMAKE + IO_CMAKE + CUDA_CMAKE)}
+    assert deps["json"] == mlx_deps.Dependency("json", "nlohmann/json", "v3.11.3", archive=True)
+    assert deps["fmt"].tag == "12.1.0" and not deps["fmt"].archive
+    assert deps["gguflib"].repo == "antirez/gguf-tools"
+    assert deps["cutlass"].subdir == "include"
+    assert deps["fmt"].cmake_var == "FETCHCONTENT_SOURCE_DIR_FMT"
+
+
+def test_plan_is_offline_isolated_and_writes_nothing(project: dict[str, Path]) -> None:
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    plan = mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])
+    assert set(plan.deps) == {"json", "fmt", "gguflib"}  # dlfcn-win32 is Windows-only
+    build = next(s for s in plan.steps if s.stage == "build")
+    args = build.env["CMAKE_ARGS"].split()
+    assert "-DFETCHCONTENT_FULLY_DISCONNECTED=ON" in args
+    assert f"-DFETCHCONTENT_SOURCE_DIR_FMT={project['deps'] / 'fmt'}" in args
+    assert "-DMLX_BUILD_METAL=OFF" in args
+    # Every pip runs in patchkit's venv under the cache; the user's Python only creates it.
+    venv = plan.layout.venv
+    assert venv.is_relative_to(source.cache_root())
+    for step in plan.steps:
+        assert "uninstall" not in step.argv
+        if "pip" in step.argv:
+            assert step.argv[0] == str(venv / "bin" / "python"), step.argv
+    assert plan.steps[0].argv == [sys.executable, "-m", "venv", str(venv)]
+    assert not plan.layout.base.exists(), "planning must not create anything"
+
+
+def test_missing_dependency_source_is_one_line(project: dict[str, Path]) -> None:
+    _fill_stamps(project["deps"], {"json": CPU_STAMPS["json"], "fmt": "fmtlib/fmt 11.0.0\n"})
+    with pytest.raises(UserError) as err:
+        mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])
+    msg = str(err.value)
+    assert "\n" not in msg and "missing gguflib" in msg and "stale fmt" in msg
+    assert "patchkit deps --from" in msg
+
+
+def test_no_patch_branch_says_run_apply(project: dict[str, Path]) -> None:
+    git.run(project["clone"], "branch", "-D", next(iter(_branches(project["clone"]))))
+    with pytest.raises(UserError, match="run `patchkit apply` first"):
+        mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])
+
+
+def _branches(clone: Path) -> list[str]:
+    return [b for b in git.out(clone, "branch", "--format=%(refname:short)").split() if "/" in b]
+
+
+def test_system_site_packages_refused_where_mlx_is_importable(
+    project: dict[str, Path], tmp_path: Path
+) -> None:
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    fake = tmp_path / "python-with-mlx"
+    fake.write_text("#!/bin/sh\nexit 0\n")  # find_spec('mlx') succeeded
+    fake.chmod(0o755)
+    with pytest.raises(UserError, match="can import mlx"):
+        mlx_build.plan(
+            project["root"], backend="cpu", deps_dir=project["deps"], python=str(fake),
+            system_site_packages=True,
+        )  # fmt: skip
+
+
+def test_dry_run_cli_prints_the_commands(
+    project: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    (project["root"] / "templates").mkdir()
+    (project["root"] / "pyproject.toml").write_text("")
+    monkeypatch.chdir(project["root"])
+    monkeypatch.setenv(mlx_deps.ENV_DEPS, str(project["deps"]))
+    r = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--json"])
     assert r.exit_code == 0, r.output
     plan = json.loads(r.stdout)
-    assert plan["dry_run"] and plan["backend"] == backend
-    install = next(s for s in plan["steps"] if s["argv"][1:4] == ["-m", "pip", "install"])
-    assert install["argv"] == [sys.executable, "-m", "pip", "install", "-v", "."]
-    assert install["cwd"] == str(tree) and install["env"]["CMAKE_ARGS"] == flag
-    assert plan["log"] == str(tree / ".patchkit-build" / "build.log")
-    parity = plan["steps"][-1]
-    assert parity["argv"][-4:] == [
-        "parity",
-        "--quick",
-        "--out",
-        str(tree / ".patchkit-build" / "parity.json"),
-    ]
-    assert not tree.exists(), "a dry run must not create anything"
-    human = CliRunner().invoke(main, args)
-    # the printed lines are the same commands, copy-pasteable
-    assert f"CMAKE_ARGS={flag}" in human.stdout
-    assert shlex.join(install["argv"]) in human.stdout
+    assert plan["dry_run"] and [s["stage"] for s in plan["steps"]] == [
+        "environment", "environment", "build", "test", "parity",
+    ]  # fmt: skip
+    human = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run"])
+    assert "FETCHCONTENT_FULLY_DISCONNECTED=ON" in human.stdout
+    bad = CliRunner().invoke(main, ["build", "--backend", "cpu", "--deps", "/nonexistent"])
+    assert bad.exit_code == 1 and "missing" in bad.output and "Traceback" not in bad.output
 
 
-def test_dry_run_without_worktree_checks_out_the_applied_branch(tmp_path: Path) -> None:
-    (tmp_path / "clone").mkdir()  # a local source path; only its cache location is computed
-    plan = build.plan(ROOT, backend="cpu", mlx_repo=str(tmp_path / "clone"))
-    git = plan.steps[0]
-    assert git.argv[:2] == ["git", "-C"] and git.argv[3:6] == ["worktree", "add", "--detach"]
-    assert git.argv[-1].startswith("patchkit/") and Path(git.argv[-2]) == plan.worktree
-    assert plan.worktree.parent == ROOT / "build"  # git-ignored in this repo
-    assert not plan.worktree.exists()
+def test_fill_exports_tags_from_local_clones(tmp_path: Path) -> None:
+    search = tmp_path / "mirrors"
+    repo = search / "fmtlib+fmt" / "repo"
+    repo.mkdir(parents=True)
+    git.init(repo)
+    _commit(repo, {"include/fmt/core.h": "// v12\n", "LICENSE": "MIT\n"})
+    git.run(repo, "tag", "12.1.0")
+    _commit(repo, {"include/fmt/core.h": "// later\n"})
+    dep = mlx_deps.Dependency("fmt", "fmtlib/fmt", "12.1.0", archive=False)
+    out = tmp_path / "deps"
+    assert mlx_deps.fill([dep], search, out) == ["fmt"]
+    assert (out / "fmt" / "include" / "fmt" / "core.h").read_text() == "// v12\n"
+    assert mlx_deps.resolve([dep], out) == {"fmt": out / "fmt"}
+    assert mlx_deps.fill([dep], search, out) == []  # current: nothing to do
+    missing = mlx_deps.Dependency("json", "nlohmann/json", "v3.11.3", archive=True)
+    with pytest.raises(UserError, match="no git clone of nlohmann/json"):
+        mlx_deps.fill([missing], search, out)
+    with pytest.raises(UserError, match="--rev fmt=REV"):
+        mlx_deps.fill([mlx_deps.Dependency("fmt", "fmtlib/fmt", "13.0.0", False)], search, out)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")], "no staging left behind"
 
 
-def test_unknown_backend_is_a_user_error() -> None:
-    with pytest.raises(build.UserError):
-        build.plan(ROOT, worktree=Path("/nonexistent"), backend="rocm")
+UNITTEST_OK = ["test_a ... ok", "", "-" * 70, "Ran 38 tests in 168.2s", "", "OK (skipped=2)"]
+UNITTEST_FAIL = ["Ran 10 tests in 1.0s", "", "FAILED (failures=2, errors=1, skipped=3)"]
+
+
+def test_unittest_summary_parsed() -> None:
+    assert mlx_build.unittest_counts(UNITTEST_OK) == {
+        "ran": 38, "passed": 36, "failed": 0, "errors": 0, "skipped": 2, "expected_failures": 0,
+    }  # fmt: skip
+    fail = mlx_build.unittest_counts(UNITTEST_FAIL)
+    assert (fail["passed"], fail["failed"], fail["errors"], fail["skipped"]) == (4, 2, 1, 3)
+    with pytest.raises(UserError):
+        mlx_build.unittest_counts(["Traceback (most recent call last):"])
+
+
+@pytest.mark.mlx_build
+@pytest.mark.skipif(mlx_clone() is None, reason="needs a full MLX clone: set PATCHKIT_MLX_REPO")
+def test_real_cpu_build(tmp_path: Path) -> None:
+    """The whole thing: build, MLX's test_quantized.py, parity (needs `patchkit deps` filled)."""
+    plan = mlx_build.plan(ROOT, backend="cpu", mlx_repo=mlx_clone())
+    rec = mlx_build.execute(plan, ROOT, lambda _: None)
+    assert rec["built"] and rec["tests"]["failed"] == 0 and rec["tests"]["errors"] == 0
+    assert rec["tests"]["passed"] > 30
+    assert rec["parity"]["rows"] > 0 and rec["parity"]["rows_differing"] == 0
+    assert mlx_build.write_record(rec, tmp_path).is_file()

@@ -1,45 +1,101 @@
-"""`patchkit build`: MLX's own documented build of a patched tree, then `patchkit parity`.
+"""`patchkit build`: MLX's own build of the patched tree, in patchkit's own environment.
 
-We add nothing to MLX's build: it is ``pip install .`` in the tree, with the
-``CMAKE_ARGS`` MLX's install docs give per platform (Metal on macOS,
-``-DMLX_BUILD_CUDA=ON`` on Linux with CUDA, CPU otherwise). :func:`plan` is
-pure: it returns the exact commands and environment, which ``--dry-run`` prints
-and the tests check; :func:`execute` runs them with the whole output kept in
-``<worktree>/.patchkit-build/build.log``.
+What it builds is what the upstream PR would merge: the ``patchkit/<pin>``
+branch `patchkit apply` made (the kernel commits) with the PR's test and
+benchmark files rendered on top. Where it builds and installs is patchkit's:
+
+- a worktree of the cached clone under ``<cache>/builds/<backend>-<pin>/mlx``
+  (never the user's checkout), reused so a rebuild is incremental;
+- a virtual environment under ``<cache>/builds/<backend>-<pin>/venv``; the user's
+  own environment is only read (to create the venv), never installed into or
+  uninstalled from;
+- MLX's documented ``pip install .`` with ``CMAKE_ARGS`` per backend, and every
+  configure-time download replaced by a local source (:mod:`mlx_deps`), so the
+  build never touches the network.
+
+Then, in that environment: MLX's own ``python/tests/test_quantized.py`` (the
+whole file, the PR's test included) and ``patchkit parity`` on the fresh MLX.
+:func:`plan` only reads; ``--dry-run`` prints it. :func:`execute` runs it with
+every command's output in one log, and :func:`record` is the build record
+committed under ``docs/builds/``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from patchkit.carry import apply, pin, source
+from patchkit.carry import apply, export_pr, mlx_deps, pin, render, source
 from patchkit.errors import ToolError, UserError
+from patchkit.util import git
 
 BACKENDS = ("metal", "cuda", "cpu")
 # MLX docs/src/install.rst and setup.py (which reads CMAKE_ARGS) at the pin.
 CMAKE_ARGS = {
-    "metal": "-DMLX_BUILD_METAL=ON",
-    "cuda": "-DMLX_BUILD_CUDA=ON",
-    "cpu": "-DMLX_BUILD_METAL=OFF",
+    "metal": ["-DMLX_BUILD_METAL=ON"],
+    "cuda": ["-DMLX_BUILD_CUDA=ON"],
+    "cpu": ["-DMLX_BUILD_METAL=OFF"],
 }
-# Wheels whose backend libraries would shadow the ones the build installs.
-WHEELS = ("mlx", "mlx-metal", "mlx-cpu", "mlx-cuda-12", "mlx-cuda-13")
-LOG_DIR = ".patchkit-build"
+# What MLX's pyproject.toml asks for at build time, plus numpy for its tests.
+BUILD_REQUIREMENTS = ("setuptools>=80", "wheel", "typing_extensions", "numpy")
+TEST_FILE = "test_quantized"
+_NINJA = re.compile(r"^\s*\[(\d+)/(\d+)\]")
+_UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in")
+_UNITTEST_TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one backend's build of one pin lives in patchkit's cache."""
+
+    base: Path
+
+    @property
+    def worktree(self) -> Path:
+        return self.base / "mlx"
+
+    @property
+    def venv(self) -> Path:
+        return self.base / "venv"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def log(self) -> Path:
+        return self.base / "build.log"
+
+    @property
+    def parity_json(self) -> Path:
+        return self.base / "parity.json"
+
+
+def layout(backend: str, short: str, cache: Path | None = None) -> Layout:
+    """The cache folders for ``backend`` at pin ``short``."""
+    return Layout((cache or source.cache_root()) / "builds" / f"{backend}-{short}")
 
 
 @dataclass(frozen=True)
 class Step:
-    """One command of the build, with why it is there."""
+    """One command of the build, with the stage it belongs to and why it is there."""
 
+    stage: str
     why: str
     argv: list[str]
     cwd: Path
@@ -49,131 +105,320 @@ class Step:
     def shell(self) -> str:
         """The step as one copy-pasteable shell line."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (
-            f"cd {shlex.quote(str(self.cwd))} && {env + ' ' if env else ''}{shlex.join(self.argv)}"
-        )
+        cd = f"cd {shlex.quote(str(self.cwd))} && "
+        return cd + (env + " " if env else "") + shlex.join(self.argv)
 
 
 @dataclass(frozen=True)
 class BuildPlan:
-    """Everything `patchkit build` will run, in order."""
+    """Everything `patchkit build` will do, in order."""
 
     backend: str
-    worktree: Path
-    log: Path
+    mlx_commit: str  # the pinned upstream commit
+    patch_commit: str  # head of patchkit/<pin>: the commits the build contains
+    clone: Path
+    layout: Layout
+    deps: dict[str, str]  # FetchContent name -> its stamp (source and revision)
     steps: list[Step]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "backend": self.backend,
-            "worktree": str(self.worktree),
-            "log": str(self.log),
+            "mlx_commit": self.mlx_commit,
+            "patch_commit": self.patch_commit,
+            "clone": str(self.clone),
+            "worktree": str(self.layout.worktree),
+            "venv": str(self.layout.venv),
+            "log": str(self.layout.log),
+            "deps": self.deps,
             "steps": [
-                {"why": s.why, "argv": s.argv, "cwd": str(s.cwd), "env": s.env} for s in self.steps
+                {"stage": s.stage, "why": s.why, "argv": s.argv, "cwd": str(s.cwd), "env": s.env}
+                for s in self.steps
             ],
         }
 
     def describe(self) -> str:
-        return "\n".join(f"# {s.why}\n{s.shell()}" for s in self.steps)
+        head = [
+            f"# check out {self.patch_commit[:12]} in {self.layout.worktree}"
+            " and render the PR's test and benchmark files into it"
+        ]
+        return "\n".join(head + [f"# [{s.stage}] {s.why}\n{s.shell()}" for s in self.steps])
 
 
-def detect_backend(system: str | None = None, has_nvcc: bool | None = None) -> str:
-    """Metal on macOS, CUDA on Linux with ``nvcc`` on PATH, else CPU."""
+def has_nvidia_gpu() -> bool:
+    """Whether the driver lists a GPU (``nvidia-smi -L``), not whether a compiler exists."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    proc = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return proc.returncode == 0 and "GPU " in proc.stdout
+
+
+def detect_backend(system: str | None = None, gpu: bool | None = None) -> str:
+    """Metal on macOS, CUDA where an NVIDIA GPU is present, else CPU."""
     system = system or platform.system()
-    has_nvcc = shutil.which("nvcc") is not None if has_nvcc is None else has_nvcc
-    return "metal" if system == "Darwin" else ("cuda" if has_nvcc else "cpu")
+    if system == "Darwin":
+        return "metal"
+    return "cuda" if (has_nvidia_gpu() if gpu is None else gpu) else "cpu"
+
+
+def _base_has_mlx(python: str) -> bool:
+    """Whether ``python`` can import mlx (then its packages must not leak into our venv)."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('mlx') is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True, check=False).returncode == 0
 
 
 def plan(
     root: Path,
     *,
-    worktree: Path | None = None,
     backend: str | None = None,
     mlx_repo: str | None = None,
+    deps_dir: Path | None = None,
     python: str = sys.executable,
+    jobs: int | None = None,
+    cmake_args: tuple[str, ...] = (),
+    system_site_packages: bool = False,
+    cache: Path | None = None,
 ) -> BuildPlan:
-    """The build's commands; touches nothing. No ``worktree``: check out the applied branch."""
+    """The build's commands; reads the pin, the clone and the dependency folder, writes nothing."""
     backend = backend or detect_backend()
     if backend not in BACKENDS:
         raise UserError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
-    steps = []
-    if worktree is None:
-        p = pin.load(root / pin.PIN_FILE)
-        clone = source.clone_dir(source.source_spec(mlx_repo, p.url))
-        worktree = root / "build" / f"mlx-{p.short}"
-        branch = apply.BRANCH_PREFIX + p.short
-        steps.append(
-            Step(
-                f"check out {branch} (made by `patchkit apply`) to build it",
-                ["git", "-C", str(clone), "worktree", "add", "--detach", str(worktree), branch],
-                root,
-            )
+    p = pin.load(root / pin.PIN_FILE)
+    clone = source.clone_dir(source.source_spec(mlx_repo, p.url), cache)
+    branch = apply.BRANCH_PREFIX + p.short
+    if not clone.exists() or (head := git.try_rev_parse(clone, branch)) is None:
+        raise UserError(f"no branch {branch} in the cached clone; run `patchkit apply` first")
+    read = source.reader(clone, head)
+    deps = mlx_deps.declared(read, backend)
+    deps_root = deps_dir or mlx_deps.deps_root()
+    folders = mlx_deps.resolve(deps, deps_root)
+    if system_site_packages and _base_has_mlx(python):
+        raise UserError(
+            f"{python} can import mlx, which would mix with the build in a venv that sees its "
+            "packages; drop --system-site-packages or use an interpreter without MLX"
         )
-    worktree = worktree.resolve()
-    logs = worktree / LOG_DIR
-    steps += [
-        Step(
-            "remove MLX wheels, whose backend libraries would shadow the build",
-            [python, "-m", "pip", "uninstall", "-y", *WHEELS],
-            worktree,
-        ),
-        Step(
-            f"MLX's documented Python build, {backend} backend",
-            [python, "-m", "pip", "install", "-v", "."],
-            worktree,
-            {"CMAKE_ARGS": CMAKE_ARGS[backend], "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count())},
-        ),
-        Step(
-            "bitwise parity of the MLX just built (exit 1 = rows differ, still a result)",
-            [python, "-c", "from patchkit.cli import main; main()", "parity", "--quick",
-             "--out", str(logs / "parity.json")],
-            logs,  # not the tree: its mlx/ folder must not shadow the installed package
-            ok_codes=(0, 1),
-        ),
+    where = layout(backend, p.short, cache)
+    vpy = str(where.python)
+    venv_argv = [
+        python,
+        "-m",
+        "venv",
+        *(["--system-site-packages"] if system_site_packages else []),
+    ]
+    steps = [
+        Step("environment", "patchkit's own virtual environment (yours is not touched)",
+             [*venv_argv, str(where.venv)], root),
     ]  # fmt: skip
-    return BuildPlan(backend, worktree, logs / "build.log", steps)
+    if not system_site_packages:
+        steps.append(
+            Step("environment", "MLX's build requirements, into that environment",
+                 [vpy, "-m", "pip", "install", "--quiet", *BUILD_REQUIREMENTS], root)
+        )  # fmt: skip
+    cmake = [*CMAKE_ARGS[backend], *mlx_deps.cmake_args(deps, folders), *cmake_args]
+    build_env = {
+        "CMAKE_ARGS": " ".join(cmake),
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs or os.cpu_count() or 1),
+    }
+    if shutil.which("ninja"):
+        build_env["CMAKE_GENERATOR"] = "Ninja"  # [n/N] progress lines
+    parity_argv = [vpy, "-m", "patchkit.verify.mlx_parity", "--patched", "--out",
+                   str(where.parity_json)]  # fmt: skip
+    steps += [
+        Step("build", f"MLX's documented Python build, {backend} backend, offline",
+             [vpy, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "."],
+             where.worktree, build_env),
+        Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included",
+             [vpy, "-m", "unittest", "-v", TEST_FILE], where.worktree / "python" / "tests",
+             ok_codes=(0, 1)),
+        Step("parity", "patchkit parity on the MLX just built (exit 1 = rows differ)",
+             parity_argv, where.base, {"PYTHONPATH": str(root)}, ok_codes=(0, 1)),
+    ]  # fmt: skip
+    return BuildPlan(backend, p.commit, head, clone, where, mlx_deps.stamps(folders), steps)
 
 
-def _run_logged(step: Step, log: TextIO, progress: Callable[[str], None]) -> int:
-    """Run ``step`` with its output appended to ``log``; progress gets its latest line."""
+def prepare_worktree(build: BuildPlan, root: Path) -> None:
+    """Check the patch commit out in the build worktree and render the PR-only files into it.
+
+    An existing worktree is moved to the commit in place (``checkout --force``),
+    so the build folder MLX's setup.py keeps inside it survives and a rebuild is
+    incremental.
+    """
+    wt = build.layout.worktree
+    if (wt / ".git").exists():
+        git.run(wt, "checkout", "--quiet", "--force", "--detach", build.patch_commit)
+    else:
+        wt.parent.mkdir(parents=True, exist_ok=True)
+        git.worktree_add(build.clone, wt, build.patch_commit)
+    options = render.RenderOptions(backends=("metal", "cuda"))
+    for plan_ in export_pr.pr_plans(root / "templates"):
+        target = wt / plan_.path
+        text = target.read_text() if target.exists() else None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(export_pr.render_pr_file(plan_, text, options))
+
+
+def _run_logged(step: Step, log: TextIO, progress: Progress) -> tuple[int, list[str]]:
+    """Run ``step`` with its output appended to ``log``; returns (exit code, output lines)."""
     log.write(f"\n$ {step.shell()}\n")
     log.flush()
-    env = {**os.environ, **step.env}
+    lines: list[str] = []
+    shown = -1
     with subprocess.Popen(
-        step.argv, cwd=step.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
+        step.argv, cwd=step.cwd, env={**os.environ, **step.env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
     ) as proc:  # fmt: skip
         for line in proc.stdout or ():
             log.write(line)
-            if line.strip():
-                progress(line.strip()[:100])
-    return proc.returncode
+            lines.append(line.rstrip("\n"))
+            m = _NINJA.match(line)
+            if m and (pct := 100 * int(m.group(1)) // int(m.group(2))) != shown:
+                shown = pct  # one update per percent: readable in a CI log, live on a terminal
+                progress(f"[{step.stage}] compile [{m.group(1)}/{m.group(2)}] {pct}%")
+    return proc.returncode, lines
 
 
-def _checkout(step: Step) -> str:
-    """The ``git worktree add`` step, run before the log exists (git wants an empty target)."""
-    proc = subprocess.run(step.argv, cwd=step.cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ToolError(step.argv, proc.returncode, proc.stdout, proc.stderr)
-    return f"$ {step.shell()}\n{proc.stdout}{proc.stderr}"
+def unittest_counts(lines: list[str]) -> dict[str, int]:
+    """passed / failed / errors / skipped from unittest's summary lines."""
+    ran = next((int(m.group(1)) for ln in lines if (m := _UNITTEST_RAN.match(ln))), None)
+    tail = next((m for ln in reversed(lines) if (m := _UNITTEST_TAIL.match(ln.strip()))), None)
+    if ran is None or tail is None:
+        raise UserError("MLX's test run printed no unittest summary")
+    counts = {"failed": 0, "errors": 0, "skipped": 0, "expected_failures": 0}
+    for part in (tail.group(2) or "").split(","):
+        key, _, value = part.strip().partition("=")
+        key = {"failures": "failed", "expected failures": "expected_failures"}.get(key, key)
+        if key in counts:
+            counts[key] = int(value)
+    passed = ran - counts["failed"] - counts["errors"] - counts["skipped"]
+    return {"ran": ran, "passed": passed - counts["expected_failures"], **counts}
 
 
-def execute(build: BuildPlan, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Run the plan; a failing step raises a ToolError pointing at the kept log."""
-    steps, head = list(build.steps), ""
-    if steps[0].argv[0] == "git":
-        progress(f"[1/{len(steps)}] {steps[0].why}")
-        head = _checkout(steps.pop(0))
-    if not (build.worktree / "setup.py").is_file():
-        raise UserError(f"{build.worktree} is not an MLX checkout (no setup.py)")
-    build.log.parent.mkdir(parents=True, exist_ok=True)
-    codes = []
-    with build.log.open("a") as log:
-        log.write(head)
-        for i, step in enumerate(steps, len(build.steps) - len(steps) + 1):
-            progress(f"[{i}/{len(build.steps)}] {step.why}")
-            code = _run_logged(step, log, progress)
-            codes.append(code)
+def series_id(root: Path, short: str) -> str:
+    """sha256 over the exported patch series (``patches/<pin>/*.patch``), in file order."""
+    digest = hashlib.sha256()
+    for path in sorted((root / apply.PATCHES / short).glob("*.patch")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
+    """Run the plan; returns the build record. A failing step raises, naming the log."""
+    progress(f"log: {build.layout.log}")
+    prepare_worktree(build, root)
+    build.layout.log.parent.mkdir(parents=True, exist_ok=True)
+    walls: dict[str, float] = {}
+    outputs: dict[str, list[str]] = {}
+    with build.layout.log.open("w") as log:
+        for step in build.steps:
+            if step.stage == "environment" and build.layout.python.exists():
+                continue  # the venv from an earlier build is reused
+            progress(f"[{step.stage}] {step.why}")
+            start = time.monotonic()
+            code, lines = _run_logged(step, log, progress)
+            walls[step.stage] = walls.get(step.stage, 0.0) + time.monotonic() - start
+            outputs[step.stage] = lines
             if code not in step.ok_codes:
-                raise ToolError(step.argv, code, "", f"see the full log: {build.log}")
-    return {**build.to_json(), "parity_identical": codes[-1] == 0, "exit_codes": codes}
+                raise ToolError(
+                    step.argv, code, "", f"{step.stage} failed; log: {build.layout.log}"
+                )
+    parity = json.loads(build.layout.parity_json.read_text())
+    return record(build, root, unittest_counts(outputs["test"]), parity, walls)
+
+
+def _machine(backend: str) -> dict[str, Any]:
+    """What the build ran on, for the record (no host names or paths)."""
+    info: dict[str, Any] = {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    if backend == "cuda" and shutil.which("nvidia-smi"):
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        info["gpu"] = proc.stdout.strip()
+    return info
+
+
+COMPILED_NOTE = {
+    "cpu": "the CPU backend compiles none of the Metal or CUDA files: this build proves the "
+    "PR's Python test on MLX's Linux CI backend and that nothing else in the patch breaks "
+    "MLX's build, not the kernels",
+    "cuda": "the CUDA backend compiles the patched qmv.cu and quantized.cpp routing",
+    "metal": "the Metal backend compiles the patched kernels into the metallib",
+}
+
+
+def record(
+    build: BuildPlan,
+    root: Path,
+    tests: dict[str, int],
+    parity: dict[str, Any],
+    walls: dict[str, float],
+) -> dict[str, Any]:
+    """The build record (``docs/builds/<backend>-<date>.json``)."""
+    paths = sorted({m["path"] for r in parity["rows"] for m in r.get("by_m", [])})
+    short = build.mlx_commit[:8]
+    return {
+        "backend": build.backend,
+        "mlx_commit": build.mlx_commit,
+        "patch": {
+            "commit": build.patch_commit,
+            "series": f"patches/{short}",
+            "series_sha256": series_id(root, short),
+        },
+        "built": True,
+        "compiled": COMPILED_NOTE[build.backend],
+        "mlx_version": parity.get("mlx_version"),
+        "deps": build.deps,
+        "tests": {"file": f"python/tests/{TEST_FILE}.py", **tests},
+        "parity": {
+            "rows": parity["rows_compared"],
+            "rows_differing": parity["rows_differing"],
+            "kernel_paths": paths,
+            "configs": len(parity["rows"]),
+        },
+        "wall_s": {k: round(v, 1) for k, v in walls.items()},
+        "machine": _machine(build.backend),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "command": "patchkit build --backend " + build.backend,
+    }
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    """The short page beside the record's JSON."""
+    t, p, m = rec["tests"], rec["parity"], rec["machine"]
+    walls = ", ".join(f"{k} {v:.0f} s" for k, v in rec["wall_s"].items())
+    return "\n".join(
+        [
+            f"# MLX built from the patched tree: {rec['backend']} backend, {rec['date']}",
+            "",
+            f"- MLX commit `{rec['mlx_commit'][:12]}` + patch commit "
+            f"`{rec['patch']['commit'][:12]}` (`{rec['patch']['series']}`, series sha256 "
+            f"`{rec['patch']['series_sha256'][:16]}`), MLX {rec['mlx_version']}",
+            f"- What was compiled: {rec['compiled']}.",
+            f"- `{t['file']}`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
+            f"{t['skipped']} skipped (of {t['ran']}).",
+            f"- `patchkit parity` on it: {p['rows_differing']} of {p['rows']} rows differ "
+            f"({p['configs']} configurations; kernel paths: {', '.join(p['kernel_paths'])}).",
+            f"- Wall time: {walls}.",
+            f"- Machine: {m['system']} {m['machine']}, {m['cpus']} CPUs, Python {m['python']}"
+            + (f", {m['gpu']}" if m.get("gpu") else "")
+            + ".",
+            "",
+            f"Command: `{rec['command']}` (the dependency directory from `patchkit deps`).",
+            "",
+        ]
+    )
+
+
+def write_record(rec: dict[str, Any], out_dir: Path) -> Path:
+    """Write ``<backend>-<date>.json`` and ``.md`` into ``out_dir``; returns the JSON path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"{rec['backend']}-{rec['date']}"
+    stem.with_suffix(".json").write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    stem.with_suffix(".md").write_text(markdown(rec))
+    return stem.with_suffix(".json")

@@ -116,3 +116,22 @@ def kernel_path(dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B
     if M >= 2 and uses_qmv_wide(mode, dev):
         return prefix + "qmv_wide"
     return prefix + ("qmv_fast" if uses_qmv_fast(K, N, bits) else "qmv")
+
+
+def patched_kernel_path(
+    dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B: int
+) -> str:
+    """The kernel an MLX built from ``patches/`` (upstream flavour) takes for the same call.
+
+    - Metal: what stock sends to ``qmv_wide`` goes to the streamed kernel of the
+      M = 1 path's flavour (``qmv_fast_streamed`` / ``qmv_streamed``).
+    - CUDA: ``qmv`` streams every M >= 2 that reaches it (affine; ``fp_qmv`` is stock).
+    - Everything else is stock's routing.
+    """
+    stock = kernel_path(dev, mode, bits, K, N, M, B)
+    if dev.backend == "metal" and stock.endswith("qmv_wide"):
+        fast = "qmv_fast_streamed" if uses_qmv_fast(K, N, bits) else "qmv_streamed"
+        return ("fp_" if mode != "affine" else "") + fast
+    if dev.backend == "cuda" and stock == "qmv" and M >= 2:
+        return "qmv_streamed"
+    return stock

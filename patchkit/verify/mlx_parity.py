@@ -75,14 +75,15 @@ def detect_device(mx: Any) -> DeviceInfo:
     return DeviceInfo("cpu", "cpu")
 
 
-def kernel_path(dev: DeviceInfo, cfg: Config, M: int) -> str:
-    """The kernel *stock* MLX's dispatch picks for ``cfg`` at ``M`` rows (:mod:`dispatch`).
+def kernel_path(dev: DeviceInfo, cfg: Config, M: int, patched: bool = False) -> str:
+    """The kernel MLX's dispatch picks for ``cfg`` at ``M`` rows (:mod:`dispatch`).
 
-    A build with the patch runs the streamed kernels where this says
-    ``qmv_wide``/``fp_qmv_wide``: nothing in Python tells the two builds apart,
-    so the path is reported for stock MLX.
+    Nothing in Python tells a patched build from a stock one, so the caller
+    says which it imported: ``patchkit build`` passes ``patched`` for the MLX it
+    built from ``patches/``; otherwise the path is stock's.
     """
-    return dispatch.kernel_path(dev, cfg.mode, cfg.bits, cfg.K, cfg.N, M, cfg.B)
+    pick = dispatch.patched_kernel_path if patched else dispatch.kernel_path
+    return pick(dev, cfg.mode, cfg.bits, cfg.K, cfg.N, M, cfg.B)
 
 
 def configs(
@@ -191,7 +192,9 @@ class _Operands:
         return np.array(rows)
 
 
-def run_config(mx: Any, dev: DeviceInfo, cfg: Config, seed: int = 0) -> dict[str, Any]:
+def run_config(
+    mx: Any, dev: DeviceInfo, cfg: Config, seed: int = 0, patched: bool = False
+) -> dict[str, Any]:
     """One table row: every M = 2 ... limit - 1 compared with M = 1, bit for bit."""
     limit = batch_limit(cfg.K, cfg.N, dev)
     row: dict[str, Any] = {**asdict(cfg), "limit": limit, "status": "ok", "by_m": []}
@@ -218,7 +221,7 @@ def run_config(mx: Any, dev: DeviceInfo, cfg: Config, seed: int = 0) -> dict[str
         row["by_m"].append(
             {
                 "M": M,
-                "path": kernel_path(dev, cfg, M),
+                "path": kernel_path(dev, cfg, M, patched),
                 "rows": int(diff.size),
                 "rows_differing": int(diff.sum()),
                 "max_abs_diff": float(np.abs(yf - wf).max()),
@@ -244,7 +247,10 @@ def import_mlx() -> Any:
 
 
 def run(
-    cfgs: list[Config], progress: Callable[[str], None] | None = None, seed: int = 0
+    cfgs: list[Config],
+    progress: Callable[[str], None] | None = None,
+    seed: int = 0,
+    patched: bool = False,
 ) -> dict[str, Any]:
     """The whole parity report over ``cfgs`` (the JSON ``patchkit parity`` writes)."""
     mx = import_mlx()
@@ -255,10 +261,11 @@ def run(
     for cfg in cfgs:
         if progress:
             progress(cfg.label())
-        rows.append(run_config(mx, dev, cfg, seed))
+        rows.append(run_config(mx, dev, cfg, seed, patched))
     checked = [r for r in rows if r["status"] == "ok"]
     return {
         "mlx_version": mx.__version__,
+        "mlx": "patched" if patched else "as imported (stock unless built by patchkit)",
         "device": asdict(dev),
         "rows": rows,
         "rows_compared": sum(r["rows"] for r in checked),
@@ -330,3 +337,26 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` where the user asked (the artifact CI uploads)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m patchkit.verify.mlx_parity``: parity without patchkit's CLI dependencies.
+
+    ``patchkit build`` runs this inside its own virtual environment, which holds
+    MLX and numpy but not click or rich.
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m patchkit.verify.mlx_parity")
+    ap.add_argument("--full", action="store_true", help="the full matrix (default: quick)")
+    ap.add_argument("--patched", action="store_true", help="the MLX was built from patches/")
+    ap.add_argument("--out", type=Path, required=True, help="JSON report here")
+    a = ap.parse_args(argv)
+    report = run(configs(a.full, (), (), ()), lambda m: print(m, flush=True), patched=a.patched)
+    write_json(a.out, report)
+    print(format_report(report))
+    return 0 if report["identical"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
