@@ -119,10 +119,15 @@ def main() -> None:
 
 
 @main.command("apply")
-@click.option("--pin", "rev", required=True, metavar="REV", help="Upstream commit to patch.")
+@click.option(
+    "--pin",
+    "rev",
+    metavar="REV",
+    help="Check that pin.toml pins REV (default: apply what pin.toml pins; needed without one).",
+)
 @click.option("--release", help="Release whose touched files are byte-identical (pin.toml).")
 @common_options
-def apply_cmd(rev: str, release: str | None, as_json: bool, common: dict[str, Any]) -> None:
+def apply_cmd(rev: str | None, release: str | None, as_json: bool, common: dict[str, Any]) -> None:
     """Render, commit on patchkit/<short> and export patches/<short>/."""
     with progress(as_json) as say:
         r = apply_mod.apply(rev, release=release, progress=say, **common)

@@ -216,7 +216,7 @@ def today() -> str:
 
 
 def apply(
-    rev: str,
+    rev: str | None,
     *,
     root: Path,
     mlx_repo: str | None = None,
@@ -229,6 +229,10 @@ def apply(
     ensure_outputs_clean(root)
     pin_path = root / pin.PIN_FILE
     old = pin.load(pin_path) if pin_path.exists() else None
+    if rev is None:
+        if old is None:
+            raise UserError("no pin.toml here yet: pass --pin REV for the first apply")
+        rev = old.commit
     clone = source.open_source(mlx_repo, old.url if old else pin.UPSTREAM_URL, progress=progress)
     upstream = source.resolve(clone, rev, progress=progress)
     if old and old.commit != upstream:
