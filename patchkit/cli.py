@@ -9,6 +9,7 @@ using :func:`common_options`; nothing else needs to change.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -284,7 +285,7 @@ def export_pr_cmd(as_json: bool, common: dict[str, Any], **kw: Any) -> None:
 
     given = click.get_current_context().params.get("backends") or export_pr.DEFAULT_BACKENDS
     opts = common["options"]
-    common["options"] = render.RenderOptions(tuple(given), opts.routing, "upstream")
+    common["options"] = dataclasses.replace(opts, backends=tuple(given), flavour="upstream")
     author = kw.pop("author")
     if author:
         name, _, email = author.partition("<")

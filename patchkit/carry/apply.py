@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -99,7 +99,7 @@ def render_all(
     read: Callable[[str], str], options: render.RenderOptions, templates_dir: Path
 ) -> Rendered:
     """Render every touched file in both flavours (the thin templates_dir-aware render_tree)."""
-    overlay_opts = render.RenderOptions(options.backends, options.routing, "overlay")
+    overlay_opts = replace(options, flavour="overlay")
     up, patched, overlay, backend_of = {}, {}, {}, {}
     for plan in plans(options, templates_dir):
         text = read(plan.path)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ def merge_three(base: str, current: str, other: str, path: str) -> tuple[str, li
 def _render_both(
     plan: render.FilePlan, text: str, options: render.RenderOptions
 ) -> tuple[str, str]:
-    overlay = render.RenderOptions(options.backends, options.routing, "overlay")
+    overlay = replace(options, flavour="overlay")
     return render.render_file(plan, text, options), render.render_file(plan, text, overlay)
 
 

@@ -1,0 +1,43 @@
+"""Series and overlay carry the same kernel: every render option reaches both flavours."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from patchkit.carry import apply, render
+
+
+def _choices(field: dataclasses.Field) -> tuple[object, ...]:
+    """Every value a Literal-typed option admits (the option axes of a render)."""
+    hint = typing.get_type_hints(render.RenderOptions)[field.name]
+    return typing.get_args(hint)
+
+
+OPTION_AXES = [
+    (f.name, value)
+    for f in dataclasses.fields(render.RenderOptions)
+    if f.name not in ("backends", "flavour")
+    for value in _choices(f)
+]
+
+
+@pytest.mark.parametrize(("name", "value"), OPTION_AXES)
+def test_overlay_options_keep_every_field_but_the_flavour(
+    name: str, value: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[render.RenderOptions] = []
+
+    def spy_render_file(plan, text, options, extra=None):
+        seen.append(options)
+        return text or ""
+
+    options = dataclasses.replace(render.RenderOptions(), **{name: value})
+    monkeypatch.setattr(render, "render_file", spy_render_file)
+    apply.render_all(lambda _path: "", options, render.TEMPLATES_DIR)
+    flavours = {o.flavour for o in seen}
+    assert flavours == {"upstream", "overlay"}
+    for o in seen:
+        assert getattr(o, name) == value, (o.flavour, name)
