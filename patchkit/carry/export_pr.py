@@ -40,6 +40,9 @@ PR_OPTIONS = render.RenderOptions(DEFAULT_BACKENDS)
 # Largest M the test asserts: the smallest qmv batch limit for K, N <= 2048 on any
 # Apple GPU generation is 13, and M >= limit goes to qmm, which sums differently.
 TEST_MAX_M = 12
+# Benchmark shapes (K x N) the PR body names: a 4096-wide model's attention and MLP
+# projections, the sizes a speculative-decoding verify forward runs at small M.
+BENCH_SIZES = ((4096, 4096), (4096, 14336), (14336, 4096))
 BODY_TEMPLATE = "pr/body.md.j2"
 PR_TEMPLATE = ".github/pull_request_template.md"
 PRECOMMIT = ".pre-commit-config.yaml"
@@ -102,6 +105,7 @@ def pr_context(options: render.RenderOptions) -> dict[str, object]:
         "routing": options.routing,
         "flavour": "upstream",
         "max_m": TEST_MAX_M,
+        "bench_sizes": ",".join(f"{k}x{n}" for k, n in BENCH_SIZES),
     }
 
 
