@@ -12,11 +12,10 @@ and travels with ``run --carry .device``; it is never committed.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
-from patchkit.carry import render
+from patchkit.carry import render, source
 from patchkit.verify.harness import cuda
 
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
@@ -26,11 +25,10 @@ DEFAULT_GIT = "/work/.mirror/ml-explore+mlx/repo"
 def main() -> None:
     git_dir = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_GIT
     commit = sys.argv[2] if len(sys.argv) > 2 else PIN
-    cmd = ["git", "-C", git_dir, "show", f"{commit}:{cuda.QMV_PATH}"]
-    source = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    read = source.reader(Path(git_dir), commit)
     for variant in cuda.HEADER_NAMES:
         options = render.RenderOptions(cuda_x_staging=variant)
-        print(cuda.build_bundle(source, Path(".device/cuda_jit"), options))
+        print(cuda.build_bundle(read(cuda.QMV_PATH), Path(".device/cuda_jit"), options, read))
 
 
 if __name__ == "__main__":

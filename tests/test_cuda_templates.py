@@ -106,7 +106,15 @@ def test_smem_staging_keeps_the_order_defining_statements() -> None:
     assert "S scale = scales[jr * groups_per_row + idx / group_size];" in smem
     # Rows past n recompute row n - 1 (never stored); vectors past nv read staged zeros.
     assert "int jr = cuda::std::min(j, n - 1 - row);" in smem
-    assert "*d = v < nv ? src[i] : 0u;" in smem and '"r"(v < nv ? 4 : 0)' in smem
+    assert "*d = v < nv ? src[i] : 0u;" in smem
+    assert "if (v < nv) {\n            cp_async<4>(" in smem and "*d = 0u;" in smem
+    # cp.async through MLX's helpers only, and only where MLX says sm_80 is enabled:
+    # below it the same stages are copied with plain loads and stores.
+    assert 'asm volatile("cp.async' not in smem and "cp_async_wait<1>();" in smem
+    guard = _between(smem, "#if defined(MLX_CUDA_SM_80_ENABLED)", "#endif")
+    assert "constexpr bool async_x = x_async;" in guard
+    assert "#else\n  constexpr bool async_x = false;" in guard
+    assert "if constexpr (async_x) {" in smem and "if constexpr (x_async)" not in smem
     # x reaches the fma as a bit copy: 16-byte words from shared memory into registers.
     assert "uint4 x_regs[V][x_words / 4];" in smem
     assert "reinterpret_cast<const T*>(x_regs)" in smem and "x + idx" not in smem
@@ -152,8 +160,8 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     order = [
         loop.index(s)
         for s in (
-            "cp.async.commit_group",
-            "cp.async.wait_group 1",
+            "cp_async_commit();",
+            "cp_async_wait<1>();",
             "__syncthreads();",
             "compute_stage(",
             "__syncthreads();\n    }",
@@ -169,7 +177,10 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
         "    bool l2_prefetch = false,\n    bool x_async = false>" in smem
     )
     wrapper = _between(smem, "__global__ void qmv_streamed_kernel(", "\n}\n")
-    assert "/* max_stage_steps */ 4,\n      rows_per_warp,\n" in wrapper
+    assert "      max_stage_steps,\n      rows_per_warp,\n" in wrapper
+    # Below sm_80 (no cp.async) one k step per stage; the order is the same either way.
+    arch = _between(wrapper, "#if defined(MLX_CUDA_SM_80_ENABLED)", "#endif")
+    assert "#else\n  constexpr int max_stage_steps = 1;\n" in arch
     assert "/* l2_prefetch */ true,\n      /* x_async */ true>(" in wrapper
     assert "cuda::std::min(max_stage_steps, 6144 / (V * tile_words));" in impl
     launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem"))
@@ -179,7 +190,7 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     assert "integral_constant<int, 4>" in launch.rstrip().rsplit("launch(", 1)[1]
     # The harness's shipped arm is what the wrapper and the launcher say.
     k = cuda.SHIPPED_KNOBS
-    assert f"/* max_stage_steps */ {k.stage_steps}," in wrapper
+    assert f"ENABLED)\n  constexpr int max_stage_steps = {k.stage_steps};" in wrapper
     assert f"constexpr int rows_per_warp = {k.rows_per_warp};" in launch
     assert f"/* l2_prefetch */ {str(k.l2_prefetch).lower()}," in wrapper
     assert f"/* x_async */ {str(k.x_async).lower()}>(" in wrapper
@@ -282,7 +293,7 @@ needs_clone = pytest.mark.skipif(
 def upstream() -> dict[str, str]:
     clone = source.ensure_clone(mlx_clone())
     read = source.reader(clone, PIN)
-    return {QMV: read(QMV), QCPP: read(QCPP), "clone": str(clone)}
+    return {QMV: read(QMV), QCPP: read(QCPP), "clone": str(clone), "read": read}
 
 
 @needs_clone
@@ -310,11 +321,19 @@ def test_harness_measures_what_is_patched(
     options = render.RenderOptions(backends=("cuda",), routing=routing, cuda_x_staging=staging)
     patched = render.render_file(_plan(QMV), upstream[QMV], options)
     snippet = cuda.streamed_kernel_text(upstream[QMV], options)
+    header = cuda.jit_header(upstream[QMV], options, upstream["read"])
     assert snippet in patched
-    assert snippet in cuda.jit_header(upstream[QMV], options)
+    assert snippet in header
     assert ("__syncthreads();" in patched) == (staging == "smem")
     # The M = 1 arm is upstream's kernel, only made callable from a cuda_kernel body.
-    assert "__device__ __forceinline__ void qmv_kernel_jit(" in cuda.jit_header(upstream[QMV])
+    assert "__device__ __forceinline__ void qmv_kernel_jit(" in header
+    # The smem kernel's cp.async helpers: MLX's own, inlined (its JIT embeds only device/).
+    assert ("void cp_async_commit()" in header) == (staging == "smem")
+    assert '#include "mlx/backend/cuda/steel/' not in header
+    if staging == "smem":
+        assert '#include "mlx/backend/cuda/steel/utils.cuh"' in patched
+        with pytest.raises(ValueError, match="steel"):
+            cuda.jit_header(upstream[QMV], options)
 
 
 @needs_clone
@@ -329,9 +348,13 @@ def test_smem_staging_changes_only_the_streamed_kernel(
     a = render.render_file(_plan(QMV), upstream[QMV], base)
     b = render.render_file(_plan(QMV), upstream[QMV], smem)
     head = a[: a.index("// Streamed qmv: one warp per output row")]
-    assert b.startswith(head)  # upstream text and the derived dequant_fma_streamed
+    # Upstream text and the derived dequant_fma_streamed; smem adds MLX's cp.async helpers.
+    steel = '#include "mlx/backend/cuda/steel/utils.cuh"\n\n'
+    assert b.replace(steel, "", 1).startswith(head) and steel in b and steel not in a
     assert a[a.index("} // namespace cu") :] == b[b.index("} // namespace cu") :]
-    paths = {cuda.build_bundle(upstream[QMV], tmp_path, o).name for o in (base, smem)}
+    paths = {
+        cuda.build_bundle(upstream[QMV], tmp_path, o, upstream["read"]).name for o in (base, smem)
+    }
     assert paths == set(cuda.HEADER_NAMES.values())
 
 
@@ -477,7 +500,7 @@ def test_jit_header_compiles_for_sm90(
     """
     inc, src = _nvcc_includes(upstream, tmp_path)
     options = render.RenderOptions(cuda_x_staging=staging)
-    header = cuda.jit_header(upstream[QMV], options)
+    header = cuda.jit_header(upstream[QMV], options, upstream["read"])
     configs = [
         cuda.Config(8192, 28672, 4, 64, "bfloat16"),
         cuda.Config(8192, 28672, 8, 64, "bfloat16"),

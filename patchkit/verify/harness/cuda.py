@@ -31,6 +31,8 @@ from patchkit.carry import cxx, render
 
 QMV_PATH = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 KERNEL_TEMPLATE = "streamed_kernel.cu.j2"
+# MLX's cp.async helpers and the sm_80 macro they test, in include order.
+STEEL_HEADERS = ("mlx/backend/cuda/steel/defines.cuh", "mlx/backend/cuda/steel/utils.cuh")
 # One JIT header per RenderOptions.cuda_x_staging value; the default keeps its old name.
 HEADER_NAMES = {"global": "qmv_jit_header.cuh", "smem": "qmv_jit_header_smem.cuh"}
 HEADER_NAME = HEADER_NAMES["global"]
@@ -122,13 +124,43 @@ def streamed_kernel_text(qmv_source: str, options: render.RenderOptions | None =
     return render.render_snippet(plan, KERNEL_TEMPLATE, render.context(options, derived))
 
 
-def jit_header(qmv_source: str, options: render.RenderOptions | None = None) -> str:
-    """The cuda_kernel header: upstream helpers by structure, plus the rendered snippet."""
+def steel_headers(read: Callable[[str], str]) -> str:
+    """MLX's ``steel/defines.cuh`` and ``steel/utils.cuh`` (cp.async helpers) as one text.
+
+    The smem kernel calls ``cp_async`` & co. and tests ``MLX_CUDA_SM_80_ENABLED``;
+    MLX's JIT embeds only ``device/*.cuh``, so the bundle carries these two
+    inline: ``#pragma once`` and the include of the first from the second dropped.
+    """
+    texts = []
+    for path in STEEL_HEADERS:
+        lines = read(path).splitlines(keepends=True)
+        drop = ("#pragma once", *(f'#include "{h}"' for h in STEEL_HEADERS))
+        texts.append("".join(line for line in lines if line.strip() not in drop))
+    return "\n".join(texts)
+
+
+def jit_header(
+    qmv_source: str,
+    options: render.RenderOptions | None = None,
+    read: Callable[[str], str] | None = None,
+) -> str:
+    """The cuda_kernel header: upstream helpers by structure, plus the rendered snippet.
+
+    ``read`` (a pinned-file reader) supplies MLX's steel headers, which the smem
+    render includes; a ValueError says so when it is missing.
+    """
+    options = options or render.RenderOptions()
     upstream = [f.text(qmv_source) for f in cxx.find_functions(qmv_source, "dequant_fma")]
     upstream.append(cxx.function_text(qmv_source, "qmv_kernel_impl"))
     upstream.append(render.derive(qmv_source, M1_DERIVE))
+    steel = []
+    if options.cuda_x_staging == "smem":
+        if read is None:
+            raise ValueError("the smem JIT header inlines MLX's steel/*.cuh: pass read")
+        steel = [steel_headers(read)]
     parts = [
         NVRTC_PREAMBLE,
+        *steel,
         "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n",
         *upstream,
         streamed_kernel_text(qmv_source, options),
@@ -138,16 +170,20 @@ def jit_header(qmv_source: str, options: render.RenderOptions | None = None) -> 
 
 
 def build_bundle(
-    qmv_source: str, out_dir: Path, options: render.RenderOptions | None = None
+    qmv_source: str,
+    out_dir: Path,
+    options: render.RenderOptions | None = None,
+    read: Callable[[str], str] | None = None,
 ) -> Path:
     """Write the JIT header for the GPU host; returns its path (write-if-different).
 
-    The file name says the variant (``HEADER_NAMES[options.cuda_x_staging]``).
+    The file name says the variant (``HEADER_NAMES[options.cuda_x_staging]``);
+    ``read`` is :func:`jit_header`'s.
     """
     options = options or render.RenderOptions()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / HEADER_NAMES[options.cuda_x_staging]
-    text = jit_header(qmv_source, options)
+    text = jit_header(qmv_source, options, read)
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path
@@ -205,7 +241,8 @@ class Knobs:
         )
 
 
-# What the patch's __global__ qmv_streamed_kernel passes (with 8 rows per block, V in {2, 4}).
+# What the patch's __global__ qmv_streamed_kernel passes from sm_80 on (with 8 rows per
+# block, V in {2, 4}); below sm_80 it stages one k step at a time, without cp.async.
 SHIPPED_KNOBS = Knobs(rows_per_warp=2, l2_prefetch=True, x_async=True)
 
 

@@ -4,9 +4,10 @@
 // base blob:  4ec6b95a7a2d8a0680d74d2a4849dc63a04a387d
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -208,6 +208,474 @@ __global__ void qmv_kernel(
-//   @@ -293,6 +761,83 @@ void qmv(
-//   @@ -439,6 +984,28 @@ void qmv(
+//   @@ -8,6 +8,8 @@
+//   @@ -208,6 +210,494 @@ __global__ void qmv_kernel(
+//   @@ -293,6 +783,81 @@ void qmv(
+//   @@ -439,6 +1004,28 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -17,6 +18,8 @@
 
 #include <cooperative_groups.h>
 #include <cooperative_groups/reduce.h>
+
+#include "mlx/backend/cuda/steel/utils.cuh"
 
 namespace mlx::core {
 
@@ -334,8 +337,11 @@ __device__ __forceinline__ void dequant_fma_streamed(
 //
 // Two more memory-only knobs: x_async copies stage i + 1 with cp.async into a
 // second buffer while stage i is computed, and l2_prefetch asks L2 for the
-// warp's weight rows up front. The __global__ wrapper below passes the values
-// the host launcher was measured with; the defaults are the plain form.
+// warp's weight rows up front. cp.async exists from sm_80 on; below it x_async
+// is ignored and every stage is copied with plain loads and stores, which
+// changes when x reaches shared memory, not which tiles are summed or in what
+// order. The __global__ wrapper below passes the values the host launcher
+// uses; the defaults are the plain form.
 template <
     int V,
     int rows_per_block,
@@ -392,10 +398,17 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
       cuda::std::min(max_stage_steps, 6144 / (V * tile_words));
   static_assert(stage_steps >= 1, "x for V vectors exceeds 24 KB");
   constexpr int stage_words = stage_steps * tile_words;
-  // With x_async, two buffers: full stage i + 1 is copied (cp.async) while
+  // cp.async exists from sm_80 on; below it x_async is ignored and every
+  // stage is copied with plain loads and stores.
+#if defined(MLX_CUDA_SM_80_ENABLED)
+  constexpr bool async_x = x_async;
+#else
+  constexpr bool async_x = false;
+#endif
+  // With async_x, two buffers: full stage i + 1 is copied (cp.async) while
   // stage i is computed.
   constexpr int buffer_words = V * stage_words;
-  __shared__ alignas(16) uint32_t xs[(x_async ? 2 : 1) * buffer_words];
+  __shared__ alignas(16) uint32_t xs[(async_x ? 2 : 1) * buffer_words];
   constexpr int block_threads = rows_per_block / rows_per_warp * WARP_SIZE;
   bool row_active = row < n;
 
@@ -423,7 +436,7 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
   }
 
   // Copy x[v][k0 : k0 + len] to buf; zeros for v >= nv (block-uniform).
-  // Async: cp.async with a source size of 0 for v >= nv writes the zeros.
+  // Async: MLX's cp_async per 32-bit word; the zeros are plain stores.
   auto stage_x = [&](uint32_t* buf, int k0, int len, auto async) {
     int words = len * sizeof(T) / sizeof(uint32_t);
 #pragma unroll
@@ -435,11 +448,12 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
            i += block_threads) {
         uint32_t* d = dst + (i / x_words) * x_pitch + i % x_words;
         if constexpr (decltype(async)::value) {
-          asm volatile(
-              "cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
-                  static_cast<uint32_t>(__cvta_generic_to_shared(d))),
-              "l"(__cvta_generic_to_global(src + i)),
-              "r"(v < nv ? 4 : 0));
+          if (v < nv) {
+            cp_async<4>(
+                static_cast<uint32_t>(__cvta_generic_to_shared(d)), src + i);
+          } else {
+            *d = 0u;
+          }
         } else {
           *d = v < nv ? src[i] : 0u;
         }
@@ -503,12 +517,12 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
   // Full stages, then the rest one step at a time: r = 0, 1, ..., steps - 1.
   int steps = k / elems_per_warp;
   int r0 = 0;
-  if constexpr (x_async) {
+  if constexpr (async_x) {
     int full = steps / stage_steps;
     if (full > 0) {
       stage_x(xs, 0, stage_steps * elems_per_warp, cuda::std::true_type{});
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
     for (int i = 0; i < full; ++i, r0 += stage_steps) {
       if (i + 1 < full) {
         stage_x(
@@ -517,8 +531,8 @@ __device__ __forceinline__ void qmv_streamed_kernel_impl(
             stage_steps * elems_per_warp,
             cuda::std::true_type{});
       }
-      asm volatile("cp.async.commit_group;\n" ::);
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      cp_async_commit();
+      cp_async_wait<1>();
       __syncthreads();
       compute_stage(xs + (i % 2) * buffer_words, r0, full_stage{});
       __syncthreads();
@@ -669,6 +683,15 @@ __global__ void qmv_streamed_kernel(
     int n,
     int k,
     bool broadcast_w) {
+  // From sm_80 on, x stages of 4 k steps are copied with cp.async while the
+  // previous one is computed. Below it the copies are plain and a stage is one
+  // k step: the same tiles in the same order, and a fraction of the unrolled
+  // code for ptxas to compile.
+#if defined(MLX_CUDA_SM_80_ENABLED)
+  constexpr int max_stage_steps = 4;
+#else
+  constexpr int max_stage_steps = 1;
+#endif
   qmv_streamed_kernel_body<
       V,
       rows_per_block,
@@ -679,7 +702,7 @@ __global__ void qmv_streamed_kernel(
       T,
       Q,
       S,
-      /* max_stage_steps */ 4,
+      max_stage_steps,
       rows_per_warp,
       /* l2_prefetch */ true,
       /* x_async */ true>(
@@ -798,10 +821,8 @@ void qmv_streamed(
     F&& launch_kernel) {
   // The same tiling as qmv, so each vector's per-thread order is qmv's.
   // Which warp computes a row, where x is read from and when the weights are
-  // fetched do not change any row's order. The shape below (4 warps of 2 rows,
-  // V <= 4, cp.async x staging, L2 prefetch) was the fastest of the exact
-  // variants timed on an H200: 8192x28672 4-bit at M = 8 in 300 us, against
-  // 1043 us for 8 calls of qmv.
+  // fetched do not change any row's order; the shape below (4 warps of 2 rows,
+  // V <= 4, x staged in shared memory, L2 prefetch) only sets the speed.
   constexpr int rows_per_warp = 2;
   constexpr int rows_per_block = 8;
   constexpr int elems_per_thread =

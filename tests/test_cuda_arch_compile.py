@@ -1,0 +1,204 @@
+"""The patched ``qmv.cu`` compiles for every architecture MLX's CUDA wheels ship.
+
+A real compile per architecture (``nvcc -c``: cicc, then ptxas on the result),
+with MLX's own nvcc flags and include directories as its CMake build uses them:
+
+* the architectures come from the pinned ``setup.py`` (``cuda_archs``), and the
+  flags from the pinned ``mlx/backend/cuda/CMakeLists.txt`` (every
+  ``$<$<COMPILE_LANGUAGE:CUDA>:...>`` option), so a pin bump carries its own;
+* the sources are the pinned tree (``git archive`` of ``mlx/``), the patched
+  ``qmv.cu`` rendered into it;
+* MLX's configure-time downloads come from the dependency directory
+  (``PATCHKIT_DEPS_DIR``, else ``<cache>/deps``; one folder per FetchContent
+  name): ``cutlass`` and ``fmt`` are required, ``cccl`` is used when present
+  (else the toolkit's bundled CCCL).
+
+The stock file compiled for sm_75 is the control: it must pass too, so a
+failure of ours is ours. A ``*-virtual`` entry is compiled to SASS as well
+(``code=sm_XX``), so ptxas checks that PTX the way a driver JIT would.
+
+Cost: each architecture is a minute or more of one core (every qmv
+instantiation). The default run compiles sm_75 (MLX's CUDA CI, the one without
+cp.async) and sm_90a (the H200); ``--wide`` adds the rest.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from support_git import PIN_SHA, mlx_clone
+
+from patchkit.carry import render, source
+
+QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
+CUDA_CMAKE = "mlx/backend/cuda/CMakeLists.txt"
+NVCC = shutil.which("nvcc")
+# The default run's architectures; the rest of setup.py's list runs with --wide.
+DEFAULT_ARCHS = ("75-real", "90a-real")
+# What the pinned setup.py ships (Linux adds the last three); the test reads it
+# from the pin and checks this list against it, so it cannot go stale silently.
+WHEEL_ARCHS = (
+    "75-real",
+    "80-real",
+    "120a-real",
+    "120-virtual",
+    "90a-real",
+    "100a-real",
+    "121a-real",
+)
+
+
+def deps_root() -> Path:
+    """MLX's configure-time downloads, one folder per FetchContent name."""
+    override = os.environ.get("PATCHKIT_DEPS_DIR")
+    return Path(override).expanduser() if override else source.cache_root() / "deps"
+
+
+def wheel_archs(setup_py: str) -> list[str]:
+    """``MLX_CUDA_ARCHITECTURES`` entries of the pinned setup.py, in order."""
+    block = setup_py[setup_py.index("cuda_archs = [") : setup_py.index("MLX_CUDA_ARCHITECTURES")]
+    return re.findall(r'"(\d+a?-(?:real|virtual))"', block)
+
+
+def gencode(arch: str) -> str:
+    """nvcc's -gencode for one CMake architecture; a virtual one is also run through ptxas."""
+    num = arch.split("-")[0]
+    return f"arch=compute_{num},code=sm_{num}"
+
+
+def cuda_flags(cmake: str) -> list[str]:
+    """Every CUDA-only compile option of the mlx target in the pinned CMakeLists.txt."""
+    return re.findall(r"\$<\$<COMPILE_LANGUAGE:CUDA>:(.*?)>(?=[\"\s)])", cmake)
+
+
+def test_wheel_archs_and_flags_parse() -> None:
+    """The parsers on text shaped like the pin's (no clone needed)."""
+    setup = """
+            cuda_archs = [
+                "75-real",
+                "120-virtual",
+            ]
+            if platform.system() == "Linux":
+                cuda_archs += ["90a-real"]
+            cmake_args += [f"-DMLX_CUDA_ARCHITECTURES={';'.join(cuda_archs)}"]
+    """
+    assert wheel_archs(setup) == ["75-real", "120-virtual", "90a-real"]
+    assert gencode("90a-real") == "arch=compute_90a,code=sm_90a"
+    assert gencode("120-virtual") == "arch=compute_120,code=sm_120"
+    cmake = (
+        'target_compile_options(mlx\n  PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda>")\n'
+        "target_compile_options(\n  mlx\n"
+        '  PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcudafe="--diag_suppress=186,2908">)\n'
+    )
+    assert cuda_flags(cmake) == ["--extended-lambda", '-Xcudafe="--diag_suppress=186,2908"']
+
+
+needs_clone = pytest.mark.skipif(
+    mlx_clone() is None,
+    reason="needs a full MLX clone with commit 9a795735: set PATCHKIT_MLX_REPO=/path/to/mlx",
+)
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The pinned mlx/ tree on disk, the stock and patched qmv.cu beside each other."""
+    clone = source.ensure_clone(mlx_clone())
+    read = source.reader(clone, PIN_SHA)
+    root = tmp_path_factory.mktemp("mlx")
+    tar = subprocess.run(
+        ["git", "-C", str(clone), "archive", "--format=tar", PIN_SHA, "mlx"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(root, filter="data")
+    plan = next(p for p in render.load_plans() if p.path == QMV)
+    patched = render.render_file(plan, read(QMV), render.RenderOptions(backends=("cuda",)))
+    (root / QMV).with_name("qmv_patched.cu").write_text(patched)
+    return {"root": root, "read": read}
+
+
+def _includes(root: Path) -> list[str]:
+    """MLX's include directories for the mlx target; skips naming a missing download."""
+    deps = deps_root()
+    missing = [
+        f"{name} ({deps / name / sub})"
+        for name, sub in (("cutlass", "include/cute"), ("fmt", "include/fmt"))
+        if not (deps / name / sub).is_dir()
+    ]
+    if missing:
+        pytest.skip(
+            f"MLX's configure-time sources missing: {', '.join(missing)}; export cutlass "
+            "v4.4.2's include/ and fmt 12.1.0 there, or set PATCHKIT_DEPS_DIR"
+        )
+    cccl = deps / "cccl" / "include"
+    return [
+        *([f"-I{cccl}"] if cccl.is_dir() else []),  # MLX puts its CCCL BEFORE the toolkit's
+        f"-I{root}",
+        "-isystem",
+        str(deps / "cutlass" / "include"),  # SYSTEM, as MLX includes it
+        f"-I{deps / 'fmt' / 'include'}",
+    ]
+
+
+def _nvcc(tree: dict[str, object], arch: str, name: str, tmp_path: Path) -> None:
+    """nvcc -c of ``name`` (beside qmv.cu in the pinned tree) for one architecture."""
+    root: Path = tree["root"]  # type: ignore[assignment]
+    read = tree["read"]
+    flags = cuda_flags(read(CUDA_CMAKE))  # type: ignore[operator]
+    cmd = [
+        str(NVCC),
+        "-std=c++20",  # CMAKE_CXX_STANDARD 20
+        "-DMLX_USE_CUDA",  # target_compile_definitions(mlx PRIVATE MLX_USE_CUDA)
+        "-DFMT_HEADER_ONLY=1",  # fmt::fmt-header-only
+        *flags,
+        *_includes(root),
+        "-gencode",
+        gencode(arch),
+        "-c",
+        str((root / QMV).with_name(name)),
+        "-o",
+        str(tmp_path / f"{name}.{arch}.o"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert proc.returncode == 0, f"{arch}: {len(errors)} error lines, e.g.\n" + "\n".join(
+        errors[:20] or proc.stderr.splitlines()[-40:]
+    )
+
+
+@needs_clone
+@pytest.mark.clone
+def test_wheel_archs_are_the_pins(tree: dict[str, object]) -> None:
+    """WHEEL_ARCHS is what the pinned setup.py builds; MLX's flags are found."""
+    read = tree["read"]
+    assert tuple(wheel_archs(read("setup.py"))) == WHEEL_ARCHS  # type: ignore[operator]
+    assert "--expt-relaxed-constexpr" in cuda_flags(read(CUDA_CMAKE))  # type: ignore[operator]
+
+
+@needs_clone
+@needs_nvcc
+@pytest.mark.clone
+def test_stock_qmv_compiles_for_sm75(tree: dict[str, object], tmp_path: Path) -> None:
+    """The control: unpatched qmv.cu with the same command, for MLX's CI architecture."""
+    _nvcc(tree, "75-real", "qmv.cu", tmp_path)
+
+
+@needs_clone
+@needs_nvcc
+@pytest.mark.clone
+@pytest.mark.parametrize(
+    "arch",
+    [a if a in DEFAULT_ARCHS else pytest.param(a, marks=pytest.mark.wide) for a in WHEEL_ARCHS],
+)
+def test_patched_qmv_compiles(tree: dict[str, object], tmp_path: Path, arch: str) -> None:
+    """The patched qmv.cu (default render) compiles for ``arch``: cicc and ptxas, no errors."""
+    _nvcc(tree, arch, "qmv_patched.cu", tmp_path)
