@@ -132,20 +132,41 @@ def test_rendered_test_sweeps_small_m_in_mlx_style() -> None:
         "test_qmv_small_batch_matches_single_vector",
         "test_fp_qmv_small_batch_matches_single_vector",
     ]
-    assert 'modes = ["mxfp4", "nvfp4", "mxfp8"]' in metal and "global_scale_w=" in metal
-    assert f"Ms = range(2, {export_pr.TEST_MAX_M + 1})" in metal
-    assert "with self.subTest(" in metal and "product(group_sizes, bit_widths, Ns, dtypes)" in metal
-    assert "mx.array_equal(y, mx.concatenate(rows))" in metal
-    assert "mx.cuda.is_available()" in metal  # Metal-only PR: CUDA skips
+    assert "mx.quantize(w, mode=mode, global_scale=global_scale_w)" in metal
+    assert f"Ms = [2, 3, 5, 7, {export_pr.TEST_MAX_M}]" in metal
+    assert "with self.subTest(" in metal
+    assert "mx.array_equal(y, mx.concatenate(rows[:M], -2))" in metal
+    # Every grid axis carries its comment, as the file's own product() grids do.
+    for axis in ("# group_size", "# bits", "# (N, K, B)", "# dtype", "# mode", "# global scale"):
+        assert axis in metal, axis
+    # Metal-only PR: both tests skip on CUDA through the file's decorator.
+    assert metal.count("@unittest.skipIf(") == 2 and "Metal only" not in metal
+    # The global-scale (qqmm) cases run only on the GPU, as test_qqmv gates them.
+    assert "if mx.default_device() == mx.gpu:" in metal
     both = _render_test(("metal", "cuda"))
-    assert "Metal only" not in both
-    # With CUDA: the affine test runs there for the M CUDA streams by default (M < 8);
-    # the fp test skips there (CUDA's fp kernels are not what the patch checks).
+    # With CUDA: the affine test runs there for the M * B CUDA streams by default (< 8);
+    # the fp test still skips there.
     affine = both[both.index("def test_qmv_small_batch") : both.index("def test_fp_qmv_small")]
-    assert "if mx.cuda.is_available():\n            # CUDA streams" in affine
-    assert "            Ms = range(2, 8)\n" in affine
-    fp = both[both.index("def test_fp_qmv_small") :]
-    assert 'self.skipTest("On CUDA the streamed qmv is checked for affine modes.")' in fp
+    assert "if mx.cuda.is_available() and M * B >= 8:" in affine
+    assert both.count("@unittest.skipIf(") == 1
+
+
+# (N, K, B) -> which M = 1 path it covers, as the issue lists them.
+PATH_CASES = {
+    (64, 512, 1): "fast",
+    (64, 384, 1): "ragged K, N % 8 == 0",
+    (67, 512, 1): "N % 8 != 0",
+    (5, 512, 1): "N < 8",
+    (64, 512, 3): "B > 1",
+}
+
+
+def test_rendered_test_covers_each_m1_path() -> None:
+    metal = _render_test(("metal",))
+    for shape, why in PATH_CASES.items():
+        assert f"            {shape},  #" in metal, why
+    assert '("nvfp4", (4096, 512, 1), False)' in metal  # _r_2 needs N >= 4096, fast
+    assert 'product(["nvfp4"], shapes[:4], [True])' in metal  # global scale, 2-D only
 
 
 def test_rendered_benchmark_is_a_new_python_script() -> None:
@@ -153,8 +174,12 @@ def test_rendered_benchmark_is_a_new_python_script() -> None:
     text = export_pr.render_pr_file(plan, None, render.RenderOptions(("metal",)))
     tree = ast.parse(text)
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert {"time_qmv_small_batch", "rows_match"} <= names
+    assert {"time_case", "run_cases", "run_stock"} <= names
     assert "from time_utils import measure_runtime" in text
+    # Stock comes from a second process with the switch off (it is read once per process).
+    assert '"MLX_QMV_STREAMED": "0"' in text
+    sizes = ",".join(f"{k}x{n}" for k, n in export_pr.BENCH_SIZES)
+    assert f'default="{sizes}"' in text
     with pytest.raises(AnchorError):
         export_pr.render_pr_file(plan, "# upstream now has it\n", render.RenderOptions())
 
@@ -168,26 +193,85 @@ def test_wrong_formatter_version_is_refused_with_the_install_command() -> None:
         export_pr.ensure_formatters({"black": "0.0.1"}, install=False)
 
 
-def test_body_is_a_draft_carrying_the_upstream_template() -> None:
-    body = export_pr.render_body(
-        TEMPLATES,
-        {
-            "notice": export_pr.DRAFT_NOTICE,
-            "base": PIN_SHA,
-            "pin": True,
-            "files": [TEST_PATH],
-            "backends": ["metal"],
-            "routing": "stream",
-            "max_m": 12,
-            "benchmarks": [],
-            "cuda_results": [],
-            "pr_template": "## Proposed changes\n\n- [ ] I have read CONTRIBUTING\n",
-        },
-    )
+UPSTREAM_PR_TEMPLATE = (
+    "## Proposed changes\n\nPlease include a description.\n\n"
+    "## Checklist\n\n- [ ] I have read CONTRIBUTING\n"
+)
+
+
+def _body(**over: object) -> str:
+    _, checklist = export_pr.template_sections(UPSTREAM_PR_TEMPLATE)
+    context = {
+        "notice": export_pr.DRAFT_NOTICE,
+        "base": PIN_SHA,
+        "pin": True,
+        "files": [TEST_PATH],
+        "backends": ["metal"],
+        "routing": "stream",
+        "max_m": 12,
+        "bench_sizes": ["4096x4096"],
+        "pr_checklist": checklist,
+        **over,
+    }
+    return export_pr.render_body(TEMPLATES, context)
+
+
+def test_body_is_a_draft_in_the_upstream_template() -> None:
+    body = _body()
     assert body.splitlines()[1] == export_pr.DRAFT_NOTICE
     assert "# DRAFT - rewrite before posting" in body
-    assert body.endswith("## Proposed changes\n\n- [ ] I have read CONTRIBUTING\n")
-    assert "instead of `qmv_wide`" in body and "cannot be checked here" in body
+    # Upstream's headings, in upstream's order; the checklist verbatim at the end.
+    assert body.index("## Proposed changes") < body.index("## Checklist")
+    assert body.endswith("## Checklist\n\n- [ ] I have read CONTRIBUTING\n")
+    assert "Please include a description." not in body
+
+
+def test_body_states_the_routing_and_cites_only_mlx() -> None:
+    body = _body()
+    for claim in (
+        "| affine, generation 15+, 2 <= M < batch limit | `affine_qmv_wide` |",
+        "| affine, generations 13/14, M >= 2 | one `qmv` per vector | unchanged |",
+        "| nvfp4 with global scales (`mx.qqmm`), 2 <= M < batch limit | one `fp_qmv` per vector",
+        "`MLX_QMV_STREAMED`, default 1; 0 restores",
+    ):
+        assert claim in body, claim
+    assert "patchkit" not in body.split("-->", 1)[1]
+    assert "docs/" not in body
+    opt_in = _body(routing="opt_in")
+    assert "`MLX_QMV_STREAMED`, default 0" in opt_in
+
+
+def test_body_carries_the_mac_only_evidence_checklist() -> None:
+    body = _body()
+    mac = body[body.index("### Evidence that needs a Mac") : body.index("## Checklist")]
+    for item in ("Generation 15+", "Generation 13 / 14", "a base, a Max and an Ultra",
+                 "`mlx.metallib` size", "`metal` and `jit`"):  # fmt: skip
+        assert f"- [ ] {item}" in mac or item in mac, item
+    assert mac.count("- [ ]") == 5
+    assert _body(backends=["metal", "cuda"]).count("- [ ] CUDA") == 1
+
+
+def test_template_without_a_checklist_is_carried_whole() -> None:
+    assert export_pr.template_sections("free text\n") == ("", "free text\n")
+
+
+def test_author_defaults_to_the_git_identity(tmp_path: Path) -> None:
+    git.run(None, "init", "--quiet", str(tmp_path))
+    assert export_pr.resolve_author(tmp_path, ("A", "a@x")) == (("A", "a@x"), [])
+    subprocess.run(["git", "-C", str(tmp_path), "config", "user.name", "Ada"], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "config", "user.email", "ada@x"], check=True)
+    assert export_pr.resolve_author(tmp_path, None) == (("Ada", "ada@x"), [])
+
+
+def test_no_git_identity_falls_back_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git.run(None, "init", "--quiet", str(tmp_path))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "none"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    with pytest.warns(export_pr.NoGitIdentityWarning, match="user.name"):
+        author, notes = export_pr.resolve_author(tmp_path, None)
+    assert author == git.FIXED_AUTHOR and len(notes) == 1
 
 
 # --- against a real clone -------------------------------------------------------------
@@ -229,7 +313,11 @@ def needs_clone(fn: Callable[..., None]) -> Callable[..., None]:
 def pr(tmp_path_factory: pytest.TempPathFactory) -> export_pr.PrResult:
     out = tmp_path_factory.mktemp("pr")
     return export_pr.export_pr(
-        root=ROOT, branch="patchkit-test/export-pr", out_dir=out, mlx_repo=SPEC
+        root=ROOT,
+        branch="patchkit-test/export-pr",
+        out_dir=out,
+        mlx_repo=SPEC,
+        author=("Test Author", "test@example.com"),
     )
 
 
@@ -245,7 +333,12 @@ def test_export_pr_makes_one_formatted_commit_on_the_pin(pr: export_pr.PrResult)
     assert pr.reformatted == []  # templates render exactly what clang-format/black produce
     with source.worktree(clone, pr.commit, base_ref="refs/patchkit/test-pr") as wt:
         export_pr.run_formatters(wt, pr.files, check=True)  # raises if anything would change
-    assert "DRAFT" in pr.body.read_text()
+    body = pr.body.read_text()
+    assert "DRAFT" in body and "docs/" not in body
+    assert git.out(clone, "log", "-1", "--format=%an <%ae>", pr.commit) == pr.to_json()["author"]
+    # Upstream's checklist, verbatim, closes the body.
+    _, checklist = export_pr.template_sections(git.show_file(clone, PIN_SHA, export_pr.PR_TEMPLATE))
+    assert checklist.strip() and body.endswith(checklist)
 
 
 @needs_clone

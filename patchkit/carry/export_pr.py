@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ TEST_MAX_M = 12
 BENCH_SIZES = ((4096, 4096), (4096, 14336), (14336, 4096))
 BODY_TEMPLATE = "pr/body.md.j2"
 PR_TEMPLATE = ".github/pull_request_template.md"
+CHECKLIST_HEADING = "## Checklist"
 PRECOMMIT = ".pre-commit-config.yaml"
 CXX_SUFFIXES = (".h", ".cpp", ".metal", ".cu", ".cuh")
 # Formatter hooks of MLX's .pre-commit-config.yaml: repo URL fragment -> PyPI name.
@@ -61,6 +63,10 @@ DRAFT_NOTICE = (
 Read = Callable[[str], "str | None"]
 
 
+class NoGitIdentityWarning(UserWarning):
+    """No git user.name/user.email is set: the PR commit falls back to patchkit's identity."""
+
+
 @dataclass
 class PrResult:
     """What export-pr did, for the CLI and ``--json``."""
@@ -75,6 +81,8 @@ class PrResult:
     formatters: dict[str, str]
     reformatted: list[str] = field(default_factory=list)
     pushed: str | None = None
+    author: tuple[str, str] = git.FIXED_AUTHOR
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """A JSON-friendly summary (repository path, branch and commit first)."""
@@ -90,6 +98,8 @@ class PrResult:
             "formatters": self.formatters,
             "reformatted": self.reformatted,
             "pushed": self.pushed,
+            "author": f"{self.author[0]} <{self.author[1]}>",
+            "warnings": self.warnings,
         }
 
 
@@ -284,24 +294,29 @@ def format_patch(clone: Path, base: str, head: str, out_dir: Path) -> Path:
     return files[0]
 
 
-def benchmark_tables(root: Path, backends: Sequence[str]) -> list[tuple[str, str]]:
-    """(path, text) of each ``docs/benchmark_results/<backend>-*.md`` for the PR's backends."""
-    found = []
-    for backend in backends:
-        for f in sorted((root / "docs" / "benchmark_results").glob(f"{backend}-*.md")):
-            found.append((f.relative_to(root).as_posix(), f.read_text()))
-    return found
-
-
 def render_body(templates_dir: Path, context: dict[str, object]) -> str:
     """The PR body draft from ``templates/pr/body.md.j2``."""
     return render.environment(templates_dir).get_template(BODY_TEMPLATE).render(**context)
 
 
+def template_sections(template: str) -> tuple[str, str]:
+    """(what precedes upstream's ``## Checklist``, the checklist section verbatim).
+
+    The body fills the template's first section with the draft and keeps the
+    checklist as upstream wrote it; without that heading, the whole template is
+    carried as the second part.
+    """
+    at = template.find(CHECKLIST_HEADING)
+    if at < 0:
+        return "", template
+    return template[:at], template[at:]
+
+
 def body_context(
     root: Path, read: Read, base: str, files: list[str], options: render.RenderOptions
 ) -> dict[str, object]:
-    """Facts the body draft states: base, files, scope, routing, evidence, upstream template."""
+    """Facts the body draft states: base, files, scope, routing, upstream template's checklist."""
+    _, checklist = template_sections(read(PR_TEMPLATE) or "")
     return {
         "notice": DRAFT_NOTICE,
         "base": base,
@@ -310,15 +325,51 @@ def body_context(
         "backends": list(options.backends),
         "routing": options.routing,
         "max_m": TEST_MAX_M,
-        "benchmarks": benchmark_tables(root, options.backends),
-        "cuda_results": [p for p, _ in benchmark_tables(root, ("cuda",))],
-        "pr_template": read(PR_TEMPLATE) or "",
+        "bench_sizes": [f"{k}x{n}" for k, n in BENCH_SIZES],
+        "pr_checklist": checklist,
     }
 
 
 def _pinned(root: Path) -> str | None:
     path = root / pin.PIN_FILE
     return pin.load(path).commit if path.exists() else None
+
+
+def git_identity(root: Path) -> tuple[str, str] | None:
+    """``(user.name, user.email)`` as git resolves them in ``root`` (repository, then
+    global config), or None when either is unset.
+
+    Plain ``git config`` rather than :func:`git.run`, which hides the user's global
+    config on purpose: here the user's identity is exactly what is wanted.
+    """
+    found = []
+    for key in ("user.name", "user.email"):
+        proc = subprocess.run(
+            ["git", "-C", str(root), "config", "--get", key],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        found.append(proc.stdout.strip())
+    name, email = found
+    return (name, email) if name and email else None
+
+
+def resolve_author(root: Path, author: tuple[str, str] | None) -> tuple[tuple[str, str], list[str]]:
+    """The commit author: ``author`` if given, else the user's git identity, else
+    patchkit's fixed identity with a warning (the PR must carry the submitter's name)."""
+    if author is not None:
+        return author, []
+    ident = git_identity(root)
+    if ident is not None:
+        return ident, []
+    msg = (
+        "no git user.name/user.email is set; the PR commit is authored by"
+        f" {git.FIXED_AUTHOR[0]} <{git.FIXED_AUTHOR[1]}>. Set your identity"
+        " (git config --global user.name/user.email) or pass an author."
+    )
+    warnings.warn(msg, NoGitIdentityWarning, stacklevel=3)
+    return git.FIXED_AUTHOR, [msg]
 
 
 def push_branch(clone: Path, remote: str, branch: str, head: str) -> str:
@@ -338,11 +389,15 @@ def export_pr(
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
     options: render.RenderOptions = PR_OPTIONS,
-    author: tuple[str, str] = git.FIXED_AUTHOR,
+    author: tuple[str, str] | None = None,
     install_formatters: bool = False,
     progress: source.Progress = source._quiet,
 ) -> PrResult:
-    """Build the PR branch, its patch and the body draft; see the module doc."""
+    """Build the PR branch, its patch and the body draft; see the module doc.
+
+    ``author`` defaults to the user's git identity (see :func:`resolve_author`).
+    """
+    author, notes = resolve_author(root, author)
     pinned = _pinned(root)
     rev = onto or pinned
     if rev is None:
@@ -364,4 +419,6 @@ def export_pr(
     body = out / "PR_BODY.draft.md"
     body.write_text(render_body(templates_dir, body_context(root, read, base, files, options)))
     pushed = push_branch(clone, push, branch, head) if push else None
-    return PrResult(clone, branch, head, base, files, patch, body, wanted, reformatted, pushed)
+    return PrResult(
+        clone, branch, head, base, files, patch, body, wanted, reformatted, pushed, author, notes
+    )
