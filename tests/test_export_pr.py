@@ -165,7 +165,7 @@ def test_rendered_test_covers_each_m1_path() -> None:
     metal = _render_test(("metal",))
     for shape, why in PATH_CASES.items():
         assert f"            {shape},  #" in metal, why
-    assert '("nvfp4", (4096, 512, 1), False)' in metal  # _r_2 needs N >= 4096, fast
+    assert '("nvfp4", (4096, 1024, 1), False)' in metal  # _r_2 needs N >= 4096, fast
     assert 'product(["nvfp4"], shapes[:4], [True])' in metal  # global scale, 2-D only
 
 
