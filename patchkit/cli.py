@@ -142,12 +142,22 @@ def apply_cmd(rev: str | None, release: str | None, as_json: bool, common: dict[
 
 @main.command("rebase")
 @click.option("--to", "rev", required=True, metavar="REV", help="Upstream commit to move to.")
-@click.option("--release", help="Release twin of the new pin (default: none recorded).")
+@click.option(
+    "--release",
+    help="Release twin of the new pin (default: the old twin while the touched files match).",
+)
+@click.option(
+    "--allow-downgrade", is_flag=True, help="Accept a REV that does not descend from the pin."
+)
 @common_options
-def rebase_cmd(rev: str, release: str | None, as_json: bool, common: dict[str, Any]) -> None:
+def rebase_cmd(
+    rev: str, release: str | None, allow_downgrade: bool, as_json: bool, common: dict[str, Any]
+) -> None:
     """Move the pin to REV, gated on dependency changes and CPU parity."""
     with progress(as_json) as say:
-        r = rebase_mod.rebase(rev, release=release, progress=say, **common)
+        r = rebase_mod.rebase(
+            rev, release=release, allow_downgrade=allow_downgrade, progress=say, **common
+        )
     emit(as_json, r.to_json(), r.summary())
 
 

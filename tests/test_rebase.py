@@ -206,3 +206,45 @@ def test_real_parity_accepts_a_called_helper_change(env: dict, tmp_path: Path) -
     r = rebase.rebase(new, root=env["root"], templates_dir=templates)  # default: the emulator
     assert r.parity is not None and r.parity.ok, r.parity
     assert r.changed_called == {QH: ["load_vector"]}
+
+
+def test_rebase_to_the_pin_is_a_no_op(env: dict) -> None:
+    apply.apply(env["old"], root=env["root"], templates_dir=env["templates"], release="0.32.1")
+    before = snapshot(env["root"])
+    parity = ParityStub(True)
+    r = do_rebase(env, env["old"][:10], parity)
+    assert not r.written and "nothing to do" in r.summary()
+    assert parity.headers == [], "no gate runs for a no-op"
+    assert snapshot(env["root"]) == before  # release twin, overlay headers, history unchanged
+
+
+def commit_untouched(e: dict, branch: str) -> str:
+    """An upstream commit that changes a file the patch does not touch."""
+    repo = e["path"]
+    git.run(repo, "checkout", "--quiet", "-B", branch, e["old"])
+    (repo / "NOTES.md").write_text("unrelated upstream change\n")
+    git.add(repo, ["NOTES.md"])
+    return git.commit(repo, f"upstream: {branch}", date=DATE, author=("MLX", "mlx@example.com"))
+
+
+def test_release_twin_kept_while_touched_files_match_and_downgrade_refused(env: dict) -> None:
+    apply.apply(env["old"], root=env["root"], templates_dir=env["templates"], release="0.32.1")
+    new = commit_untouched(env, "untouched")
+    do_rebase(env, new, ParityStub(True))
+    assert pin.load(env["root"] / "pin.toml").release == "0.32.1"  # same blobs: still a twin
+    before = snapshot(env["root"])
+    with pytest.raises(rebase.RebaseRefused, match="older than the pin"):
+        do_rebase(env, env["old"], ParityStub(True))
+    assert snapshot(env["root"]) == before
+    r = rebase.rebase(
+        env["old"], root=env["root"], templates_dir=env["templates"],
+        parity_check=ParityStub(True), allow_downgrade=True,
+    )  # fmt: skip
+    assert r.written and pin.load(env["root"] / "pin.toml").commit == env["old"]
+
+
+def test_release_twin_dropped_when_a_touched_file_changes(env: dict) -> None:
+    apply.apply(env["old"], root=env["root"], templates_dir=env["templates"], release="0.32.1")
+    new = commit_edit(env, moved_and_unrelated, "unrelated")
+    do_rebase(env, new, ParityStub(True))
+    assert pin.load(env["root"] / "pin.toml").release == ""  # quantized.h is no longer 0.32.1's

@@ -112,6 +112,8 @@ class RebaseResult:
 
     def summary(self) -> str:
         """One human paragraph."""
+        if not self.written and self.old == self.new:
+            return f"already pinned at {self.old[:8]}: nothing to do"
         called = ", ".join(f for fs in self.changed_called.values() for f in fs) or "none"
         parity = self.parity.summary if self.parity else "not run"
         if self.fp_parity:
@@ -267,14 +269,28 @@ def rebase(
     progress: source.Progress = source._quiet,
     parity_check: ParityCheck = emulator_parity,
     fp_parity_check: FpParityCheck | None = emulator_fp_parity,
+    allow_downgrade: bool = False,
 ) -> RebaseResult:
-    """Move the pin to ``rev``; see the module doc for the gates. Writes only on success."""
+    """Move the pin to ``rev``; see the module doc for the gates. Writes only on success.
+
+    ``rev`` equal to the pin is a no-op (nothing read beyond the revision, nothing
+    written). A ``rev`` that does not descend from the pin (older, or another
+    line of history) is refused unless ``allow_downgrade``.
+    """
     apply.ensure_outputs_clean(root)
     old_pin = pin.load(root / pin.PIN_FILE)
     clone = source.open_source(mlx_repo, old_pin.url, progress=progress)
     new = source.resolve(clone, rev, progress=progress)
     old = source.resolve(clone, old_pin.commit, progress=progress)
     result = RebaseResult(old, new)
+    if new == old:
+        return result
+    if not allow_downgrade and not git.is_ancestor(clone, old, new):
+        older = git.is_ancestor(clone, new, old)
+        raise RebaseRefused(
+            f"{rev} ({new[:8]}) is {'older than' if older else 'not a descendant of'} the pin"
+            f" {old[:8]}; pass --allow-downgrade to move the pin there anyway"
+        )
     bad = pin.mismatches(old_pin, lambda p: git.blob_id(clone, old, p))
     if bad:
         raise BlobMismatchError(
@@ -303,6 +319,16 @@ def rebase(
     return result
 
 
+def kept_release(old_pin: pin.Pin, new_blobs: dict[str, str]) -> str:
+    """The old release twin when every touched file is still byte-identical to it, else none.
+
+    A twin is a release whose touched files equal the pin's; if the new pin
+    touches the same blobs, the old twin still is one. Otherwise the emulator
+    reads the headers from the cached clone until ``--release`` names a new twin.
+    """
+    return old_pin.release if new_blobs == dict(old_pin.blobs) else ""
+
+
 def _write(
     result: RebaseResult,
     root: Path,
@@ -317,11 +343,12 @@ def _write(
     note = "changed called functions: " + (", ".join(called) or "none")
     if result.parity is not None:
         note += f"; parity: {result.parity.summary}"
+    blobs = apply.tree_blobs(clone, new, sorted(rendered.upstream))
     new_pin = pin.Pin(
         commit=new,
-        blobs=apply.tree_blobs(clone, new, sorted(rendered.upstream)),
+        blobs=blobs,
         url=old_pin.url,
-        release=release or "",
+        release=release if release is not None else kept_release(old_pin, blobs),
         history=(*old_pin.history, pin.Bump(old_pin.commit, new, apply.today(), note)),
     )
     stage = apply.make_stage(root)

@@ -18,7 +18,15 @@ from patchkit.verify.emulate.suite import Verdict, verify_header
 
 QUANTIZED_H = "mlx/backend/metal/kernels/quantized.h"
 
-__all__ = ["QUANTIZED_H", "Verdict", "blob_sha", "patched_header", "pinned_header", "verify_header"]
+__all__ = [
+    "QUANTIZED_H",
+    "Verdict",
+    "blob_sha",
+    "patched_header",
+    "pinned_file",
+    "pinned_header",
+    "verify_header",
+]
 
 
 def blob_sha(data: bytes) -> str:
@@ -26,8 +34,29 @@ def blob_sha(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def pinned_file(pin: pin_mod.Pin, path: str) -> tuple[bytes, str]:
+    """(bytes, where from) of upstream ``path`` at the pin, without the network.
+
+    From the release-twin wheel when pin.toml records one (the cheap way: a
+    wheel download once), else from patchkit's cached clone at the pinned
+    commit, which every pin has after `patchkit apply` or `patchkit rebase`.
+    """
+    if pin.release:
+        return wheels.header_path(pin.release, path).read_bytes(), f"mlx-cpu=={pin.release}"
+    from patchkit.carry import source
+    from patchkit.util import git
+
+    clone = source.clone_dir(source.source_spec(None, pin.url))
+    if not clone.exists() or git.blob_id(clone, pin.commit, path) is None:
+        raise UserError(
+            f"pin.toml records no release twin and no cached clone holds {pin.short}: "
+            "run `patchkit apply` (it clones), or pass --header PATH"
+        )
+    return git.show_file(clone, pin.commit, path).encode(), f"the cached clone at {pin.short}"
+
+
 def pinned_header(root: Path, header: Path | None = None) -> str:
-    """The pin's upstream ``quantized.h``: ``header`` if given, else the release-twin wheel's.
+    """The pin's upstream ``quantized.h``: ``header`` if given, else :func:`pinned_file`'s.
 
     Either way its blob hash must equal the one pin.toml records: running the
     suite on a different header would prove something about another tree.
@@ -35,13 +64,9 @@ def pinned_header(root: Path, header: Path | None = None) -> str:
     pin = pin_mod.load(root / "pin.toml")
     expected = pin.blobs.get(QUANTIZED_H)
     if header is not None:
-        data = header.read_bytes()
-        source = str(header)
+        data, source = header.read_bytes(), str(header)
     else:
-        if not pin.release:
-            raise UserError("pin.toml records no release twin; pass --header PATH")
-        data = wheels.header_path(pin.release, QUANTIZED_H).read_bytes()
-        source = f"mlx-cpu=={pin.release}"
+        data, source = pinned_file(pin, QUANTIZED_H)
     actual = blob_sha(data)
     if actual != expected:
         raise BlobMismatchError(

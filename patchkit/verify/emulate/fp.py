@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from patchkit.carry import pin as pin_mod
-from patchkit.carry import render, wheels
+from patchkit.carry import render
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.verify.dispatch import FP_MODES as MODES
 from patchkit.verify.dispatch import uses_qmv_fast, vecs_per_tg
@@ -339,29 +339,27 @@ def pinned_fp_headers(root: Path, header: Path | None = None) -> tuple[str, tupl
     """The pin's ``fp_quantized.h`` (hash-checked) and its ``fp4.h`` / ``fp8.h`` texts.
 
     ``header`` names an ``fp_quantized.h`` whose directory also holds fp4.h and
-    fp8.h; by default all three come from the release-twin wheel. The blob
+    fp8.h; by default all three come from the release-twin wheel, or the cached
+    clone at the pin when there is none (:func:`emulate.pinned_file`). The blob
     must equal pin.toml's: a different header would prove something about
     another tree.
     """
-    from patchkit.verify.emulate import blob_sha
+    from patchkit.verify.emulate import blob_sha, pinned_file
 
     pin = pin_mod.load(root / "pin.toml")
     expected = pin.blobs.get(FP_QUANTIZED_H)
     if header is None:
-        if not pin.release:
-            raise UserError("pin.toml records no release twin; pass --header PATH")
-        header = wheels.header_path(pin.release, FP_QUANTIZED_H)
-        source = f"mlx-cpu=={pin.release}"
+        data, source = pinned_file(pin, FP_QUANTIZED_H)
+        types = tuple(pinned_file(pin, p)[0].decode() for p in FP_TYPE_HEADERS)
     else:
-        source = str(header)
-    data = header.read_bytes()
+        data, source = header.read_bytes(), str(header)
+        types = tuple((header.parent / Path(p).name).read_text() for p in FP_TYPE_HEADERS)
     actual = blob_sha(data)
     if actual != expected:
         raise BlobMismatchError(
             f"{FP_QUANTIZED_H} from {source} is blob {actual}, pin.toml records {expected}; "
             "use the pinned release's header or re-pin with `patchkit rebase`"
         )
-    types = tuple((header.parent / Path(p).name).read_text() for p in FP_TYPE_HEADERS)
     return data.decode(), (types[0], types[1])
 
 
