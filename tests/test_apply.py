@@ -89,6 +89,24 @@ def test_check_passes_then_fails_on_hand_edit(env: dict) -> None:
     assert f"stale: patches/{env['old'][:8]}/{patch.name}" in result.problems()
 
 
+def _refs(clone: Path) -> str:
+    return git.out(clone, "for-each-ref", "--format=%(refname) %(objectname)")
+
+
+def test_check_and_status_read_only_after_a_template_edit(env: dict) -> None:
+    run_apply(env)
+    clone = source.clone_dir(source.source_spec(None))
+    refs, before = _refs(clone), snapshot(env["root"])
+    snippet = env["templates"] / QH / "copy.j2"
+    snippet.write_text(snippet.read_text().replace("payload", "payload, edited"))
+    root = env["root"]
+    result = check.check(root=root, templates_dir=env["templates"])
+    info = check.status(root=root, templates_dir=env["templates"])
+    assert not result.ok and result.stale and not info["patches_current"]
+    assert _refs(clone) == refs, "check/status moved a ref in the cache clone"
+    assert snapshot(root) == before
+
+
 def test_check_fails_on_blob_mismatch_and_extra_dir(env: dict) -> None:
     run_apply(env)
     path = env["root"] / "pin.toml"

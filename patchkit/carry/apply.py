@@ -113,10 +113,15 @@ def render_all(
     return Rendered(up, patched, overlay, backend_of)
 
 
-def commit_patch(clone: Path, upstream: str, rendered: Rendered) -> str:
-    """Commit ``rendered`` on top of ``upstream`` in a fresh worktree; return the head commit."""
+def commit_patch(clone: Path, upstream: str, rendered: Rendered, *, move_refs: bool = True) -> str:
+    """Commit ``rendered`` on top of ``upstream`` in a fresh worktree; return the head commit.
+
+    ``move_refs=False`` (check, status) leaves every ref alone: the commits are
+    only objects, reachable from nothing, and the branch stays where apply put it.
+    """
     date = git.commit_date(clone, upstream)
-    with source.worktree(clone, upstream) as wt:
+    base_ref = source.BASE_REF if move_refs else None
+    with source.worktree(clone, upstream, base_ref=base_ref) as wt:
         present = set(rendered.backend_of.values())
         # Metal first: it is the primary target, and the series order is the review order.
         order = [b for b in render.BACKENDS if b in present] + sorted(
@@ -135,7 +140,8 @@ def commit_patch(clone: Path, upstream: str, rendered: Rendered) -> str:
         head = git.rev_parse(wt, "HEAD")
     if head == upstream:
         raise UserError(f"the templates change nothing at {upstream[:8]}; nothing to apply")
-    git.branch_force(clone, BRANCH_PREFIX + upstream[:8], head)
+    if move_refs:
+        git.branch_force(clone, BRANCH_PREFIX + upstream[:8], head)
     return head
 
 
@@ -146,17 +152,25 @@ def build(
     templates_dir: Path,
     pin_info: export.PinInfo,
     dest: Path,
+    *,
+    move_refs: bool = True,
 ) -> tuple[str, list[str]]:
     """Render, commit and export for ``upstream`` into directory ``dest``; return (head, files)."""
     rendered = render_all(source.reader(clone, upstream), options, templates_dir)
-    return build_from(clone, upstream, rendered, pin_info, dest)
+    return build_from(clone, upstream, rendered, pin_info, dest, move_refs=move_refs)
 
 
 def build_from(
-    clone: Path, upstream: str, rendered: Rendered, pin_info: export.PinInfo, dest: Path
+    clone: Path,
+    upstream: str,
+    rendered: Rendered,
+    pin_info: export.PinInfo,
+    dest: Path,
+    *,
+    move_refs: bool = True,
 ) -> tuple[str, list[str]]:
     """Commit an already rendered patch on ``upstream`` and export it into ``dest``."""
-    head = commit_patch(clone, upstream, rendered)
+    head = commit_patch(clone, upstream, rendered, move_refs=move_refs)
     overlay = [
         export.OverlayFile(p, rendered.upstream[p], rendered.overlay[p]) for p in rendered.upstream
     ]

@@ -14,6 +14,7 @@ current.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,10 +81,12 @@ def check(
     missing, extra = sorted(set(touched) - set(p.blobs)), sorted(set(p.blobs) - set(touched))
     result.touched_drift = {k: v for k, v in (("missing", missing), ("extra", extra)) if v}
     progress("rendering")
-    stage = apply.make_stage(root)
+    # A throwaway directory outside the checkout and no ref moved: check and
+    # status only read (they run on read-only checkouts and in CI).
+    stage = Path(tempfile.mkdtemp(prefix="patchkit-check."))
     try:
         info = export.PinInfo(p.url, commit, p.release)
-        apply.build(clone, commit, options, templates_dir, info, stage)
+        apply.build(clone, commit, options, templates_dir, info, stage, move_refs=False)
         result.stale = same_tree(stage, root / apply.PATCHES / p.short)
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -122,8 +122,8 @@ def resolve(clone: Path, rev: str, *, progress: Progress = _quiet) -> str:
 
 
 @contextmanager
-def worktree(clone: Path, commit: str, *, base_ref: str = BASE_REF) -> Iterator[Path]:
-    """A fresh detached worktree at ``commit``, with ``base_ref`` recording the base.
+def worktree(clone: Path, commit: str, *, base_ref: str | None = BASE_REF) -> Iterator[Path]:
+    """A fresh detached worktree at ``commit``, with ``base_ref`` (if any) recording the base.
 
     The worktree is always removed on exit, success or failure, so nothing is
     left half-applied; results must be kept as commits/branches in the clone.
@@ -134,7 +134,8 @@ def worktree(clone: Path, commit: str, *, base_ref: str = BASE_REF) -> Iterator[
     path.rmdir()  # git worktree add wants to create it
     git.worktree_add(clone, path, commit)
     try:
-        git.update_ref(clone, base_ref, commit)
+        if base_ref is not None:
+            git.update_ref(clone, base_ref, commit)
         yield path
     finally:
         git.worktree_remove(clone, path)
