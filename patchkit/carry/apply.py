@@ -12,8 +12,6 @@ same commit ids and byte-identical ``patches/``.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -22,7 +20,7 @@ from pathlib import Path
 from patchkit.carry import export, pin, render, source
 from patchkit.errors import AnchorError, BlobMismatchError, UserError
 from patchkit.util import git
-from patchkit.util.staging import same_tree, swap_dir
+from patchkit.util.staging import Transaction, recover, same_tree
 
 PATCHES = "patches"
 DEFAULT_OPTIONS = render.RenderOptions()
@@ -192,6 +190,21 @@ def tree_blobs(clone: Path, commit: str, paths: list[str]) -> dict[str, str]:
     return blobs
 
 
+TXN_DIR = ".txn"  # under patches/: one in-flight write of patches/ and pin.toml
+
+
+def recover_outputs(root: Path, progress: source.Progress = source._quiet) -> None:
+    """Finish or roll back a write of patches/ and pin.toml that a kill interrupted."""
+    done = recover(root, root / PATCHES / TXN_DIR)
+    if done:
+        progress(f"an interrupted write of patches/ and pin.toml was found and {done}")
+
+
+def begin_outputs(root: Path) -> Transaction:
+    """A transaction for the next write of patches/ and pin.toml (renames stay in one fs)."""
+    return Transaction.begin(root, root / PATCHES / TXN_DIR)
+
+
 def ensure_outputs_clean(root: Path) -> None:
     """Refuse to overwrite hand edits: in a git checkout, pin.toml and patches/ must be clean."""
     if git.try_rev_parse(root, "HEAD") is None:
@@ -206,22 +219,30 @@ def ensure_outputs_clean(root: Path) -> None:
 
 
 def write_outputs(
-    root: Path, new_pin: pin.Pin, stage: Path, drop: Sequence[Path] = ()
+    root: Path, new_pin: pin.Pin, txn: Transaction, staged: Path, drop: Sequence[Path] = ()
 ) -> tuple[bool, bool]:
-    """Move a staged ``patches/<short>`` into place, drop superseded dirs, save pin.toml.
+    """Install a staged ``patches/<short>``, drop superseded dirs and save pin.toml, as one commit.
 
-    Returns (patches changed, pin changed). An unchanged tree is not swapped, so
-    re-running is a no-op down to file timestamps.
+    Returns (patches changed, pin changed). Nothing unchanged is touched, so
+    re-running is a no-op down to file timestamps; a kill at any point leaves
+    the old outputs or the new ones (:func:`recover_outputs` on the next run).
     """
     target = root / PATCHES / new_pin.short
-    changed = bool(same_tree(stage, target))
-    if changed:
-        swap_dir(stage, target)
+    patches_changed = bool(same_tree(staged, target))
+    if patches_changed:
+        txn.install(staged, target)
     for old in drop:
         if old.exists() and old != target:
-            shutil.rmtree(old)
-            changed = True
-    return changed, pin.save(new_pin, root / pin.PIN_FILE)
+            txn.remove(old)
+            patches_changed = True
+    pin_path = root / pin.PIN_FILE
+    text = pin.dumps(new_pin, pin_path.read_text() if pin_path.exists() else None)
+    pin_changed = not pin_path.is_file() or pin_path.read_text() != text
+    if pin_changed:
+        (txn.stage / pin.PIN_FILE).write_text(text)
+        txn.install(txn.stage / pin.PIN_FILE, pin_path)
+    txn.commit()
+    return patches_changed, pin_changed
 
 
 def today() -> str:
@@ -240,6 +261,7 @@ def apply(
     progress: source.Progress = source._quiet,
 ) -> ApplyResult:
     """Apply the patch at ``rev`` and export ``root/patches/<short>``; see the module doc."""
+    recover_outputs(root, progress)
     ensure_outputs_clean(root)
     pin_path = root / pin.PIN_FILE
     old = pin.load(pin_path) if pin_path.exists() else None
@@ -272,13 +294,15 @@ def apply(
         history=old.history if old else (pin.Bump("", upstream, today(), "initial pin"),),
     )
     progress("rendering")
-    stage = make_stage(root)
+    txn = begin_outputs(root)
     try:
+        staged = txn.stage / new_pin.short
         info = export.PinInfo(new_pin.url, upstream, new_pin.release)
-        head, files = build(clone, upstream, options, templates_dir, info, stage)
-        patches_changed, pin_changed = write_outputs(root, new_pin, stage)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        head, files = build(clone, upstream, options, templates_dir, info, staged)
+        patches_changed, pin_changed = write_outputs(root, new_pin, txn, staged)
+    except BaseException:
+        txn.abort()
+        raise
     return ApplyResult(
         upstream,
         head,
@@ -291,8 +315,3 @@ def apply(
     )
 
 
-def make_stage(root: Path) -> Path:
-    """An empty staging dir under ``root/patches``: same filesystem, so renames are atomic."""
-    parent = root / PATCHES
-    parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=".stage.", dir=parent))

@@ -21,7 +21,6 @@ and the old ``patches/<old>/`` dropped. Every refusal raises before any write.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -277,6 +276,7 @@ def rebase(
     written). A ``rev`` that does not descend from the pin (older, or another
     line of history) is refused unless ``allow_downgrade``.
     """
+    apply.recover_outputs(root, progress)
     apply.ensure_outputs_clean(root)
     old_pin = pin.load(root / pin.PIN_FILE)
     clone = source.open_source(mlx_repo, old_pin.url, progress=progress)
@@ -351,13 +351,15 @@ def _write(
         release=release if release is not None else kept_release(old_pin, blobs),
         history=(*old_pin.history, pin.Bump(old_pin.commit, new, apply.today(), note)),
     )
-    stage = apply.make_stage(root)
+    txn = apply.begin_outputs(root)
     try:
+        staged = txn.stage / new_pin.short
         info = export.PinInfo(new_pin.url, new, new_pin.release)
-        result.head, _ = apply.build_from(clone, new, rendered, info, stage)
+        result.head, _ = apply.build_from(clone, new, rendered, info, staged)
         drop = [root / apply.PATCHES / old_pin.short]
-        apply.write_outputs(root, new_pin, stage, drop)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        apply.write_outputs(root, new_pin, txn, staged, drop)
+    except BaseException:
+        txn.abort()
+        raise
     result.patches_dir = str(root / apply.PATCHES / new_pin.short)
     result.written = True
