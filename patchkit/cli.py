@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -302,8 +303,12 @@ def export_pr_cmd(as_json: bool, common: dict[str, Any], **kw: Any) -> None:
         kw["author"] = (name.strip(), email.rstrip(">").strip())
     kw["title"] = kw["title"] or export_pr.DEFAULT_TITLE
     kw["out_dir"] = kw.pop("out")
-    with progress(as_json) as say:
+    with progress(as_json) as say, warnings.catch_warnings():
+        # Shown once below as a line of ours (and in --json), not as a Python warning.
+        warnings.simplefilter("ignore", export_pr.NoGitIdentityWarning)
         r = export_pr.export_pr(progress=say, **common, **kw)
+    for line in r.warnings:
+        err_console.print(f"[yellow]warning:[/] {line}", highlight=False)
     emit(
         as_json,
         r.to_json(),
