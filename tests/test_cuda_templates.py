@@ -547,7 +547,9 @@ class _StandInKernels(cuda.Kernels):
     """cuda_kernel's place taken by MLX's CPU quantized_matmul, one row at a time.
 
     Exercises the harness's control flow (arms, variants, kernel names, grids,
-    JSON shape, the report) on a machine without a GPU; the numbers mean nothing.
+    JSON shape, the report) on a machine without a GPU. The ``smem`` stand-in
+    leaves the last row of every M >= 2 launch unwritten (the launch's fill value
+    stays), so the parity verdict has a known number of differing rows to find.
     """
 
     fills: ClassVar[list[object]] = []  # init_value of every launch, in order
@@ -564,6 +566,9 @@ class _StandInKernels(cuda.Kernels):
                 mx.quantized_matmul(x[i : i + 1], wq, s, b, group_size=gs, bits=bits)
                 for i in range(x.shape[0])
             ]
+            if self.variant == "smem" and len(rows) >= 2:
+                fill = launch["init_value"]
+                rows[-1] = mx.full(rows[-1].shape, 0.0 if fill is None else fill, x.dtype)
             assert launch["threadgroup"][1] in (4, 8, 16)  # type: ignore[index]
             self.fills.append(launch["init_value"])
             return [mx.concatenate(rows)]
@@ -588,6 +593,7 @@ def test_both_variants_run_through_the_harness_and_report(tmp_path: Path) -> Non
     h200 = _script("cuda_h200")
     report = _script("cuda_report")
     parity_sets, timing_sets = h200.ARMS["both"]  # type: ignore[attr-defined]
+    smem_arms = {k for k, a in parity_sets.items() if isinstance(a, cuda.Arm)}
     assert {a.variant for a in parity_sets.values() if isinstance(a, cuda.Arm)} == {"smem"}
     assert h200.RAGGED in [c for c, _ in h200.plan("both")]  # type: ignore[attr-defined]
     assert h200.RAGGED not in [c for c, _ in h200.plan()]  # type: ignore[attr-defined]
@@ -601,7 +607,11 @@ def test_both_variants_run_through_the_harness_and_report(tmp_path: Path) -> Non
     first_timed = fills.index(None)
     assert all(f is not None for f in fills[:first_timed])
     assert all(f is None for f in fills[first_timed:])
-    assert cuda.verdict(res)["streamed_rows_differing"] == {f"streamed_{k}": 0 for k in parity_sets}
+    # The global stand-in writes M = 1's rows; the smem one leaves one row unwritten per
+    # M in 2..16, and the NaN fill makes each of those a differing row.
+    expected = {f"streamed_{k}": 15 if k in smem_arms else 0 for k in parity_sets}
+    assert cuda.verdict(res)["streamed_rows_differing"] == expected
+    assert set(expected.values()) == {0, 15}
     assert "qmv_streamed_smem_v4_r8_w2_pf_async_bfloat16_b4_g64_r0" in kernels["smem"]._cache
     assert "qmv_streamed_v5_bfloat16_b4_g64_r0" in kernels["global"]._cache
     payload = {"variant": "both", "results": [res]}

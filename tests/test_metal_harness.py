@@ -36,19 +36,34 @@ def patched() -> str:
 
 
 @pytest.fixture(scope="module")
-def src(patched: str) -> metal.MetalSource:
-    return metal.MetalSource(metal.preamble(patched), extract.extract(patched, metal.KERNELS))
+def src() -> metal.MetalSource:
+    # What `patchkit bench` hands to metal_kernel.
+    return metal.metal_source(ROOT)
 
 
-def test_metal_source_builds_from_the_pin(src: metal.MetalSource) -> None:
-    assert metal.metal_source(ROOT).header == src.header
+def test_preamble_declares_what_the_extracted_text_uses(src: metal.MetalSource) -> None:
+    """The extracted functions use MLX_MTL_CONST and simd_* but declare neither."""
+    lines = src.preamble.splitlines()
+    body = src.extracted.source
+    assert "MLX_MTL_CONST" in body and "#define MLX_MTL_CONST" not in body
+    assert "#define MLX_MTL_CONST static constant constexpr const" in lines
+    assert "simd_sum" in body and "#include" not in body and "using namespace" not in body
+    assert {"#include <metal_simdgroup>", "#include <metal_stdlib>", "using namespace metal;"} <= (
+        set(lines)
+    )
+    assert src.header.startswith(src.preamble) and src.header.endswith(body)
 
 
-def test_header_is_preamble_plus_the_extracted_text(src: metal.MetalSource) -> None:
-    assert src.header == src.preamble + "\n" + src.extracted.source
-    assert "#define MLX_MTL_CONST static constant constexpr const" in src.preamble
-    assert "using namespace metal;" in src.preamble
-    assert "#include <metal_stdlib>" in src.preamble
+def test_preamble_follows_the_header_text(patched: str) -> None:
+    """A pin bump that changes the define or drops a line changes the preamble with it."""
+    changed = patched.replace(
+        "#define MLX_MTL_CONST static constant constexpr const",
+        "#define MLX_MTL_CONST constant constexpr",
+    ).replace("#include <metal_simdgroup>\n", "")
+    lines = metal.preamble(changed).splitlines()
+    assert "#define MLX_MTL_CONST constant constexpr" in lines
+    assert "#include <metal_simdgroup>" not in lines
+    assert "#define MLX_MTL_CONST static constant constexpr const" not in lines
 
 
 def test_impl_texts_equal_what_the_emulator_suite_compiles(
