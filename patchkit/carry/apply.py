@@ -96,7 +96,7 @@ def touched(options: render.RenderOptions, templates_dir: Path) -> list[str]:
 def render_all(
     read: Callable[[str], str], options: render.RenderOptions, templates_dir: Path
 ) -> Rendered:
-    """Render every touched file in both flavours (the thin templates_dir-aware render_tree)."""
+    """Render every touched file in both flavours: upstream text, carried text, overlay."""
     overlay_opts = replace(options, flavour="overlay")
     up, patched, overlay, backend_of = {}, {}, {}, {}
     for plan in plans(options, templates_dir):
@@ -313,5 +313,3 @@ def apply(
         pin_changed,
         blobs,
     )
-
-

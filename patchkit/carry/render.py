@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -189,13 +189,6 @@ def selected_plans(options: RenderOptions, templates_dir: Path = TEMPLATES_DIR) 
     return [p for p in load_plans(templates_dir) if p.backend in options.backends]
 
 
-def touched_files(
-    options: RenderOptions = RenderOptions(), templates_dir: Path = TEMPLATES_DIR
-) -> list[str]:
-    """Upstream paths the patch edits, for blob-hash checks and overlay export."""
-    return [p.path for p in selected_plans(options, templates_dir)]
-
-
 def derive(source: str, spec: Derive) -> str:
     """Derive a variant of an upstream function from the text of the tree being patched.
 
@@ -275,18 +268,14 @@ def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:
         return pyedit.apply_edit(text, op, edit.anchor, snippet)
     if text is None:
         raise AnchorError(f"'{op}' needs an upstream file, and there is none")
-    if op in ("after_function", "before_function"):
+    if op == "after_function":
         fn = cxx.find_function(text, edit.anchor, edit.index)
-        if op == "after_function":
-            at = cxx.line_end(text, fn.span[1] - 1)
-            return text[:at] + "\n" + snippet + text[at:]
-        return text[: fn.span[0]] + snippet + "\n" + text[fn.span[0] :]
-    if op in ("before_statement", "after_statement", "replace_statement"):
+        at = cxx.line_end(text, fn.span[1] - 1)
+        return text[:at] + "\n" + snippet + text[at:]
+    if op in ("before_statement", "replace_statement"):
         start, end = _statement_span(text, edit.anchor, edit.through, edit.within)
         if op == "before_statement":
             return text[:start] + snippet + text[start:]
-        if op == "after_statement":
-            return text[:end] + snippet + text[end:]
         return text[:start] + snippet + text[end:]
     if op == "after_macro":
         _, end = cxx.find_macro(text, edit.anchor)
@@ -326,32 +315,6 @@ def render_file(
     if text is None:
         raise UserError(f"{plan.path}: its edits.toml has no edits")
     return text
-
-
-def render_tree(
-    read: Callable[[str], str],
-    options: RenderOptions = RenderOptions(),
-    templates_dir: Path = TEMPLATES_DIR,
-) -> dict[str, str]:
-    """Patched texts of every touched file, given ``read(upstream_path) -> text``.
-
-    Raises :class:`AnchorError` (a :class:`UserError`) naming the file and anchor
-    when upstream no longer has something an edit needs.
-    """
-    out = {}
-    for plan in selected_plans(options, templates_dir):
-        try:
-            out[plan.path] = render_file(plan, read(plan.path), options)
-        except AnchorError as exc:
-            raise AnchorError(f"{plan.path}: {exc}") from exc
-    return out
-
-
-def dependencies(
-    options: RenderOptions = RenderOptions(), templates_dir: Path = TEMPLATES_DIR
-) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-    """``{path: (mirrored, called)}``: upstream functions whose change a rebase must judge."""
-    return {p.path: (p.mirrored, p.called) for p in selected_plans(options, templates_dir)}
 
 
 def changed_functions(old: str, new: str, names: Iterable[str]) -> list[str]:
