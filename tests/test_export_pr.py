@@ -258,8 +258,8 @@ def test_template_without_a_checklist_is_carried_whole() -> None:
 def test_author_defaults_to_the_git_identity(tmp_path: Path) -> None:
     git.run(None, "init", "--quiet", str(tmp_path))
     assert export_pr.resolve_author(tmp_path, ("A", "a@x")) == (("A", "a@x"), [])
-    subprocess.run(["git", "-C", str(tmp_path), "config", "user.name", "Ada"], check=True)
-    subprocess.run(["git", "-C", str(tmp_path), "config", "user.email", "ada@x"], check=True)
+    git.run(tmp_path, "config", "user.name", "Ada")
+    git.run(tmp_path, "config", "user.email", "ada@x")
     assert export_pr.resolve_author(tmp_path, None) == (("Ada", "ada@x"), [])
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import itertools
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,9 @@ def test_tool_error_carries_command_and_output(tmp_path: Path) -> None:
         git.rev_parse(repo, "no-such-rev")
     assert info.value.cmd[:3] == ["git", "-C", str(repo)]
     assert info.value.returncode != 0
+    with pytest.raises(ToolError) as info:
+        git.run(repo, "no-such-verb")
+    assert "no-such-verb" in info.value.stderr and info.value.returncode == 1
     assert git.try_rev_parse(repo, "no-such-rev") is None
     with pytest.raises(ToolError) as info:
         git.show_file(repo, "HEAD", "missing.txt")
@@ -91,6 +96,81 @@ def test_show_file_is_byte_exact_with_crlf(tmp_path: Path) -> None:
     text = git.show_file(repo, "HEAD", "f.txt")
     assert text == "a\r\nb\n"
     assert git.hash_object(None, text) == git.blob_id(repo, "HEAD", "f.txt")
+
+
+@pytest.mark.parametrize(
+    "data",
+    # Trailing newlines are where a command wrapper strips: none, one, two.
+    [b"no newline", b"one\n", b"two\n\n", b"\n"],
+    ids=["none", "one", "two", "only"],
+)
+def test_show_file_keeps_trailing_newlines(tmp_path: Path, data: bytes) -> None:
+    repo = tmp_path / "r"
+    git.init(repo)
+    (repo / "f.txt").write_bytes(data)
+    git.add(repo, ["f.txt"])
+    git.commit(repo, "text", date=DATE)
+    text = git.show_file(repo, "HEAD", "f.txt")
+    assert text.encode() == data
+    assert git.hash_object(None, text) == git.blob_id(repo, "HEAD", "f.txt")
+
+
+def test_archive_and_ls_tree_read_the_commit_not_the_worktree(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, "a\r\n")
+    (repo / "sub dir").mkdir()
+    (repo / "sub dir" / "g.txt").write_bytes(b"g")
+    git.add(repo, ["sub dir/g.txt"])
+    head = git.commit(repo, "two files", date=DATE)
+    (repo / "f.txt").write_text("edited, not committed\n")
+    with tarfile.open(fileobj=io.BytesIO(git.archive(repo, head))) as tar:
+        assert tar.extractfile("f.txt").read() == b"a\r\n"  # type: ignore[union-attr]
+    with tarfile.open(fileobj=io.BytesIO(git.archive(repo, head, ["sub dir"]))) as tar:
+        assert [m.name for m in tar.getmembers() if m.isfile()] == ["sub dir/g.txt"]
+    entries = git.ls_tree(repo, head)
+    assert [(e.type, e.path) for e in entries] == [("blob", "f.txt"), ("tree", "sub dir")]
+    assert entries[0].id == git.blob_id(repo, head, "f.txt")
+    assert [e.path for e in git.ls_tree(repo, head, ["sub dir/g.txt"])] == ["sub dir/g.txt"]
+    assert git.ls_tree(repo, head, ["absent"]) == []
+    with pytest.raises(ToolError) as info:
+        git.archive(repo, "no-such-rev")
+    assert info.value.cmd[:4] == ["git", "-C", str(repo), "archive"] and info.value.stderr
+
+
+def test_am_replays_a_format_patch_to_the_same_tree(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    base = git.rev_parse(repo, "HEAD")
+    (repo / "f.txt").write_text("a\nb\n")
+    git.add(repo, ["f.txt"])
+    head = git.commit(repo, "add b", date=DATE)
+    series = git.format_patch(repo, base, head, tmp_path / "series")
+    wt = tmp_path / "wt"
+    git.worktree_add(repo, wt, base)
+    got = git.am(wt, series)
+    assert got != base and git.tree_id(wt, got) == git.tree_id(repo, head)
+    assert git.status_porcelain(wt) == ""
+
+
+def test_status_porcelain_limited_to_paths(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    (repo / "f.txt").write_text("changed\n")
+    (repo / "new.txt").write_text("new\n")
+    assert git.status_porcelain(repo).splitlines() == [" M f.txt", "?? new.txt"]
+    assert git.status_porcelain(repo, ["new.txt"]) == "?? new.txt\n"
+    assert git.status_porcelain(repo, ["absent"]) == ""
+
+
+def test_user_config_reads_what_the_isolated_verbs_hide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = _repo(tmp_path)
+    home = tmp_path / "global"
+    home.write_text("[user]\n\tname = Global Name\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    assert git.user_config(repo, "user.name") == "Global Name"
+    assert git.user_config(repo, "user.email") is None
+    # Control: every other verb ignores the global config.
+    assert git.run(repo, "config", "--get", "user.name", ok_codes=(0, 1)).returncode == 1
 
 
 @pytest.mark.parametrize(

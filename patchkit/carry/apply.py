@@ -209,7 +209,7 @@ def ensure_outputs_clean(root: Path) -> None:
     """Refuse to overwrite hand edits: in a git checkout, pin.toml and patches/ must be clean."""
     if git.try_rev_parse(root, "HEAD") is None:
         return  # not a git checkout (or no commits yet): nothing committed to protect
-    dirty = git.run(root, "status", "--porcelain=v1", "--", pin.PIN_FILE, PATCHES).stdout
+    dirty = git.status_porcelain(root, [pin.PIN_FILE, PATCHES])
     if dirty.strip():
         first = dirty.splitlines()[0][3:]
         raise UserError(

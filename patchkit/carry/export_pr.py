@@ -274,11 +274,9 @@ def verify_am(clone: Path, base: str, patch: Path, head: str) -> None:
     This is what a reviewer's ``git am`` / GitHub's merge does with the patch;
     a mismatch would mean the format-patch output lost something.
     """
-    ident = {"GIT_COMMITTER_NAME": "patchkit", "GIT_COMMITTER_EMAIL": git.FIXED_AUTHOR[1]}
     with source.worktree(clone, base, base_ref="refs/patchkit/pr-am-base") as wt:
-        git.run(wt, "am", "--quiet", str(patch), env=ident)
-        got = git.out(wt, "rev-parse", "HEAD^{tree}")
-    want = git.out(clone, "rev-parse", f"{head}^{{tree}}")
+        got = git.tree_id(wt, git.am(wt, [patch]))
+    want = git.tree_id(clone, head)
     if got != want:
         raise UserError(f"{patch} applied with git am gives tree {got}, not {want}")
 
@@ -339,19 +337,10 @@ def git_identity(root: Path) -> tuple[str, str] | None:
     """``(user.name, user.email)`` as git resolves them in ``root`` (repository, then
     global config), or None when either is unset.
 
-    Plain ``git config`` rather than :func:`git.run`, which hides the user's global
-    config on purpose: here the user's identity is exactly what is wanted.
+    :func:`git.user_config` rather than the isolated verbs, which hide the user's
+    global config on purpose: here the user's identity is exactly what is wanted.
     """
-    found = []
-    for key in ("user.name", "user.email"):
-        proc = subprocess.run(
-            ["git", "-C", str(root), "config", "--get", key],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        found.append(proc.stdout.strip())
-    name, email = found
+    name, email = (git.user_config(root, key) for key in ("user.name", "user.email"))
     return (name, email) if name and email else None
 
 
@@ -374,7 +363,7 @@ def resolve_author(root: Path, author: tuple[str, str] | None) -> tuple[tuple[st
 
 def push_branch(clone: Path, remote: str, branch: str, head: str) -> str:
     """Push ``head`` to ``remote`` as ``branch`` (only ever a remote the user named)."""
-    git.run(clone, "push", remote, f"{head}:refs/heads/{branch}")
+    git.push(clone, remote, f"{head}:refs/heads/{branch}")
     return remote
 
 

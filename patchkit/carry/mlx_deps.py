@@ -22,7 +22,6 @@ import io
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit.carry import source
-from patchkit.errors import ToolError, UserError
+from patchkit.errors import UserError
 from patchkit.util import git
 
 ENV_DEPS = "PATCHKIT_DEPS_DIR"
@@ -180,30 +179,22 @@ def _export(clone: Path, rev: str, dest: Path, subdir: str = "") -> None:
     large media blobs were never fetched.
     """
     paths = [subdir, *_licences(clone, rev)] if subdir else []
-    proc = subprocess.run(
-        ["git", "-C", str(clone), "archive", "--format=tar", rev, *paths],
-        capture_output=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        cmd = ["git", "-C", str(clone), "archive", rev]
-        raise ToolError(cmd, proc.returncode, "", proc.stderr.decode(errors="replace"))
-    with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(git.archive(clone, rev, paths))) as tar:
         tar.extractall(dest, filter="data")
 
 
 def _licences(clone: Path, rev: str) -> list[str]:
     """Top-level licence files of ``rev``'s tree."""
-    names = git.out(clone, "ls-tree", "--name-only", rev).splitlines()
+    names = [e.path for e in git.ls_tree(clone, rev)]
     return [n for n in names if n.upper().startswith(("LICENSE", "COPYING"))]
 
 
 def _submodule_commit(clone: Path, rev: str, path: str) -> str:
     """The commit a tag's tree records for the submodule at ``path``."""
-    line = git.out(clone, "ls-tree", rev, path)
-    if not line:
+    entries = git.ls_tree(clone, rev, [path])
+    if not entries:
         raise UserError(f"{clone} at {rev} has no submodule {path}")
-    return line.split()[2]
+    return entries[0].id
 
 
 def _release_layout(name: str, tree: Path) -> None:

@@ -1,10 +1,13 @@
-"""Project-agnostic git wrappers: one small function per verb.
+"""Project-agnostic git layer over GitPython: one small function per verb.
 
-Contract: every function takes the repository path first, runs ``git -C repo``
-with an argument list (never a shell string), returns stripped text or a simple
-value, and raises :class:`ToolError` carrying the command, exit code and both
-output streams when git fails. Nothing here knows about patchkit, pins or
-templates, so the module can be tested against any repository.
+Contract: every function takes the repository path first and runs ``git -C repo``
+through GitPython's command wrapper (:class:`git.cmd.Git`) with an argument list
+(never a shell string) and a fixed environment. It returns text decoded byte for
+byte (no newline translation, nothing stripped unless the function says so) or a
+simple value, and raises :class:`ToolError` carrying the command, exit code and
+both output streams when git fails. Nothing here knows about patchkit, pins or
+templates, so the module can be tested against any repository, and no other
+module runs git.
 
 Output-shaping flags carry a comment saying why they are there.
 """
@@ -12,9 +15,13 @@ Output-shaping flags carry a comment saying why they are there.
 from __future__ import annotations
 
 import os
-import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from git.cmd import Git
+from git.exc import CommandError
 
 from patchkit.errors import ToolError
 
@@ -34,37 +41,76 @@ _BASE_ENV = {
 }
 
 
+@dataclass(frozen=True)
+class Result:
+    """A finished git command: what ran, its exit code and both output streams."""
+
+    cmd: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _text(raw: bytes) -> str:
+    # Decoded without newline translation and with surrogateescape: file texts
+    # must round-trip byte for byte or blob ids would not match.
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _execute(
+    repo: Path | str | None,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    input: bytes | None = None,
+    ok_codes: Sequence[int] = (0,),
+    isolated: bool = True,
+) -> tuple[list[str], int, bytes, str]:
+    """Run ``git [-C repo] args`` through GitPython; ``(cmd, code, raw stdout, stderr)``.
+
+    The one place where git failures become :class:`ToolError`. GitPython's own
+    ``GitCommandError`` quotes and decorates the streams for display and cannot
+    let an expected non-zero code through (merge-file's conflict count), so the
+    wrapper runs with exceptions off and raw stdout, and the exit code is judged
+    here; what GitPython still raises (git missing) is converted here too.
+    ``isolated=False`` drops the fixed environment, for reading the user's config.
+    """
+    # -C rather than a working directory: the command in an error can be re-run as is.
+    cmd = ["git"] + (["-C", str(repo)] if repo is not None else []) + list(args)
+    full_env = {**(_BASE_ENV if isolated else {}), **(env or {})}
+    try:
+        with tempfile.TemporaryFile() as stdin:
+            if input is not None:
+                stdin.write(input)
+                stdin.seek(0)
+            code, stdout, stderr = Git().execute(
+                cmd,
+                istream=stdin if input is not None else None,
+                env=full_env,
+                with_extended_output=True,
+                with_exceptions=False,
+                # Bytes, and the trailing newline kept: callers decide what to strip.
+                stdout_as_string=False,
+                strip_newline_in_stdout=False,
+            )
+    except CommandError as exc:
+        raise ToolError(cmd, 127, "", str(exc)) from exc
+    if code not in ok_codes:
+        raise ToolError(cmd, code, _text(stdout), stderr)
+    return cmd, code, stdout, stderr
+
+
 def run(
     repo: Path | str | None,
     *args: str,
     env: Mapping[str, str] | None = None,
     input: str | None = None,
     ok_codes: Sequence[int] = (0,),
-) -> subprocess.CompletedProcess[str]:
-    """Run ``git [-C repo] args`` and return the completed process; raise ToolError otherwise."""
-    cmd = ["git"] + (["-C", str(repo)] if repo is not None else []) + list(args)
-    full_env = {**os.environ, **_BASE_ENV, **(env or {})}
-    try:
-        # Bytes in and out, decoded without newline translation: file texts must
-        # round-trip byte for byte or blob ids would not match.
-        raw = subprocess.run(
-            cmd,
-            capture_output=True,
-            env=full_env,
-            input=None if input is None else input.encode("utf-8", "surrogateescape"),
-            check=False,
-        )
-    except FileNotFoundError as exc:
-        raise ToolError(cmd, 127, "", "git is not installed or not on PATH") from exc
-    proc = subprocess.CompletedProcess(
-        cmd,
-        raw.returncode,
-        raw.stdout.decode("utf-8", "surrogateescape"),
-        raw.stderr.decode("utf-8", "surrogateescape"),
-    )
-    if proc.returncode not in ok_codes:
-        raise ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
-    return proc
+) -> Result:
+    """Run ``git [-C repo] args`` (for commands with no verb here); raise ToolError on failure."""
+    data = None if input is None else input.encode("utf-8", "surrogateescape")
+    cmd, code, stdout, stderr = _execute(repo, args, env=env, input=data, ok_codes=ok_codes)
+    return Result(cmd, code, _text(stdout), stderr)
 
 
 def out(repo: Path | str | None, *args: str, env: Mapping[str, str] | None = None) -> str:
@@ -112,6 +158,40 @@ def show_file(repo: Path, rev: str, path: str) -> str:
     return run(repo, "cat-file", "blob", f"{rev}:{path}").stdout
 
 
+def tree_id(repo: Path, rev: str) -> str:
+    """Object id of the tree ``rev`` records (equal trees: equal contents)."""
+    return out(repo, "rev-parse", "--verify", f"{rev}^{{tree}}")
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    """One ``ls-tree`` line: mode, object type (blob, tree, commit), object id, path."""
+
+    mode: str
+    type: str
+    id: str
+    path: str
+
+
+def ls_tree(repo: Path, rev: str, paths: Sequence[str] = ()) -> list[TreeEntry]:
+    """Entries of ``rev``'s top-level tree (or just those at ``paths``), in git's order."""
+    # -z: paths unquoted and NUL-terminated; --full-tree: paths from the root of the
+    # tree whichever directory -C names.
+    text = run(repo, "ls-tree", "-z", "--full-tree", rev, "--", *paths).stdout
+    entries = []
+    for record in filter(None, text.split("\0")):
+        meta, path = record.split("\t", 1)
+        mode, kind, oid = meta.split()
+        entries.append(TreeEntry(mode, kind, oid, path))
+    return entries
+
+
+def archive(repo: Path, rev: str, paths: Sequence[str] = ()) -> bytes:
+    """A tar of ``rev``'s tree (or only ``paths`` in it), as bytes."""
+    # --format=tar: the format must not depend on an output file name or config.
+    return _execute(repo, ["archive", "--format=tar", rev, "--", *paths])[2]
+
+
 def hash_object(repo: Path | None, text: str, *, write: bool = False) -> str:
     """Git blob id of ``text`` (optionally stored in ``repo``)."""
     args = ["hash-object", "--stdin"] + (["-w"] if write else [])
@@ -150,20 +230,22 @@ def update_ref(repo: Path, ref: str, rev: str) -> None:
     run(repo, "update-ref", ref, rev)
 
 
-def delete_ref(repo: Path, ref: str) -> None:
-    """Delete ``ref`` if it exists."""
-    run(repo, "update-ref", "-d", ref, ok_codes=(0, 1))
-
-
 def branch_force(repo: Path, name: str, rev: str) -> None:
     """Create or move branch ``name`` to ``rev`` without checking it out."""
     run(repo, "branch", "--force", "--no-track", name, rev)
 
 
-def status_porcelain(repo: Path) -> str:
-    """Machine-readable working-tree status; empty when clean."""
+def checkout_detached(repo: Path, rev: str) -> None:
+    """Move the worktree ``repo`` to ``rev``, detached, overwriting changes to tracked files."""
+    # --force: local edits to tracked files must not block the move; untracked
+    # files (a build folder, say) are left where they are.
+    run(repo, "checkout", "--quiet", "--force", "--detach", rev)
+
+
+def status_porcelain(repo: Path, paths: Sequence[str] = ()) -> str:
+    """Machine-readable working-tree status (of ``paths`` only, when given); empty when clean."""
     # --porcelain=v1: stable format across git versions; untracked files count as dirt.
-    return run(repo, "status", "--porcelain=v1", "--untracked-files=all").stdout
+    return run(repo, "status", "--porcelain=v1", "--untracked-files=all", "--", *paths).stdout
 
 
 def add(repo: Path, paths: Sequence[str]) -> None:
@@ -186,6 +268,30 @@ def commit(repo: Path, message: str, *, date: str, author: tuple[str, str] = FIX
     # --cleanup=verbatim: the message is ours, keep it byte for byte.
     run(repo, "commit", "--quiet", "--no-verify", "--cleanup=verbatim", "-m", message, env=env)
     return rev_parse(repo, "HEAD")
+
+
+def am(repo: Path, patches: Sequence[Path], *, committer: tuple[str, str] = FIXED_AUTHOR) -> str:
+    """Apply mailbox ``patches`` on top of HEAD with ``git am``; return the new HEAD."""
+    # The committer is given, not read from config (which the fixed environment
+    # hides); the author comes from each patch, as it does for a reviewer.
+    name, email = committer
+    env = {"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email}
+    run(repo, "am", "--quiet", *map(str, patches), env=env)
+    return rev_parse(repo, "HEAD")
+
+
+def push(repo: Path, remote: str, refspec: str) -> None:
+    """Push ``refspec`` to ``remote``."""
+    run(repo, "push", remote, refspec)
+
+
+def user_config(repo: Path, key: str) -> str | None:
+    """``key`` as the user's own git resolves it in ``repo`` (repository, global and
+    system config, unlike every other function here), or None when it is unset."""
+    # Exit code 1: the key is not set.
+    _, code, stdout, _ = _execute(repo, ["config", "--get", key], ok_codes=(0, 1), isolated=False)
+    value = _text(stdout).strip()
+    return value if code == 0 and value else None
 
 
 def format_patch(repo: Path, base: str, head: str, outdir: Path) -> list[Path]:
