@@ -246,14 +246,16 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
     """
     wt = build.layout.worktree
     if (wt / ".git").exists():
-        git.run(wt, "checkout", "--quiet", "--force", "--detach", build.patch_commit)
+        git.checkout_detached(wt, build.patch_commit)
     else:
         wt.parent.mkdir(parents=True, exist_ok=True)
         git.worktree_add(build.clone, wt, build.patch_commit)
     options = render.RenderOptions(backends=("metal", "cuda"))
     for plan_ in export_pr.pr_plans(root / "templates"):
+        # From the commit, not the worktree: an earlier build left its render there.
+        exists = git.blob_id(build.clone, build.patch_commit, plan_.path) is not None
+        text = git.show_file(build.clone, build.patch_commit, plan_.path) if exists else None
         target = wt / plan_.path
-        text = target.read_text() if target.exists() else None
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(export_pr.render_pr_file(plan_, text, options))
 
@@ -305,6 +307,7 @@ def series_id(root: Path, short: str) -> str:
 def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
     """Run the plan; returns the build record. A failing step raises, naming the log."""
     progress(f"log: {build.layout.log}")
+    incremental = (build.layout.worktree / "build").is_dir()  # setup.py's build folder
     prepare_worktree(build, root)
     build.layout.log.parent.mkdir(parents=True, exist_ok=True)
     walls: dict[str, float] = {}
@@ -323,7 +326,8 @@ def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
                     step.argv, code, "", f"{step.stage} failed; log: {build.layout.log}"
                 )
     parity = json.loads(build.layout.parity_json.read_text())
-    return record(build, root, unittest_counts(outputs["test"]), parity, walls)
+    rec = record(build, root, unittest_counts(outputs["test"]), parity, walls)
+    return {**rec, "incremental": incremental}
 
 
 def _machine(backend: str) -> dict[str, Any]:
@@ -392,6 +396,8 @@ def markdown(rec: dict[str, Any]) -> str:
     """The short page beside the record's JSON."""
     t, p, m = rec["tests"], rec["parity"], rec["machine"]
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in rec["wall_s"].items())
+    if rec.get("incremental"):
+        walls += " (incremental: an earlier build of this worktree and its ccache were reused)"
     return "\n".join(
         [
             f"# MLX built from the patched tree: {rec['backend']} backend, {rec['date']}",
