@@ -350,16 +350,18 @@ def pinned_fp_headers(root: Path, header: Path | None = None) -> tuple[str, tupl
     expected = pin.blobs.get(FP_QUANTIZED_H)
     if header is None:
         data, source = pinned_file(pin, FP_QUANTIZED_H)
-        types = tuple(pinned_file(pin, p)[0].decode() for p in FP_TYPE_HEADERS)
     else:
         data, source = header.read_bytes(), str(header)
-        types = tuple((header.parent / Path(p).name).read_text() for p in FP_TYPE_HEADERS)
     actual = blob_sha(data)
     if actual != expected:
         raise BlobMismatchError(
             f"{FP_QUANTIZED_H} from {source} is blob {actual}, pin.toml records {expected}; "
             "use the pinned release's header or re-pin with `patchkit rebase`"
         )
+    if header is None:
+        types = tuple(pinned_file(pin, p)[0].decode() for p in FP_TYPE_HEADERS)
+    else:
+        types = tuple((header.parent / Path(p).name).read_text() for p in FP_TYPE_HEADERS)
     return data.decode(), (types[0], types[1])
 
 
