@@ -6,13 +6,13 @@ with the stock mlx + mlx-cuda-13 wheels importable and the header built here by
 priority order and the JSON is rewritten after each, so a run cut off by its
 deadline still returns everything it finished.
 
-``--variant`` picks the streamed arms: ``global`` (session 1's kernel, x read
-from global memory, from ``--header``), ``smem`` (the default render since session
-2, from the sibling header ``qmv_jit_header_smem.cuh``; the shipped shape is the
-arm ``smem_v24_w2_pf_async_4warps``), or ``both`` side by side (what session 2
-ran). The stock arms (JIT M = 1 copy, MLX compiled M = 1 calls, MLX batched) run
-in every variant. ``--arms``, ``--parity-only`` and ``--skip-configs`` cut a run
-down, e.g. the shipped arm's parity over the configs a timed run did not reach.
+``--variant`` picks the streamed arms: ``global`` (the baseline, x read from
+global memory, from ``--header``), ``smem`` (the default render, from the sibling
+header ``qmv_jit_header_smem.cuh``; the shipped shape is the arm
+``smem_v24_w2_pf_async_4warps``), or ``both`` side by side. The stock arms (JIT
+M = 1 copy, MLX compiled M = 1 calls, MLX batched) run in every variant.
+``--arms``, ``--parity-only`` and ``--skip-configs`` cut a run down, e.g. the
+shipped arm's parity over the configs a timed run did not reach.
 """
 
 from __future__ import annotations

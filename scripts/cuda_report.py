@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ARM = "v248"  # the 2026-11-29 session-1 table's vector set (V = 2, 4, 8; M > 8 in tiles of 8)
-SHIPPED = "smem_v24_w2_pf_async_4warps"  # what patches/ renders since session 2
+ARM = "v248"  # the `global` run's headline V set (V = 2, 4, 8; M > 8 in tiles of 8)
+SHIPPED = "smem_v24_w2_pf_async_4warps"  # the arm that runs what patches/ renders
 HEADLINE = {"K": 8192, "N": 28672}
 # Column names of the streamed arms cuda_h200.py knows; others show their label.
 ARM_NAMES = {

@@ -2,8 +2,8 @@
 # patchkit probe on the H200: stock MLX vs the streamed kernel, block vs chain, 3B-class model.
 #
 # The GPU host has no package index, so MLX's CUDA runtime travels packed in two halves
-# (/work/shared/tools/pack-mlx-cuda.sh: .mlxpack/a and .mlxpack/b, each under the 64 MiB
-# carry limit) and the cuda_kernel header travels in the git-ignored .device/ (it holds MLX
+# (the pack script, shared/tools/pack-mlx-cuda.sh beside the checkout: .mlxpack/a and
+# .mlxpack/b, each under the 64 MiB carry limit) and the cuda_kernel header travels in the git-ignored .device/ (it holds MLX
 # source; built here by scripts/cuda_jit_bundle.py or patchkit.verify.harness.cuda.build_bundle).
 #
 #   call 1:  bash scripts/probe_h200.sh stage            carry [".mlxpack/a"]
