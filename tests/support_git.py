@@ -1,4 +1,5 @@
-"""Fixtures for the git-side tests (import them explicitly; conftest.py is left to the lead).
+"""Fixtures for the git-side tests (import them explicitly: only the tests that name them pay
+for the header repository they build).
 
 The header repository is built once per session from the ``mlx-cpu`` 0.32.1 and
 0.32.4 wheels (real upstream text, offline after the first download); every test
