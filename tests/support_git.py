@@ -1,7 +1,7 @@
 """Fixtures for the git-side tests (import them explicitly: only the tests that name them pay
 for the header repository they build).
 
-The header repository is built once per session from the ``mlx-cpu`` 0.32.1 and
+The header repository is built once per pytest session from the ``mlx-cpu`` 0.32.1 and
 0.32.4 wheels (real upstream text, offline after the first download); every test
 that changes it works on its own clone in ``tmp_path``.
 """
