@@ -327,6 +327,33 @@ _DEPS_OPTION = click.option(
 )
 
 
+@main.command("vendor")
+@click.argument("checkout", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--flavour",
+    type=click.Choice(["series", "overlay"]),
+    default="series",
+    show_default=True,
+    help="series: git am the commits; overlay: copy the touched files whole (uncommitted).",
+)
+@click.option("--dry-run", is_flag=True, help="Check the checkout and list the changes only.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, as_json: bool) -> None:
+    """Put patches/<pin>/ into your own MLX checkout (at the pin, clean)."""
+    from patchkit.carry import vendor
+
+    click.get_current_context().meta["json"] = as_json
+    r = vendor.vendor(find_root(Path.cwd()), checkout, flavour, dry_run=dry_run)
+    verb = "would apply" if dry_run else "applied"
+    what = "commits from" if flavour == "series" else "whole files from"
+    emit(
+        as_json,
+        r.to_json(),
+        f"{verb} {len(r.files)} {what} patches/ to {r.checkout} ({flavour}); HEAD {r.head[:8]}\n"
+        + "\n".join(f"  {f}" for f in r.files),
+    )
+
+
 @main.command("build")
 @click.option(
     "--backend",

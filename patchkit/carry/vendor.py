@@ -1,0 +1,98 @@
+"""``patchkit vendor``: put the exported patch into the user's own MLX checkout.
+
+Two flavours, both from ``patches/<pin>/``:
+
+- ``series``: ``git am`` of the format-patch series, so the checkout gains the
+  same commits ``patchkit apply`` made (what an upstream PR carries);
+- ``overlay``: the touched files copied whole over the checkout's (for engines
+  that vendor MLX's sources), left uncommitted for the user to review.
+
+Either way the checkout must be at the pinned commit and clean: the series
+would not apply elsewhere, and an overlay over other changes would silently
+drop them. ``dry_run`` checks all of that and says what would change, touching
+nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from patchkit.carry import apply, pin
+from patchkit.errors import UserError
+from patchkit.util import git
+
+FLAVOURS = ("series", "overlay")
+
+
+@dataclass
+class VendorResult:
+    """What vendor did (or, for a dry run, would do)."""
+
+    checkout: Path
+    flavour: str
+    files: list[str] = field(default_factory=list)  # series: patch files; overlay: paths
+    head: str = ""
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "checkout": str(self.checkout),
+            "flavour": self.flavour,
+            "files": self.files,
+            "head": self.head,
+            "dry_run": self.dry_run,
+        }
+
+
+def _require_pinned_clean_checkout(checkout: Path, p: pin.Pin) -> None:
+    head = git.try_rev_parse(checkout, "HEAD")
+    if head is None:
+        raise UserError(f"{checkout} is not a git checkout of MLX (no HEAD)")
+    if head != p.commit:
+        raise UserError(
+            f"{checkout} is at {head[:8]}, the patch is for {p.short}: "
+            f"`git -C {checkout} checkout {p.short}` (or rebase the patch with patchkit rebase)"
+        )
+    if git.status_porcelain(checkout).strip():
+        raise UserError(f"{checkout} has uncommitted changes; commit or stash them and retry")
+
+
+def vendor(root: Path, checkout: Path, flavour: str, *, dry_run: bool = False) -> VendorResult:
+    """Apply ``patches/<pin>/`` to ``checkout`` as ``flavour``; see the module doc."""
+    if flavour not in FLAVOURS:
+        raise UserError(f"unknown flavour {flavour!r}; choose from {', '.join(FLAVOURS)}")
+    p = pin.load(root / pin.PIN_FILE)
+    patches = root / apply.PATCHES / p.short
+    if not patches.is_dir():
+        raise UserError(f"{patches} does not exist; run `patchkit apply` first")
+    checkout = checkout.resolve()
+    _require_pinned_clean_checkout(checkout, p)
+    result = VendorResult(checkout, flavour, dry_run=dry_run)
+    if flavour == "series":
+        series = sorted(patches.glob("*.patch"))
+        result.files = [s.name for s in series]
+        # --check on each patch: the series touches each file in one patch only.
+        for s in series:
+            git.run(checkout, "apply", "--check", str(s))
+        if not dry_run:
+            name, email = (
+                git.user_config(checkout, "user.name"),
+                git.user_config(checkout, "user.email"),
+            )
+            committer = (name, email) if name and email else git.FIXED_AUTHOR
+            git.am(checkout, series, committer=committer)
+    else:
+        overlay = patches / "overlay"
+        result.files = sorted(
+            f.relative_to(overlay).as_posix() for f in overlay.rglob("*") if f.is_file()
+        )
+        for rel in result.files:
+            if not (checkout / rel).is_file():
+                raise UserError(f"{checkout} has no {rel}; is it an MLX checkout?")
+        if not dry_run:
+            for rel in result.files:
+                shutil.copyfile(overlay / rel, checkout / rel)
+    result.head = git.rev_parse(checkout, "HEAD")
+    return result
