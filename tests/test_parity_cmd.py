@@ -92,7 +92,10 @@ def test_cli_json_matches_printed_table(tmp_path: Path) -> None:
     assert len(table) == 4  # bits {3, 4} x B {1, 3}
     # every M from 2 to limit - 1, each with the dispatch path named
     assert [m["M"] for m in report["rows"][0]["by_m"]] == list(range(2, report["rows"][0]["limit"]))
-    assert "0/" in human.stdout.splitlines()[-1] and "identical" in human.stdout
+    verdict, scope = human.stdout.splitlines()[-2:]
+    assert "0/" in verdict and "identical" in verdict
+    # It says what it tested: on the CPU backend, neither the patch nor a GPU path.
+    assert scope == report["scope"] and "CPU backend" in scope and "neither" in scope
 
 
 class _ReorderedMLX:

@@ -263,7 +263,7 @@ def run(
             progress(cfg.label())
         rows.append(run_config(mx, dev, cfg, seed, patched))
     checked = [r for r in rows if r["status"] == "ok"]
-    return {
+    report = {
         "mlx_version": mx.__version__,
         "mlx": "patched" if patched else "as imported (stock unless built by patchkit)",
         "device": asdict(dev),
@@ -277,6 +277,7 @@ def run(
             for m in dict.fromkeys(r["mode"] for r in checked)
         },
     }
+    return {**report, "scope": scope(report)}
 
 
 TABLE_COLUMNS = (
@@ -308,6 +309,20 @@ def table_cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
+def scope(report: dict[str, Any]) -> str:
+    """What a report tested, in one line: which MLX, which backend, which kernel paths."""
+    backend = report["device"]["backend"]
+    patched = report.get("mlx") == "patched"
+    which = "a patched build" if patched else "MLX as imported (stock unless built by patchkit)"
+    paths = sorted({m["path"] for r in report["rows"] for m in r.get("by_m", [])})
+    if backend == "cpu":
+        return (
+            f"tested: {which} on the CPU backend, one code path for every M: "
+            "neither the streamed kernels nor a GPU path"
+        )
+    return f"tested: {which} on {backend}, kernel paths {', '.join(paths) or 'none'}"
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The human table for ``report`` plus a one-line verdict."""
     dev = report["device"]
@@ -324,12 +339,13 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(
         f"{report['rows_differing']}/{report['rows_compared']} rows differ ({modes}): {verdict}"
     )
+    lines.append(scope(report))
     return "\n".join(lines)
 
 
 def parse_table(text: str) -> list[list[str]]:
     """Split a printed table back into cells (the tests compare it with the JSON)."""
-    lines = text.splitlines()[2:-1]
+    lines = text.splitlines()[2:-2]  # title and column names; verdict and scope
     return [re.split(r"\s{2,}", line.rstrip(), maxsplit=len(TABLE_COLUMNS) - 1) for line in lines]
 
 
