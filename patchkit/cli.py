@@ -137,7 +137,8 @@ def apply_cmd(rev: str | None, release: str | None, as_json: bool, common: dict[
     emit(
         as_json,
         r.to_json(),
-        f"applied {r.upstream[:8]} -> {r.branch} ({r.head[:8]}); {r.patches_dir} {what}",
+        f"applied {r.upstream[:8]} -> {r.branch} ({r.head[:8]}) in {r.clone}\n"
+        f"{r.patches_dir} {what}",
     )
 
 
@@ -169,6 +170,8 @@ def check_cmd(as_json: bool, common: dict[str, Any]) -> None:
     with progress(as_json) as say:
         r = check_mod.check(progress=say, **common)
     lines = "\n".join(r.problems()) or f"patches/{r.commit[:8]} is current"
+    if not r.ok:
+        lines += "\nrun `patchkit apply` and commit patches/ and pin.toml"
     emit(as_json, r.to_json(), lines)
     if not r.ok:
         sys.exit(EXIT_FAIL)
@@ -181,10 +184,13 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
     with progress(as_json) as say:
         s = check_mod.status(progress=say, **common)
     current = "current" if s["patches_current"] else "STALE: " + "; ".join(s["problems"])
+    if not s["patches_current"]:
+        current += " (run `patchkit apply` and commit patches/)"
     emit(
         as_json,
         s,
-        f"pinned {s['pinned']} ({s['release'] or 'no release twin'}), {s['bumps']} pin event(s)\n"
+        f"pinned {s['upstream_commit']} of {s['upstream_url']} "
+        f"({s['release'] or 'no release twin'}), bumps: {s['bumps']}\n"
         f"applied on {s['branch']} = {s['branch_head']} in {s['clone']}\n"
         f"{s['patches_dir']}: {current}",
     )

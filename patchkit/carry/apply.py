@@ -57,6 +57,7 @@ class ApplyResult:
     upstream: str
     head: str
     branch: str
+    clone: Path
     patches_dir: Path
     files: list[str]
     patches_changed: bool
@@ -66,9 +67,10 @@ class ApplyResult:
     def to_json(self) -> dict[str, object]:
         """A JSON-friendly summary."""
         return {
-            "upstream": self.upstream,
+            "upstream_commit": self.upstream,
             "head": self.head,
             "branch": self.branch,
+            "clone": str(self.clone),
             "patches_dir": str(self.patches_dir),
             "files": self.files,
             "patches_changed": self.patches_changed,
@@ -307,6 +309,7 @@ def apply(
         upstream,
         head,
         BRANCH_PREFIX + upstream[:8],
+        clone,
         root / PATCHES / new_pin.short,
         files,
         patches_changed,

@@ -119,8 +119,8 @@ def status(
     )
     head = git.try_rev_parse(clone, f"refs/heads/{branch}")
     return {
-        "pinned": p.commit,
-        "upstream": p.url,
+        "upstream_commit": p.commit,
+        "upstream_url": p.url,
         "release": p.release,
         "bumps": len(p.history),
         "touched": sorted(p.blobs),

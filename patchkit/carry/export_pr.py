@@ -20,6 +20,7 @@ module never pushes unless ``push`` names a remote explicitly.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -87,7 +88,7 @@ class PrResult:
     def to_json(self) -> dict[str, object]:
         """A JSON-friendly summary (repository path, branch and commit first)."""
         return {
-            "repository": str(self.repository),
+            "clone": str(self.repository),
             "branch": self.branch,
             "commit": self.commit,
             "base": self.base,
@@ -142,7 +143,7 @@ def render_pr(
             raise UserError(f"{path} does not exist in the base tree; is this an MLX tree?")
         return text
 
-    upstream_opts = render.RenderOptions(options.backends, options.routing, "upstream")
+    upstream_opts = dataclasses.replace(options, flavour="upstream")
     core = apply.render_all(must_read, upstream_opts, templates_dir)
     upstream: dict[str, str | None] = dict(core.upstream)
     patched = dict(core.patched)
