@@ -291,10 +291,14 @@ def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool
 @click.option("--onto", metavar="REV", help="Upstream commit to branch off (default: the pin).")
 @click.option("--branch", default="order-preserving-qmv", show_default=True, help="Branch name.")
 @click.option("--title", help="Commit title (default: MLX-style 'Add order-preserving ...').")
-@click.option("--push", metavar="REMOTE", help="Push the branch to REMOTE (never by default).")
+@click.option("--push", metavar="URL_OR_PATH", help="Push the branch there (never by default).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Patch/body dir.")
 @click.option("--author", metavar="'NAME <EMAIL>'", help="Commit author (the submitter).")
-@click.option("--install-formatters", is_flag=True, help="pip install upstream's formatter pins.")
+@click.option(
+    "--install-formatters",
+    is_flag=True,
+    help="Install upstream's formatter pins into patchkit's own tool venv (not yours).",
+)
 @common_options
 def export_pr_cmd(as_json: bool, common: dict[str, Any], **kw: Any) -> None:
     """One upstream-ready commit (Metal by default; --backend cuda adds CUDA) + PR body draft."""

@@ -189,7 +189,7 @@ def test_formatter_versions_come_from_the_pre_commit_config() -> None:
 
 
 def test_wrong_formatter_version_is_refused_with_the_install_command() -> None:
-    with pytest.raises(UserError, match=r"pip install black==0\.0\.1"):
+    with pytest.raises(UserError, match=r"black==0\.0\.1.*--install-formatters"):
         export_pr.ensure_formatters({"black": "0.0.1"}, install=False)
 
 
@@ -383,3 +383,27 @@ def test_rendered_test_passes_on_the_installed_cpu_mlx(
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Ran 2 tests" in proc.stderr
+
+
+def test_formatters_found_beside_the_interpreter_when_not_on_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A venv that is not on PATH: its tools sit beside sys.executable.
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    fake = venv_bin / "black"
+    fake.write_text("#!/bin/sh\necho 'black, 26.1.0 (compiled: yes)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(export_pr.sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path / "cache"))
+    assert export_pr.ensure_formatters({"black": "26.1.0"}, install=False) == {"black": str(fake)}
+    with pytest.raises(UserError, match="your environment is not touched"):
+        export_pr.ensure_formatters({"black": "26.1.1"}, install=False)
+
+
+def test_push_needs_a_url_or_path_not_a_remote_name(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="give a URL or a path"):
+        export_pr.push_target("myfork")
+    assert export_pr.push_target("git@github.com:me/mlx.git") == "git@github.com:me/mlx.git"
+    assert export_pr.push_target(str(tmp_path)) == str(tmp_path)

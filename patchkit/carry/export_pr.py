@@ -21,6 +21,7 @@ module never pushes unless ``push`` names a remote explicitly.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import shutil
 import subprocess
@@ -179,9 +180,9 @@ def formatter_versions(precommit_text: str) -> dict[str, str]:
     return versions
 
 
-def installed_version(tool: str) -> str | None:
-    """Version a formatter on PATH reports, or None when it is not installed."""
-    exe = shutil.which(tool)
+def installed_version(tool: str, exe: str | None = None) -> str | None:
+    """Version ``exe`` (default: the first of :func:`candidates`) reports, or None when absent."""
+    exe = exe or next(iter(candidates(tool)), None)
     if exe is None:
         return None
     proc = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
@@ -189,64 +190,104 @@ def installed_version(tool: str) -> str | None:
     return found.group(1) if found else None
 
 
-def ensure_formatters(wanted: dict[str, str], install: bool) -> None:
-    """Make sure each formatter is installed at the version upstream's pre-commit pins.
+def tools_venv(wanted: dict[str, str]) -> Path:
+    """patchkit's own environment for exactly these formatter versions (under the cache)."""
+    key = hashlib.sha256(repr(sorted(wanted.items())).encode()).hexdigest()[:12]
+    return source.cache_root() / "tools" / f"formatters-{key}"
+
+
+def candidates(tool: str, wanted: dict[str, str] | None = None) -> list[str]:
+    """Where ``tool`` may live, best first: patchkit's tool venv, this interpreter's bin
+    folder (a venv that is not on PATH), then PATH."""
+    places = [tools_venv(wanted) / "bin" / tool] if wanted else []
+    places.append(Path(sys.executable).parent / tool)
+    found = [str(p) for p in places if p.is_file()]
+    on_path = shutil.which(tool)
+    return found + ([on_path] if on_path and on_path not in found else [])
+
+
+def ensure_formatters(wanted: dict[str, str], install: bool) -> dict[str, str]:
+    """``{tool: executable}`` at the versions upstream's pre-commit pins.
 
     A different version formats differently, and the PR would then not be what
     ``pre-commit run --all-files`` produces; so a mismatch is an error unless
-    ``install`` lets patchkit ``pip install`` the exact versions from PyPI.
+    ``install`` lets patchkit install the exact versions into its own tool
+    environment (:func:`tools_venv`), never into the user's.
     """
-    missing = {t: v for t, v in wanted.items() if installed_version(t) != v}
+    tools, missing = {}, {}
+    for tool, version in wanted.items():
+        exe = next(
+            (e for e in candidates(tool, wanted) if installed_version(tool, e) == version), None
+        )
+        if exe:
+            tools[tool] = exe
+        else:
+            missing[tool] = version
     if not missing:
-        return
+        return tools
     specs = [f"{t}=={v}" for t, v in sorted(missing.items())]
+    venv = tools_venv(wanted)
     if not install:
         found = {t: installed_version(t) or "absent" for t in missing}
         raise UserError(
-            f"formatters {found} differ from upstream's pre-commit pins; run"
-            f" `{sys.executable} -m pip install {' '.join(specs)}` or pass --install-formatters"
+            f"formatters {found} differ from upstream's pre-commit pins ({' '.join(specs)}); "
+            f"pass --install-formatters to install them into {venv} (your environment is not "
+            f"touched), or `pip install {' '.join(specs)}` yourself"
         )
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", *specs], capture_output=True, text=True
-    )
+    if not (venv / "bin" / "python").is_file():
+        _pip_step([sys.executable, "-m", "venv", str(venv)])
+    _pip_step([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *specs])
+    return ensure_formatters(wanted, install=False)
+
+
+def _pip_step(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise ToolError(["pip", "install", *specs], proc.returncode, proc.stdout, proc.stderr)
+        raise ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
 
 
-def _format_cmds(paths: Sequence[str], check: bool) -> list[list[str]]:
+def _format_cmds(paths: Sequence[str], check: bool, tools: dict[str, str]) -> list[list[str]]:
     """Formatter commands: clang-format for C++/Metal/CUDA, isort then black for Python."""
     cxx = [p for p in paths if p.endswith(CXX_SUFFIXES)]
     py = [p for p in paths if p.endswith(".py")]
+    exe = {t: tools.get(t) or t for t in ("clang-format", "isort", "black")}
     cmds = []
     if cxx:
         flags = ["--dry-run", "--Werror"] if check else ["-i"]
-        cmds.append(["clang-format", *flags, *cxx])
+        cmds.append([exe["clang-format"], *flags, *cxx])
     if py:
         # isort before black, as the pre-commit config orders them; --profile=black as it says.
-        cmds.append(["isort", "--profile=black", *(["--check-only"] if check else []), *py])
-        cmds.append(["black", "--quiet", *(["--check"] if check else []), *py])
+        cmds.append([exe["isort"], "--profile=black", *(["--check-only"] if check else []), *py])
+        cmds.append([exe["black"], "--quiet", *(["--check"] if check else []), *py])
     return cmds
 
 
-def run_formatters(worktree: Path, paths: Sequence[str], *, check: bool) -> None:
+def run_formatters(
+    worktree: Path, paths: Sequence[str], *, check: bool, tools: dict[str, str] | None = None
+) -> None:
     """Format ``paths`` in place in ``worktree`` (so the tree's .clang-format and pyproject
     apply, with real include paths); with ``check``, fail if anything would change."""
-    for cmd in _format_cmds(paths, check):
+    if tools is None:
+        tools = {t: c[0] for t in ("clang-format", "isort", "black") if (c := candidates(t))}
+    for cmd in _format_cmds(paths, check, tools):
         proc = subprocess.run(cmd, cwd=worktree, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
 
 
 def write_and_format(
-    wt: Path, upstream: dict[str, str | None], patched: dict[str, str]
+    wt: Path,
+    upstream: dict[str, str | None],
+    patched: dict[str, str],
+    tools: dict[str, str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Write the patched files into ``wt``, format, verify; return (changed, reformatted)."""
     changed = sorted(p for p in patched if patched[p] != upstream[p])
     for p in changed:
         (wt / p).parent.mkdir(parents=True, exist_ok=True)
         (wt / p).write_bytes(patched[p].encode("utf-8", "surrogateescape"))
-    run_formatters(wt, changed, check=False)
-    run_formatters(wt, changed, check=True)
+    run_formatters(wt, changed, check=False, tools=tools)
+    run_formatters(wt, changed, check=True, tools=tools)
     reformatted = [p for p in changed if (wt / p).read_bytes().decode() != patched[p]]
     return changed, reformatted
 
@@ -258,10 +299,11 @@ def commit_pr(
     patched: dict[str, str],
     title: str,
     author: tuple[str, str],
+    tools: dict[str, str] | None = None,
 ) -> tuple[str, list[str], list[str]]:
     """One formatted commit on ``base`` in a fresh worktree; return (commit, files, reformatted)."""
     with source.worktree(clone, base) as wt:
-        changed, reformatted = write_and_format(wt, upstream, patched)
+        changed, reformatted = write_and_format(wt, upstream, patched, tools)
         if not changed:
             raise UserError(f"the templates change nothing at {base[:8]}; nothing to export")
         git.add(wt, changed)
@@ -362,6 +404,20 @@ def resolve_author(root: Path, author: tuple[str, str] | None) -> tuple[tuple[st
     return git.FIXED_AUTHOR, [msg]
 
 
+def push_target(remote: str) -> str:
+    """``remote`` as something patchkit's own clone can push to: a URL or a path.
+
+    The branch lives in patchkit's cached clone, which knows none of the user's
+    remote names; a bare name would fail inside git with a confusing message.
+    """
+    if "://" in remote or remote.startswith("git@") or Path(remote).expanduser().exists():
+        return str(Path(remote).expanduser()) if Path(remote).expanduser().exists() else remote
+    raise UserError(
+        f"--push {remote}: give a URL or a path (the branch is pushed from patchkit's own "
+        f"clone, which has no remote named {remote!r}), e.g. git@github.com:YOU/mlx.git"
+    )
+
+
 def push_branch(clone: Path, remote: str, branch: str, head: str) -> str:
     """Push ``head`` to ``remote`` as ``branch`` (only ever a remote the user named)."""
     git.push(clone, remote, f"{head}:refs/heads/{branch}")
@@ -387,6 +443,7 @@ def export_pr(
 
     ``author`` defaults to the user's git identity (see :func:`resolve_author`).
     """
+    push = push_target(push) if push else None  # before any work: a bad target fails fast
     author, notes = resolve_author(root, author)
     pinned = _pinned(root)
     rev = onto or pinned
@@ -396,11 +453,11 @@ def export_pr(
     base = source.resolve(clone, rev, progress=progress)
     read = optional_reader(clone, base)
     wanted = formatter_versions(read(PRECOMMIT) or "")
-    ensure_formatters(wanted, install_formatters)
+    tools = ensure_formatters(wanted, install_formatters)
     progress("rendering")
     upstream, patched = render_pr(read, options, templates_dir)
     progress("formatting and committing")
-    head, files, reformatted = commit_pr(clone, base, upstream, patched, title, author)
+    head, files, reformatted = commit_pr(clone, base, upstream, patched, title, author, tools)
     git.branch_force(clone, branch, head)
     out = (out_dir or root / "build" / "pr" / base[:8]).resolve()
     patch = format_patch(clone, base, head, out)
