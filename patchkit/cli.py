@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from patchkit.carry import apply as apply_mod
 from patchkit.carry import check as check_mod
@@ -38,18 +39,44 @@ out_console = Console(soft_wrap=True)  # results on stdout, unwrapped so they ca
 class _Main(click.Group):
     """Click group that turns patchkit errors into one clear line and an exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Known before any parsing can fail, so a usage error can answer in JSON.
+        ctx.meta["json"] = "--json" in args
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except PatchkitError as exc:
             code = EXIT_TOOL if isinstance(exc, ToolError) else EXIT_FAIL
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if ctx.meta.get("json"):
-                click.echo(json.dumps({"ok": False, "error": str(exc), "kind": type(exc).__name__}))
-            err_console.print(f"[bold red]patchkit: error:[/] {first}", highlight=False)
-            if isinstance(exc, ToolError):
+            self._fail(ctx, exc, str(exc), code)
+            if isinstance(exc, ToolError):  # the tool's own output, after the one line
                 err_console.print(str(exc), highlight=False, markup=False)
             ctx.exit(code)
+        except click.UsageError as exc:
+            if not _wants_json(ctx):
+                raise
+            self._fail(ctx, exc, exc.format_message(), exc.exit_code)
+            ctx.exit(exc.exit_code)
+        except OSError as exc:  # a path patchkit was pointed at is not usable
+            where = f": {exc.filename}" if exc.filename else ""
+            message = f"{exc.strerror or exc}{where}; check the path and its permissions"
+            self._fail(ctx, exc, message, EXIT_FAIL)
+            ctx.exit(EXIT_FAIL)
+
+    @staticmethod
+    def _fail(ctx: click.Context, exc: BaseException, message: str, code: int) -> None:
+        """One line on stderr; under --json also one JSON object on stdout."""
+        first = message.splitlines()[0] if message else type(exc).__name__
+        if _wants_json(ctx):
+            kind = type(exc).__name__
+            click.echo(json.dumps({"ok": False, "error": message, "kind": kind, "exit": code}))
+        err_console.print(f"[bold red]patchkit: error:[/] {escape(first)}", highlight=False)
+
+
+def _wants_json(ctx: click.Context) -> bool:
+    """--json was asked for (seen by :meth:`_Main.parse_args`, so also on usage errors)."""
+    return bool(ctx.meta.get("json"))
 
 
 def find_root(start: Path) -> Path:

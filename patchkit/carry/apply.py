@@ -263,6 +263,8 @@ def apply(
     progress: source.Progress = source._quiet,
 ) -> ApplyResult:
     """Apply the patch at ``rev`` and export ``root/patches/<short>``; see the module doc."""
+    if release:
+        pin.check_release(release)
     recover_outputs(root, progress)
     ensure_outputs_clean(root)
     pin_path = root / pin.PIN_FILE

@@ -12,6 +12,7 @@ a half-written file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,9 +63,9 @@ def load(path: Path) -> Pin:
     if not path.exists():
         raise UserError(f"{path} not found; create it with `patchkit apply --pin REV`")
     try:
-        doc = tomlkit.parse(path.read_text()).unwrap()
+        doc = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
         up = doc["upstream"]
-        return Pin(
+        pin = Pin(
             commit=up["commit"],
             url=up.get("url", UPSTREAM_URL),
             release=up.get("release", ""),
@@ -74,8 +75,37 @@ def load(path: Path) -> Pin:
                 for h in doc.get("history", [])
             ),
         )
-    except (TOMLKitError, KeyError, TypeError) as exc:
+    except (TOMLKitError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UserError(f"{path} is malformed ({exc}); fix it or restore it from git") from exc
+    except OSError as exc:
+        raise UserError(f"{path} cannot be read ({exc.strerror}); it must be a file") from exc
+    problem = _invalid(pin)
+    if problem:
+        raise UserError(f"{path} is malformed ({problem}); fix it or restore it from git")
+    return pin
+
+
+_SHA = re.compile(r"[0-9a-f]{40}")
+RELEASE = re.compile(r"\d+\.\d+\.\d+(?:[.-]?(?:dev|rc|post|a|b)\d*)?")
+
+
+def _invalid(pin: Pin) -> str | None:
+    """What is wrong with a parsed pin's values, or None."""
+    if not isinstance(pin.commit, str) or not _SHA.fullmatch(pin.commit):
+        return f"upstream.commit must be a 40-hex-digit commit id, not {pin.commit!r}"
+    if not isinstance(pin.url, str):
+        return f"upstream.url must be a string, not {pin.url!r}"
+    if not isinstance(pin.release, str) or (pin.release and not RELEASE.fullmatch(pin.release)):
+        return f"upstream.release must be a version such as 0.32.1, not {pin.release!r}"
+    bad = [p for p, b in pin.blobs.items() if not (isinstance(b, str) and _SHA.fullmatch(b))]
+    return f"blobs.{bad[0]} must be a 40-hex-digit blob id" if bad else None
+
+
+def check_release(release: str) -> str:
+    """``release`` if it is a version (it goes into generated file headers); else UserError."""
+    if not RELEASE.fullmatch(release):
+        raise UserError(f"--release {release!r} is not a version such as 0.32.1")
+    return release
 
 
 def dumps(pin: Pin, existing: str | None = None) -> str:

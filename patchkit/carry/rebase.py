@@ -276,6 +276,8 @@ def rebase(
     written). A ``rev`` that does not descend from the pin (older, or another
     line of history) is refused unless ``allow_downgrade``.
     """
+    if release:
+        pin.check_release(release)
     apply.recover_outputs(root, progress)
     apply.ensure_outputs_clean(root)
     old_pin = pin.load(root / pin.PIN_FILE)

@@ -139,49 +139,60 @@ def load_plans(templates_dir: Path = TEMPLATES_DIR) -> list[FilePlan]:
     """Every file plan under ``templates_dir``, sorted by upstream path."""
     plans = []
     for manifest in sorted(templates_dir.rglob(MANIFEST)):
-        data = tomllib.loads(manifest.read_text())
-        rel = manifest.parent.relative_to(templates_dir).as_posix()
-        deps = data.get("depends", {})
-        plans.append(
-            FilePlan(
-                path=rel,
-                backend=data["backend"],
-                mirrored=tuple(deps.get("mirrored", ())),
-                called=tuple(deps.get("called", ())),
-                derives=tuple(
-                    Derive(
-                        function=d["function"],
-                        name=d["name"],
-                        rename=d["rename"],
-                        replace=tuple(tuple(r) for r in d.get("replace", ())),
-                        index=d.get("index"),
-                    )
-                    for d in data.get("derive", ())
-                ),
-                lifts=tuple(
-                    Lift(
-                        name=lf["name"],
-                        within=lf["within"],
-                        statement=lf["statement"],
-                        through=lf.get("through"),
-                    )
-                    for lf in data.get("lift", ())
-                ),
-                edits=tuple(
-                    Edit(
-                        op=e["op"],
-                        anchor=e["anchor"],
-                        template=e["template"],
-                        index=e.get("index"),
-                        within=e.get("within"),
-                        through=e.get("through"),
-                    )
-                    for e in data.get("edit", ())
-                ),
-                template_dir=manifest.parent,
+        try:
+            plans.append(_load_plan(manifest, templates_dir))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise UserError(f"{manifest}: not valid TOML ({exc})") from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(
+                f"{manifest}: missing or wrong entry ({exc}); every edits.toml needs backend"
+                " and, per [[edit]], op, anchor and template"
+            ) from exc
+    return sorted(plans, key=lambda p: p.path)
+
+
+def _load_plan(manifest: Path, templates_dir: Path) -> FilePlan:
+    """One ``edits.toml`` as a plan (KeyError/TypeError for a missing or mistyped entry)."""
+    data = tomllib.loads(manifest.read_text(encoding="utf-8"))
+    rel = manifest.parent.relative_to(templates_dir).as_posix()
+    deps = data.get("depends", {})
+    return FilePlan(
+        path=rel,
+        backend=data["backend"],
+        mirrored=tuple(deps.get("mirrored", ())),
+        called=tuple(deps.get("called", ())),
+        derives=tuple(
+            Derive(
+                function=d["function"],
+                name=d["name"],
+                rename=d["rename"],
+                replace=tuple(tuple(r) for r in d.get("replace", ())),
+                index=d.get("index"),
             )
-        )
-    return plans
+            for d in data.get("derive", ())
+        ),
+        lifts=tuple(
+            Lift(
+                name=lf["name"],
+                within=lf["within"],
+                statement=lf["statement"],
+                through=lf.get("through"),
+            )
+            for lf in data.get("lift", ())
+        ),
+        edits=tuple(
+            Edit(
+                op=e["op"],
+                anchor=e["anchor"],
+                template=e["template"],
+                index=e.get("index"),
+                within=e.get("within"),
+                through=e.get("through"),
+            )
+            for e in data.get("edit", ())
+        ),
+        template_dir=manifest.parent,
+    )
 
 
 def selected_plans(options: RenderOptions, templates_dir: Path = TEMPLATES_DIR) -> list[FilePlan]:
@@ -255,6 +266,15 @@ def render_snippet(plan: FilePlan, template: str, context: dict[str, object]) ->
         return environment(plan.template_dir).get_template(template).render(**context)
     except jinja2.UndefinedError as exc:
         raise UserError(f"{plan.path}/{template}: {exc.message}") from exc
+    except jinja2.TemplateSyntaxError as exc:  # also unknown filters and tests
+        where = f"{exc.name or template}:{exc.lineno}"
+        raise UserError(f"{plan.path}/{where}: {exc.message}") from exc
+    except jinja2.TemplateNotFound as exc:
+        raise UserError(
+            f"{plan.path}/{template}: template {exc.name!r} not found in {plan.template_dir}"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{plan.path}/{template}: not UTF-8 text ({exc.reason})") from exc
 
 
 def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:

@@ -14,6 +14,7 @@ fails is only an error when the revision is still unknown afterwards.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -65,15 +66,45 @@ def clone_dir(spec: str, root: Path | None = None) -> Path:
 
 
 def ensure_clone(spec: str, *, root: Path | None = None, progress: Progress = _quiet) -> Path:
-    """Return the cached bare clone of ``spec``, cloning it (staged, then renamed) if absent."""
+    """Return the cached bare clone of ``spec``, cloning it (staged, then renamed) if absent.
+
+    Cloning holds a lock on the clones folder, so two cold starts at once do not
+    race on the rename; under the lock, staging folders a killed clone left are
+    removed.
+    """
     dest = clone_dir(spec, root)
-    if dest.exists():
-        if git.try_rev_parse(dest, "HEAD") is None and not (dest / "objects").is_dir():
+    if not dest.exists():
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
             raise UserError(
-                f"{dest} is not a git clone (foreign or damaged cache); remove it and retry"
-            )
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+                f"cannot create the clone cache {dest.parent} ({exc.strerror}); "
+                f"set {ENV_CACHE} to a writable folder"
+            ) from exc
+        with _locked(dest.parent / ".lock"):
+            for leftover in dest.parent.glob(".clone.*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            if not dest.exists():  # another process may have cloned while we waited
+                _clone(spec, dest, progress)
+    if git.try_rev_parse(dest, "HEAD") is None and not (dest / "objects").is_dir():
+        raise UserError(
+            f"{dest} is not a git clone (foreign or damaged cache); remove it and retry"
+        )
+    return dest
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created if needed) for the block."""
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _clone(spec: str, dest: Path, progress: Progress) -> None:
     progress(f"cloning {spec}")
     stage = Path(tempfile.mkdtemp(prefix=".clone.", dir=dest.parent))
     try:
@@ -86,7 +117,6 @@ def ensure_clone(spec: str, *, root: Path | None = None, progress: Progress = _q
         ) from exc
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return dest
 
 
 def _last_line(exc: ToolError) -> str:

@@ -1,0 +1,103 @@
+"""Bad input ends in one line that names the file and what to do, never a traceback; under
+--json the error is one JSON object on stdout, click's usage errors included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from patchkit.carry import pin, render, source
+from patchkit.cli import main
+from patchkit.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD_PIN = (ROOT / "pin.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace('commit = "9a7', "commit = 123 #"), "40-hex-digit commit id"),
+        (lambda t: t.replace('release = "0.32.1"', 'release = "0.32.1\\n#x"'), "a version"),
+        (lambda t: t + "\n\x00 = 1\n", "malformed"),
+        (lambda t: t.replace("[upstream]", "[upstrem]"), "malformed"),
+    ],
+)
+def test_malformed_pin_is_one_line(tmp_path: Path, edit, message: str) -> None:
+    path = tmp_path / "pin.toml"
+    path.write_text(edit(GOOD_PIN))
+    with pytest.raises(UserError, match=message) as err:
+        pin.load(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_pin_that_is_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "pin.toml").mkdir()
+    with pytest.raises(UserError, match="it must be a file"):
+        pin.load(tmp_path / "pin.toml")
+
+
+def test_release_is_validated_before_it_reaches_generated_code() -> None:
+    assert pin.check_release("0.32.1") == "0.32.1"
+    with pytest.raises(UserError, match="not a version"):
+        pin.check_release("0.32.1\n#include <evil>")
+
+
+def _templates(tmp_path: Path, edits: str, snippet: bytes) -> Path:
+    d = tmp_path / "templates" / "mlx" / "kernels" / "k.h"
+    d.mkdir(parents=True)
+    (d / "edits.toml").write_text(edits)
+    (d / "s.j2").write_bytes(snippet)
+    return tmp_path / "templates"
+
+
+EDITS = 'backend = "metal"\n[[edit]]\nop = "append"\nanchor = ""\ntemplate = "s.j2"\n'
+
+
+@pytest.mark.parametrize(
+    ("edits", "snippet", "message"),
+    [
+        (EDITS + "[[[bad\n", b"x", "not valid TOML"),
+        (EDITS.replace('backend = "metal"\n', ""), b"x", "missing or wrong entry"),
+        (EDITS, b"{% if %}", r"s\.j2:1: Expected an expression"),
+        (EDITS, b"{{ 1 | nosuchfilter }}", r"s\.j2:1: No filter named"),
+        (EDITS, b"{% include 'nope.j2' %}", "template 'nope.j2' not found"),
+        (EDITS, b"\xff\xfe", "not UTF-8"),
+    ],
+)
+def test_template_errors_name_the_file(
+    tmp_path: Path, edits: str, snippet: bytes, message: str
+) -> None:
+    templates = _templates(tmp_path, edits, snippet)
+    with pytest.raises(UserError, match=message) as err:
+        for plan in render.load_plans(templates):
+            render.render_snippet(plan, "s.j2", {})
+    assert "\n" not in str(err.value)
+
+
+def test_cache_that_is_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(source.ENV_CACHE, str(blocker))
+    with pytest.raises(UserError, match="set PATCHKIT_CACHE_DIR to a writable folder"):
+        source.ensure_clone(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["emulate", "--bogus", "--json"],
+        ["apply", "--json", "--pin"],
+        ["parity", "--json", "--mode", "x"],
+    ],
+)
+def test_usage_errors_are_json_under_json(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2
+    payload = json.loads(r.stdout)
+    assert payload["ok"] is False and payload["exit"] == 2 and payload["error"]
+    assert "Traceback" not in r.output
