@@ -202,7 +202,9 @@ def test_cli_missing_compiler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) 
     r = CliRunner().invoke(main, [*args, "--toolchain", "gcc", "--json"])
     assert r.exit_code == 1, r.output
     assert "g++-not-installed not found" in r.stderr and "--toolchain" in r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert "Traceback" not in r.output
+    error = json.loads(r.stdout)  # under --json the error is one JSON object
+    assert error["ok"] is False and error["kind"] == "UserError" and error["exit"] == 1
 
 
 def test_cli_one_case_json_has_rows_and_rows_differing() -> None:
