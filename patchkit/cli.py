@@ -88,13 +88,16 @@ def find_root(start: Path) -> Path:
 
 
 @contextmanager
-def progress(quiet: bool) -> Iterator[Callable[[str], None]]:
-    """A progress callback shown as a spinner on stderr (silent for --json)."""
-    if quiet or not err_console.is_terminal:
-        yield lambda msg: None if quiet else err_console.print(f"[dim]{msg}…[/]")
+def progress(as_json: bool) -> Iterator[Callable[[str], None]]:
+    """A progress callback on stderr: a live spinner on a terminal, else one line per step.
+
+    Under --json too (stdout carries only the JSON), so a long run never looks hung.
+    """
+    if as_json or not err_console.is_terminal:
+        yield lambda msg: err_console.print(f"[dim]{escape(msg)}…[/]", highlight=False)
         return
     with err_console.status("starting") as st:
-        yield lambda msg: st.update(f"{msg}…")
+        yield lambda msg: st.update(f"{escape(msg)}…")
 
 
 def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:

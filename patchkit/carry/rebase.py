@@ -117,11 +117,15 @@ class RebaseResult:
         parity = self.parity.summary if self.parity else "not run"
         if self.fp_parity:
             parity += f"; fp: {self.fp_parity.summary}"
-        return (
-            f"rebased {self.old[:8]} -> {self.new[:8]} ({self.head[:8]}); changed called"
-            f" functions: {called}; parity: {parity}; merged by 3-way: "
-            f"{', '.join(self.merged_files) or 'none'}; wrote {self.patches_dir}"
-        )
+        rows = [
+            ("changed called functions", called),
+            ("parity", parity),
+            ("merged by 3-way", ", ".join(self.merged_files) or "none"),
+            ("wrote", self.patches_dir),
+        ]
+        width = max(len(k) for k, _ in rows)
+        head = f"rebased {self.old[:8]} -> {self.new[:8]} (patch head {self.head[:8]})"
+        return "\n".join([head, *(f"  {k.ljust(width)}  {v}" for k, v in rows)])
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-friendly summary."""
