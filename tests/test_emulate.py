@@ -22,6 +22,7 @@ from patchkit.cli import main
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.verify import emulate
 from patchkit.verify.emulate import build, extract, parity, suite
+from patchkit.verify.emulate.families import AFFINE, DTYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +50,7 @@ CLANG_BITS = (3, 4, 8)
 
 
 def _cases_for(toolchain: build.Toolchain) -> list[parity.Case]:
-    cases = suite.default_matrix()
+    cases = suite.default_matrix(["affine"])
     if toolchain.name == "clang":
         cases = [c for c in cases if c.bits in CLANG_BITS]
     return cases
@@ -71,7 +72,7 @@ def test_matrix_reaches_every_m1_path_and_tile(report: suite.Report) -> None:
         ("qmv_fast", "qmv"),  # both M = 1 kernels
         (2, 3, 4, 5),  # every tile size
         (False,),  # unbatched everywhere; batched is checked below
-        parity.DTYPES,
+        DTYPES,
     ):
         assert (m1, V, batched, dtype) in ran
     assert any(r.case.B > 1 and r.m1_kernel == "qmv" for r in report.streamed())
@@ -83,7 +84,7 @@ def test_negative_control_qmv_wide_diverges(report: suite.Report) -> None:
     # and 82% (clang) of float16 ones; bf16's short mantissa hides more.
     assert report.control_divergence(("float32",)) >= 0.95
     assert report.control_divergence(("float16",)) >= 0.75
-    assert report.control_divergence() >= suite.MIN_CONTROL_DIVERGENCE
+    assert report.control_divergence() >= AFFINE.min_control
 
 
 def test_harness_catches_a_reordered_streamed_kernel(patched: str) -> None:
@@ -101,7 +102,10 @@ def test_harness_catches_a_reordered_streamed_kernel(patched: str) -> None:
         "result[v][row] = (result[v][row] + sum * b[row]) +\n"
         "            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], U(0), U(0));",
     )
-    cases = [parity.Case(1024, 64, 4, 64, "float32", 5), parity.Case(640, 37, 4, 64, "float32", 7)]
+    cases = [
+        parity.Case.affine(1024, 64, 4, 64, "float32", 5),
+        parity.Case.affine(640, 37, 4, 64, "float32", 7),
+    ]
     mutant = suite.run(mutated, cases, build.TOOLCHAINS["gcc"], controls=False)
     assert not mutant.streamed_identical
     assert len(mutant.failures()) == len(cases)
@@ -109,7 +113,7 @@ def test_harness_catches_a_reordered_streamed_kernel(patched: str) -> None:
 
 def test_unwritten_rows_cannot_pass() -> None:
     # Outputs start as NaN/all-ones: a kernel that writes nothing must differ.
-    case = parity.Case(512, 16, 4, 64, "float16", 2)
+    case = parity.Case.affine(512, 16, 4, 64, "float16", 2)
     written = np.zeros((1, 2, 16), dtype=np.float16)
     untouched = parity._empty_out(case, 2, 1, written)
     assert parity.compare(case, "x", written, untouched).rows_differing == 2
@@ -120,7 +124,7 @@ def test_clang_build_fuses_and_gcc_build_does_not(patched: str) -> None:
     # they really produce different instruction mixes on x86-64.
     if subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() != "x86_64":
         pytest.skip("the FMA instruction check is written for x86-64")
-    src = extract.extract(patched, suite.ALL_KERNELS)
+    src = extract.extract(patched, AFFINE.upstream_kernels + AFFINE.streamed_kernels)
     counts = {}
     for name in ("gcc", "clang"):
         build.require_compiler(build.TOOLCHAINS[name])
@@ -233,6 +237,6 @@ def test_cli_one_case_json_has_rows_and_rows_differing() -> None:
 
 @pytest.mark.wide
 def test_full_matrix(patched: str, toolchain: build.Toolchain) -> None:
-    full = suite.run(patched, suite.full_matrix(), toolchain)
+    full = suite.run(patched, suite.full_matrix(["affine"]), toolchain)
     assert full.failures() == []
-    assert full.control_divergence() >= suite.MIN_CONTROL_DIVERGENCE
+    assert full.control_divergence() >= AFFINE.min_control

@@ -18,20 +18,22 @@ from pathlib import Path
 import pytest
 
 from patchkit.errors import BlobMismatchError
-from patchkit.verify.emulate import build, extract, fp
+from patchkit.verify import emulate
+from patchkit.verify.emulate import build, parity, suite
+from patchkit.verify.emulate.families import FP, FP_MODES
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = extract.FP_UPSTREAM_KERNELS + extract.FP_STREAMED_KERNELS
+KERNELS = FP.upstream_kernels + FP.streamed_kernels
 
 
 @pytest.fixture(scope="module")
 def headers() -> tuple[str, tuple[str, str]]:
-    return fp.pinned_fp_headers(ROOT)
+    return emulate.pinned_fp_headers(ROOT)
 
 
 @pytest.fixture(scope="module")
 def patched(headers: tuple[str, tuple[str, str]]) -> str:
-    return fp.patched_fp_header(headers[0])
+    return emulate.patched_fp_header(headers[0])
 
 
 @pytest.fixture(scope="module")
@@ -46,39 +48,39 @@ def toolchain(request: pytest.FixtureRequest) -> build.Toolchain:
     return tc
 
 
-def _cases_for(toolchain: build.Toolchain) -> list[fp.FpCase]:
+def _cases_for(toolchain: build.Toolchain) -> list[parity.Case]:
     # clang builds at -O0 and runs several times slower. Its default share is
     # what contraction could break: every float32 case (where the control is
     # loudest) and the nvfp4 global-scale and r_2 variants, at N <= 64;
     # `patchkit emulate --mode fp --full` runs everything with both.
-    cases = fp.default_matrix()
+    cases = suite.default_matrix(FP_MODES)
     if toolchain.name == "clang":
         picked = [c for c in cases if c.dtype == "float32" or (c.hgs or c.rps == 2)]
-        small = [dataclasses.replace(c, N=fp.small_shape(c.K, c.N)[1]) for c in picked]
+        small = [dataclasses.replace(c, N=suite.small_shape(c.K, c.N)[1]) for c in picked]
         cases = [c for c in small if c.dtype != "bfloat16"]
     return cases
 
 
 @pytest.fixture(scope="module")
-def report(patched: str, types: tuple[str, str], toolchain: build.Toolchain) -> fp.FpReport:
-    return fp.run(patched, types, _cases_for(toolchain), toolchain)
+def report(patched: str, types: tuple[str, str], toolchain: build.Toolchain) -> suite.Report:
+    return suite.run(patched, _cases_for(toolchain), toolchain, types=types)
 
 
-def test_streamed_rows_equal_m1_bitwise(report: fp.FpReport) -> None:
+def test_streamed_rows_equal_m1_bitwise(report: suite.Report) -> None:
     assert report.streamed(), "no streamed cases ran"
     assert report.failures() == []
 
 
-def test_matrix_reaches_every_path_tile_and_variant(report: fp.FpReport) -> None:
+def test_matrix_reaches_every_path_tile_and_variant(report: suite.Report) -> None:
     ran = {(r.case.mode, r.m1_kernel, r.V) for r in report.streamed()}
     for mode, m1, V in itertools.product(
-        fp.MODES,  # every fp mode
+        FP_MODES,  # every fp mode
         ("fp_qmv_fast", "fp_qmv"),  # both M = 1 kernels
         (2, 3, 4, 5),  # every tile size
     ):
         assert (mode, m1, V) in ran, (mode, m1, V)
     cases = [r.case for r in report.streamed()]
-    for mode in fp.MODES:
+    for mode in FP_MODES:
         assert any(c.mode == mode and c.B > 1 and not c.fast for c in cases)
         assert any(c.mode == mode and c.B > 1 and c.fast for c in cases)
         # fp_qmv's guarded (N < 8) branch and its moved-back branch, each with a K tail.
@@ -88,23 +90,23 @@ def test_matrix_reaches_every_path_tile_and_variant(report: fp.FpReport) -> None
     assert any(c.rps == 2 and c.hgs for c in cases) and any(c.rps == 2 and not c.hgs for c in cases)
 
 
-def test_negative_control_fp_qmv_wide_diverges(report: fp.FpReport) -> None:
+def test_negative_control_fp_qmv_wide_diverges(report: suite.Report) -> None:
     # Measured on the default matrix: 100% of float32 cases differ with both
     # toolchains, about half of float16 (the rounding of fp rows hides most
-    # last-ulp float32 differences; see fp.SHAPES).
-    assert report.control_divergence(("float32",)) >= fp.MIN_FP_F32_DIVERGENCE
+    # last-ulp float32 differences; see suite.FP_SHAPES).
+    assert report.control_divergence(("float32",)) >= FP.min_control
     if report.toolchain == "gcc":
         assert report.control_divergence(("float16",)) > 0.25
-    assert fp.summarize(report)["ok"] is True
+    assert suite.summarize(report)["ok"] is True
 
 
 def _mutant_run(
-    patched: str, types: tuple[str, str], mutated: str, cases: list[fp.FpCase]
-) -> fp.FpReport:
+    patched: str, types: tuple[str, str], mutated: str, cases: list[parity.Case]
+) -> suite.Report:
     # clang -O0: a mutant is built once and runs a few small cases, so the
     # faster build wins.
     assert mutated != patched
-    return fp.run(mutated, types, cases, build.TOOLCHAINS["clang"], controls=False)
+    return suite.run(mutated, cases, build.TOOLCHAINS["clang"], types=types, controls=False)
 
 
 def test_harness_catches_a_reordered_streamed_kernel(patched: str, types: tuple[str, str]) -> None:
@@ -124,7 +126,7 @@ def test_harness_catches_a_reordered_streamed_kernel(patched: str, types: tuple[
     )
     mutated = patched.replace(call, halves)
     cases = [
-        fp.FpCase(mode, K, N, "float32", M)
+        parity.Case(mode, K, N, "float32", M)
         for mode in ("mxfp4", "mxfp8")
         for K, N, M in ((1024, 64, 5), (544, 37, 7))
     ]
@@ -139,9 +141,9 @@ def test_harness_checks_the_global_scale_store(patched: str, types: tuple[str, s
     assert patched.count(store) == 2
     mutated = patched.replace(store, "static_cast<T>(result[v][row])")
     cases = [
-        fp.FpCase("nvfp4", 1024, 64, "float16", 5, hgs=True),
-        fp.FpCase("nvfp4", 544, 37, "float16", 3, hgs=True),
-        fp.FpCase("nvfp4", 1024, 64, "float16", 5),
+        parity.Case("nvfp4", 1024, 64, "float16", 5, hgs=True),
+        parity.Case("nvfp4", 544, 37, "float16", 3, hgs=True),
+        parity.Case("nvfp4", 1024, 64, "float16", 5),
     ]
     mutant = _mutant_run(patched, types, mutated, cases)
     assert [r.identical for r in mutant.streamed()] == [False, False, True]
@@ -152,9 +154,9 @@ def test_fp_types_decode_as_the_ocp_mx_spec(patched: str, types: tuple[str, str]
     # must match values derived here from the OCP MX spec (v1.0, section 5.3):
     # E2M1 bias 1, E4M3 bias 7 with subnormals, E8M0 = 2^(e - 127).
     # The mxfp4 library the matrix builds (a cache hit after the report).
-    lib = fp.build_libraries(
-        patched, types, fp.default_matrix(("mxfp4",)), build.TOOLCHAINS["gcc"], KERNELS
-    )["mxfp4"]
+    cases = suite.default_matrix(("mxfp4",))
+    libs = suite.build_libraries(patched, cases, build.TOOLCHAINS["gcc"], KERNELS, types)
+    lib = suite.library_for(libs, cases[0])
 
     def e2m1(b: int) -> float:
         e, m = (b >> 1) & 3, b & 1
@@ -185,7 +187,7 @@ def test_pinned_fp_header_refuses_a_different_blob(tmp_path: Path, headers) -> N
     other = tmp_path / "fp_quantized.h"
     other.write_text(headers[0] + "\n// changed\n")
     with pytest.raises(BlobMismatchError, match=r"pin\.toml records 8c963030"):
-        fp.pinned_fp_headers(ROOT, other)
+        emulate.pinned_fp_headers(ROOT, other)
 
 
 def test_cli_fp_one_case_json() -> None:
@@ -207,6 +209,6 @@ def test_cli_fp_rejects_a_wide_global_scale_case() -> None:
 
 @pytest.mark.wide
 def test_full_fp_matrix(patched: str, types: tuple[str, str], toolchain: build.Toolchain) -> None:
-    full = fp.run(patched, types, fp.full_matrix(), toolchain)
+    full = suite.run(patched, suite.full_matrix(FP_MODES), toolchain, types=types)
     assert full.failures() == []
-    assert fp.summarize(full)["ok"] is True
+    assert suite.summarize(full)["ok"] is True

@@ -17,14 +17,15 @@ from patchkit.carry import cxx
 from patchkit.verify import emulate
 from patchkit.verify.emulate import build, extract, suite
 from patchkit.verify.emulate import parity as emu
+from patchkit.verify.emulate.families import AFFINE
 from patchkit.verify.harness import metal
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMED_FUNCS = ("qmv_fast_streamed_impl", "qmv_streamed_impl")
 # One (dtype, bits) so one library serves both; one case per M = 1 path.
 CASES = [
-    emu.Case(1024, 64, 4, 64, "float16", 5),  # qmv_fast -> qmv_fast_streamed, V = 5
-    emu.Case(640, 37, 4, 64, "float16", 7),  # qmv (tail, moved-back tile), V = 4 partial
+    emu.Case.affine(1024, 64, 4, 64, "float16", 5),  # qmv_fast -> qmv_fast_streamed, V = 5
+    emu.Case.affine(640, 37, 4, 64, "float16", 7),  # qmv (tail, moved-back tile), V = 4 partial
 ]
 
 
@@ -69,7 +70,7 @@ def test_preamble_follows_the_header_text(patched: str) -> None:
 def test_impl_texts_equal_what_the_emulator_suite_compiles(
     src: metal.MetalSource, patched: str
 ) -> None:
-    suite_source = extract.extract(patched, suite.ALL_KERNELS).source
+    suite_source = extract.extract(patched, tuple(AFFINE.kernels)).source
     for name in (*STREAMED_FUNCS, "qdot", "load_vector", "load_vector_safe", "qdot_safe"):
         ours = cxx.find_function(src.header, name, None)
         theirs = cxx.find_function(suite_source, name, None)

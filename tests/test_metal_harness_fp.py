@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from patchkit.carry import cxx
-from patchkit.verify.emulate import build, extract, fp
+from patchkit.verify import emulate
+from patchkit.verify.emulate import build, extract
 from patchkit.verify.emulate import parity as emu
+from patchkit.verify.emulate.families import FP
 from patchkit.verify.harness import metal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +25,8 @@ STREAMED_FUNCS = ("fp_qmv_fast_streamed_impl", "fp_qmv_streamed_impl")
 @pytest.fixture(scope="module")
 def pinned() -> tuple[str, tuple[str, str]]:
     # The pinned wheel is needed (PyPI, cached after once); a blob mismatch must fail.
-    upstream, types = fp.pinned_fp_headers(ROOT)
-    return fp.patched_fp_header(upstream), types
+    upstream, types = emulate.pinned_fp_headers(ROOT)
+    return emulate.patched_fp_header(upstream), types
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def test_fp_texts_equal_what_the_fp_emulator_compiles(
     src: metal.MetalSource, pinned: tuple[str, tuple[str, str]]
 ) -> None:
     patched, types = pinned
-    emulated = extract.extract_fp(patched, *types, tuple(extract.FP_KERNELS)).source
+    emulated = extract.extract(patched, tuple(FP.kernels), FP, types).source
     for name in STREAMED_FUNCS:
         ours = cxx.find_function(src.header, name, None)
         theirs = cxx.find_function(emulated, name, None)
@@ -58,22 +60,19 @@ def test_fp_body_calls_an_impl_of_the_header(src: metal.MetalSource, fast: bool)
 def test_the_fp_metal_header_text_is_exact_under_the_emulator(
     src: metal.MetalSource, pinned: tuple[str, tuple[str, str]]
 ) -> None:
-    def library(extracted: extract.Extracted) -> build.FpLibrary:
-        combos = [("float32", 32, 4)]
-        return build.FpLibrary(
-            build.build(extracted, combos, build.TOOLCHAINS["gcc"], "runner_fp.cpp")
-        )
+    def library(extracted: extract.Extracted) -> build.Library:
+        return build.Library(build.build(extracted, [("float32", 32, 4)], build.TOOLCHAINS["gcc"]))
 
     # The harness text itself (streamed kernels and the M = 1 reference) ...
     harness_lib = library(src.extracted)
     # ... and the emulator's full extraction, for the fp_qmv_wide control.
     patched, types = pinned
-    control_lib = library(extract.extract_fp(patched, *types, tuple(extract.FP_KERNELS)))
-    cases = [fp.FpCase("mxfp4", 1024, 64, "float32", 5), fp.FpCase("mxfp4", 640, 37, "float32", 7)]
+    control_lib = library(extract.extract(patched, tuple(FP.kernels), FP, types))
+    cases = [emu.Case("mxfp4", 1024, 64, "float32", 5), emu.Case("mxfp4", 640, 37, "float32", 7)]
     for case in cases:
-        inputs = fp.make_inputs(case)
-        ref = fp.run_m1(harness_lib, case, inputs)
-        streamed = fp.run_batched(harness_lib, case, inputs, case.streamed_kernel)
+        inputs = emu.make_inputs(case)
+        ref = emu.run_m1(harness_lib, case, inputs)
+        streamed = emu.run_batched(harness_lib, case, inputs, case.streamed_kernel)
         assert emu.compare(case, case.streamed_kernel, ref, streamed).identical
-        wide = fp.run_batched(control_lib, case, inputs, fp.WIDE)
-        assert not emu.compare(case, fp.WIDE, ref, wide).identical, "control never diverged"
+        wide = emu.run_batched(control_lib, case, inputs, FP.wide)
+        assert not emu.compare(case, FP.wide, ref, wide).identical, "control never diverged"

@@ -73,9 +73,9 @@ def emulator_parity(patched_header: str) -> Parity | None:
 
 
 def emulator_fp_parity(patched_header: str, types: tuple[str, str]) -> Parity | None:
-    """Run ``patchkit.verify.emulate.fp.verify_fp_header`` (quick mode); ``None`` if unavailable."""
+    """Run ``patchkit.verify.emulate.verify_fp_header`` (quick mode); ``None`` if unavailable."""
     try:
-        from patchkit.verify.emulate.fp import verify_fp_header
+        from patchkit.verify.emulate import verify_fp_header
     except ImportError:
         return None
     report = verify_fp_header(patched_header, types, quick=True)
@@ -241,7 +241,7 @@ def gate_parity(
     if fp_parity_check and new_read and FP_PARITY_FILE in rendered.patched:
         types = (new_read(FP_TYPE_FILES[0]), new_read(FP_TYPE_FILES[1]))
         result.fp_parity = fp_parity_check(rendered.patched[FP_PARITY_FILE], types)
-        _judge(result.fp_parity, called, result.new, "patchkit.verify.emulate.fp.verify_fp_header")
+        _judge(result.fp_parity, called, result.new, "patchkit.verify.emulate.verify_fp_header")
 
 
 def _judge(parity: Parity | None, called: list[str], new: str, suite: str) -> None:

@@ -86,11 +86,13 @@ def require_compiler(toolchain: Toolchain) -> str:
     return path
 
 
-def translation_unit(
-    extracted: Extracted, combos: list[tuple[str, int, int]], runner: str = "runner.cpp"
-) -> str:
-    """The full C++ source: shim, kernel source, combos, runner (``runner_fp.cpp`` for fp)."""
-    has = "\n".join(f"#define PATCHKIT_HAS_{k} 1" for k in extracted.kernels)
+def translation_unit(extracted: Extracted, combos: list[tuple[str, int, int]]) -> str:
+    """The full C++ source: shim, kernel source, family, combos and the runner."""
+    header = extracted.header
+    has = "\n".join(
+        f"#define PATCHKIT_HAS_{kernel.removeprefix(header.kernel_prefix)} 1"
+        for kernel in extracted.kernels
+    )
     combo_lines = " ".join(
         f"PATCHKIT_COMBO({DTYPES[d][1]}, {DTYPES[d][0]}, {g}, {b})" for d, g, b in combos
     )
@@ -98,9 +100,10 @@ def translation_unit(
         [
             '#include "metal_shim.h"',
             extracted.source,
+            f"#define PATCHKIT_FAMILY_{header.runner_family} 1",
             has,
             f"#define PATCHKIT_COMBOS {combo_lines}",
-            (HERE / runner).read_text(),
+            (HERE / "runner.cpp").read_text(),
         ]
     )
 
@@ -109,11 +112,10 @@ def build(
     extracted: Extracted,
     combos: list[tuple[str, int, int]],
     toolchain: Toolchain,
-    runner: str = "runner.cpp",
 ) -> Path:
     """A shared library running ``extracted``'s kernels for ``combos``; cached."""
     compiler = require_compiler(toolchain)
-    source = translation_unit(extracted, combos, runner)
+    source = translation_unit(extracted, combos)
     cmd_tail = [*COMMON_FLAGS, *toolchain.flags, f"-I{HERE}"]
     shim = (HERE / "metal_shim.h").read_text()
     key = hashlib.sha256("\0".join([source, shim, compiler, *cmd_tail]).encode()).hexdigest()
@@ -134,50 +136,18 @@ def build(
 
 
 class Library:
-    """A loaded kernel library; ``run`` executes one kernel launch."""
+    """A loaded kernel library of one family; ``run`` executes one kernel launch."""
 
     def __init__(self, path: Path):
         self._lib = ctypes.CDLL(str(path))
         self._run = self._lib.pk_run
         self._run.restype = ctypes.c_int
         self._run.argtypes = (
-            [ctypes.c_int] * 9
-            + [ctypes.c_void_p] * 5
-            + [
-                ctypes.c_char_p,
-                ctypes.c_int,
-            ]
-        )
-
-    def run(self, dtype: str, gs: int, bits: int, kind: int, V: int, dims, buffers) -> None:
-        """Run kernel ``kind`` with ``dims = (B, M, N, K)`` on numpy ``buffers`` (w, s, b, x, y)."""
-        err = ctypes.create_string_buffer(512)
-        ptrs = [buf.ctypes.data for buf in buffers]
-        rc = self._run(DTYPES[dtype][0], gs, bits, kind, V, *dims, *ptrs, err, len(err))
-        if rc == 1:
-            raise UserError(f"emulated kernel failed: {err.value.decode()}")
-        if rc == 2:
-            raise UserError(f"kernel {kind} for {dtype} gs={gs} bits={bits} not built")
-
-
-class FpLibrary:
-    """A loaded fp kernel library (``runner_fp.cpp``); ``run`` executes one kernel launch."""
-
-    def __init__(self, path: Path):
-        self._lib = ctypes.CDLL(str(path))
-        self._run = self._lib.pk_run_fp
-        self._run.restype = ctypes.c_int
-        self._run.argtypes = (
-            [ctypes.c_int] * 11
-            + [ctypes.c_void_p] * 5
-            + [
-                ctypes.c_char_p,
-                ctypes.c_int,
-            ]
+            [ctypes.c_int] * 11 + [ctypes.c_void_p] * 5 + [ctypes.c_char_p, ctypes.c_int]
         )
 
     def decode(self, kind: int, byte: int) -> float:
-        """The compiled fp4_e2m1 (0), fp8_e4m3 (1) or fp8_e8m0 (2) decode of ``byte``."""
+        """The compiled fp4_e2m1 (0), fp8_e4m3 (1) or fp8_e8m0 (2) decode of ``byte`` (fp only)."""
         fn = self._lib.pk_fp_decode
         fn.restype = ctypes.c_float
         fn.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -190,12 +160,16 @@ class FpLibrary:
         bits: int,
         kind: int,
         V: int,
-        hgs: bool,
-        rps: int,
         dims: tuple[int, int, int, int],
         buffers: tuple,
+        hgs: bool = False,
+        rps: int = 4,
     ) -> None:
-        """Run fp kernel ``kind`` with ``dims = (B, M, N, K)`` on ``buffers`` (w, s, g, x, y)."""
+        """Run kernel ``kind`` with ``dims = (B, M, N, K)`` on numpy ``buffers``.
+
+        ``buffers`` are (w, scales, biases or global scale, x, y); ``hgs`` and
+        ``rps`` pick nvfp4's global-scale and narrow-tile variants.
+        """
         err = ctypes.create_string_buffer(512)
         ptrs = [buf.ctypes.data for buf in buffers]
         rc = self._run(
@@ -205,5 +179,5 @@ class FpLibrary:
             raise UserError(f"emulated kernel failed: {err.value.decode()}")
         if rc == 2:
             raise UserError(
-                f"fp kernel {kind} for {dtype} gs={gs} bits={bits} hgs={hgs} rps={rps} not built"
+                f"kernel {kind} for {dtype} gs={gs} bits={bits} hgs={hgs} rps={rps} not built"
             )

@@ -12,7 +12,8 @@ from typing import Any
 
 from patchkit.errors import UserError
 from patchkit.verify import emulate
-from patchkit.verify.emulate import build, extract, fp, parity, suite
+from patchkit.verify.emulate import build, parity, suite
+from patchkit.verify.emulate.families import AFFINE, FAMILIES, FP_MODES, Header
 
 
 def _toolchains(choice: str) -> list[str]:
@@ -20,23 +21,50 @@ def _toolchains(choice: str) -> list[str]:
 
 
 def validate_case(opts: dict[str, Any]) -> parity.Case:
-    """A Case from CLI options, or a one-line UserError saying what is wrong."""
+    """A Case from CLI options (``--mode`` all means affine), or a one-line UserError."""
+    mode = "affine" if opts.get("mode", "all") == "all" else opts["mode"]
+    if mode not in FAMILIES:
+        raise UserError("--kernel checks one mode: choose --mode affine, mxfp4, nvfp4 or mxfp8")
+    family = FAMILIES[mode]
     missing = [f"-{k}" for k in ("K", "N") if opts.get(k) is None]
     if missing:
         raise UserError(f"--kernel checks one case: give {' and '.join(missing)}")
-    bits, gs = opts["bits"], opts["group_size"]
-    if bits not in parity.BITS:
-        raise UserError(f"unsupported --bits {bits}; choose from {list(parity.BITS)}")
-    if gs not in parity.GROUP_SIZES:
-        raise UserError(f"unsupported --group-size {gs}; choose from {list(parity.GROUP_SIZES)}")
+    bits, gs = family.bits[0], family.group_sizes[0]
+    if len(family.bits) > 1:  # --bits and --group-size choose among the mode's
+        bits, gs = opts["bits"], opts["group_size"]
+        if bits not in family.bits:
+            raise UserError(f"unsupported --bits {bits}; choose from {list(family.bits)}")
+        if gs not in family.group_sizes:
+            raise UserError(
+                f"unsupported --group-size {gs}; choose from {list(family.group_sizes)}"
+            )
     K, N, M, B = opts["K"], opts["N"], opts["M"], opts["B"]
     if K <= 0 or N <= 0 or M < 1 or B < 1:
         raise UserError("-K, -N, -M and -B must be positive")
     if K % gs:
-        raise UserError(f"-K {K} is not a multiple of --group-size {gs}")
-    if K in (64, 128):
+        of = "--group-size" if len(family.group_sizes) > 1 else f"{mode}'s group size"
+        raise UserError(f"-K {K} is not a multiple of {of} {gs}")
+    # --global-scale and --narrow select fp variants (Case refuses them off nvfp4).
+    hgs, rps = (
+        (opts["global_scale"], 2 if opts["narrow"] else 4) if mode in FP_MODES else (False, 4)
+    )
+    if K in (64, 128) and not hgs:
         raise UserError(f"-K {K} runs qmv_quad in MLX, which this kernel does not replace")
-    return parity.Case(K, N, bits, gs, opts["dtype"], M, B)
+    return parity.Case(mode, K, N, opts["dtype"], M, B, hgs, rps, bits=bits, group_size=gs)
+
+
+def _sources(
+    root: Path,
+    family: Header,
+    header: Path | None,
+    opts: dict[str, Any],
+    say: Callable[[str], None],
+) -> tuple[str, tuple[str, ...]]:
+    """``family``'s patched kernel header and its type headers (``--header``, ``--fp-header``)."""
+    say(f"reading the pinned {family.name} header")
+    path = header if family is AFFINE else opts.get("fp_header")
+    upstream, types = emulate.pinned_sources(root, family, path)
+    return emulate.patched(upstream, family), types
 
 
 def _every_tenth(say: Callable[[str], None], what: str) -> Callable[[int, int], None]:
@@ -81,107 +109,54 @@ def one_case(
 ) -> tuple[dict[str, Any], str, bool]:
     """Check one case; ok means the streamed kernel matched (or the wide one diverged)."""
     case = validate_case(opts)
-    say("reading the pinned header")
-    text = emulate.patched_header(emulate.pinned_header(root, header))
-    batched = case.streamed_kernel if kernel == "streamed" else suite.WIDE
+    if kernel == "wide" and (case.hgs, case.rps) != (False, 4):
+        raise UserError(f"{case.wide_kernel} has no global-scale or r_2 variant")
+    text, types = _sources(root, case.header, header, opts, say)
+    batched = case.streamed_kernel if kernel == "streamed" else case.wide_kernel
     results = []
     for name in _toolchains(opts["toolchain"]):
         say(f"building with {name}")
-        libs = suite.build_libraries(text, [case], build.TOOLCHAINS[name], suite.ALL_KERNELS)
-        lib = libs[(case.dtype, case.bits)]
+        kernels = case.header.upstream_kernels + case.header.streamed_kernels
+        libs = suite.build_libraries(text, [case], build.TOOLCHAINS[name], kernels, types)
+        lib = suite.library_for(libs, case)
         inputs = parity.make_inputs(case)
         say(f"running {case.label()} with {name}")
         ref = parity.run_m1(lib, case, inputs)
-        results.append(
-            (
-                name,
-                parity.compare(case, batched, ref, parity.run_batched(lib, case, inputs, batched)),
-            )
-        )
+        got = parity.run_batched(lib, case, inputs, batched)
+        results.append((name, parity.compare(case, batched, ref, got)))
     return case_summary(case.label(), kernel, results)
 
 
-def _fp_modes(choice: str) -> tuple[str, ...]:
-    """The fp modes a ``--mode`` choice runs (none for ``affine``)."""
-    if choice in ("all", "fp"):
-        return tuple(fp.MODES)
-    return (choice,) if choice in fp.MODES else ()
+def _modes(choice: str) -> tuple[str, ...]:
+    """The modes a ``--mode`` choice runs."""
+    if choice == "all":
+        return tuple(FAMILIES)
+    return FP_MODES if choice == "fp" else (choice,)
 
 
-def fp_one_case(
-    root: Path, kernel: str, opts: dict[str, Any], say: Callable[[str], None]
-) -> tuple[dict[str, Any], str, bool]:
-    """Check one fp case; ok means the streamed kernel matched (or the wide one diverged)."""
-    mode = opts["mode"]
-    if mode not in fp.MODES:
-        raise UserError("--kernel checks one mode: choose --mode affine, mxfp4, nvfp4 or mxfp8")
-    missing = [f"-{k}" for k in ("K", "N") if opts.get(k) is None]
-    if missing:
-        raise UserError(f"--kernel checks one case: give {' and '.join(missing)}")
-    K, N, M, B = opts["K"], opts["N"], opts["M"], opts["B"]
-    if K <= 0 or N <= 0 or M < 1 or B < 1:
-        raise UserError("-K, -N, -M and -B must be positive")
-    gs = fp.MODES[mode][0]
-    if K % gs:
-        raise UserError(f"-K {K} is not a multiple of {mode}'s group size {gs}")
-    if K in (64, 128) and not opts["global_scale"]:
-        raise UserError(f"-K {K} runs qmv_quad in MLX, which this kernel does not replace")
-    case = fp.FpCase(
-        mode, K, N, opts["dtype"], M, B, opts["global_scale"], 2 if opts["narrow"] else 4
-    )
-    if kernel == "wide" and (case.hgs or case.rps != 4):
-        raise UserError("fp_qmv_wide has no global-scale or r_2 variant")
-    say("reading the pinned fp header")
-    upstream, types = fp.pinned_fp_headers(root, opts.get("fp_header"))
-    text = fp.patched_fp_header(upstream)
-    batched = case.streamed_kernel if kernel == "streamed" else fp.WIDE
-    results = []
-    for name in _toolchains(opts["toolchain"]):
-        say(f"building with {name}")
-        libs = fp.build_libraries(
-            text,
-            types,
-            [case],
-            build.TOOLCHAINS[name],
-            extract.FP_UPSTREAM_KERNELS + extract.FP_STREAMED_KERNELS,
-        )
-        lib = libs[case.mode]
-        inputs = fp.make_inputs(case)
-        say(f"running {case.label()} with {name}")
-        ref = fp.run_m1(lib, case, inputs)
-        got = fp.run_batched(lib, case, inputs, batched)
-        results.append((name, parity.compare(case, batched, ref, got)))  # type: ignore[arg-type]
-    return case_summary(case.label(), kernel, results)
-
-
-def _fp_matrix(
-    root: Path, opts: dict[str, Any], modes: tuple[str, ...], say: Callable[[str], None]
+def _header_matrix(
+    root: Path,
+    family: Header,
+    header: Path | None,
+    opts: dict[str, Any],
+    modes: tuple[str, ...],
+    say: Callable[[str], None],
 ) -> tuple[dict[str, Any], list[str], bool]:
-    """The fp matrix for ``modes`` with each toolchain, judged by :func:`fp.verdict`."""
-    say("reading the pinned fp header")
-    upstream, types = fp.pinned_fp_headers(root, opts.get("fp_header"))
-    text = fp.patched_fp_header(upstream)
-    cases = fp.full_matrix(modes) if opts["full"] else fp.default_matrix(modes)
+    """``family``'s matrix for ``modes`` with each toolchain, judged by :func:`suite.summarize`."""
+    text, types = _sources(root, family, header, opts, say)
+    cases = suite.full_matrix(modes) if opts["full"] else suite.default_matrix(modes)
     payload: dict[str, Any] = {"modes": list(modes), "cases": len(cases), "toolchains": {}}
     lines, ok = [], True
+    label = "" if family is AFFINE else f"{family.name} ({', '.join(modes)}) "
     for name in _toolchains(opts["toolchain"]):
-        report = fp.run(
-            text,
-            types,
-            cases,
-            build.TOOLCHAINS[name],
-            progress=_every_tenth(say, f"fp {name}"),
+        where = name if family is AFFINE else f"{family.name} {name}"
+        report = suite.run(
+            text, cases, build.TOOLCHAINS[name], types=types, progress=_every_tenth(say, where)
         )
-        summary = fp.summarize(report)
+        summary = suite.summarize(report)
         ok = ok and bool(summary["ok"])
         payload["toolchains"][name] = summary
-        lines.append(
-            f"fp ({', '.join(modes)}) {name}: streamed {summary['streamed_cases']} cases, "
-            f"{summary['streamed_differing']} differing; control fp_qmv_wide differs on "
-            f"{summary['wide_divergence_f32']:.0%} of float32, "
-            f"{summary['wide_divergence_f16']:.0%} of float16, "
-            f"{summary['wide_divergence_bf16']:.0%} of bfloat16 cases"
-        )
+        lines.append(f"{label}{name}: {suite.summary_line(report, summary)}")
     payload["ok"] = ok
     return payload, lines, ok
 
@@ -191,44 +166,28 @@ def matrix(
 ) -> tuple[dict[str, Any], str, bool]:
     """Run the default (or full) matrix of each ``--mode`` with each toolchain and judge it.
 
-    The affine payload keeps its shape at the top level; fp modes add an ``fp`` key.
+    The affine payload keeps its shape at the top level (``cases``,
+    ``toolchains``); the fp modes add an ``fp`` key (``modes``, ``cases``,
+    ``toolchains``, ``ok``).
     """
-    mode = opts.get("mode", "affine")
+    modes = _modes(opts.get("mode", "all"))
     payload: dict[str, Any] = {}
     lines, ok = [], True
-    if mode in ("all", "affine"):
-        say("reading the pinned header")
-        text = emulate.patched_header(emulate.pinned_header(root, header))
-        cases = suite.full_matrix() if opts["full"] else suite.default_matrix()
-        payload = {"cases": len(cases), "toolchains": {}}
-        for name in _toolchains(opts["toolchain"]):
-            report = suite.run(
-                text,
-                cases,
-                build.TOOLCHAINS[name],
-                progress=_every_tenth(say, name),
-            )
-            divergence = report.control_divergence()
-            toolchain_ok = report.streamed_identical and divergence >= suite.MIN_CONTROL_DIVERGENCE
-            ok = ok and toolchain_ok
-            payload["toolchains"][name] = {
-                "ok": toolchain_ok,
-                "streamed_cases": len(report.streamed()),
-                "streamed_differing": sum(not r.identical for r in report.streamed()),
-                "wide_divergence_f32_f16": divergence,
-                "wide_divergence_bf16": report.control_divergence(("bfloat16",)),
-                "failures": report.failures(),
-            }
-            lines.append(
-                f"{name}: streamed {len(report.streamed())} cases, "
-                f"{payload['toolchains'][name]['streamed_differing']} differing; "
-                f"control qmv_wide differs on {divergence:.0%} of float32/float16 cases"
-            )
-    modes = _fp_modes(mode)
-    if modes:
-        fp_payload, fp_lines, fp_ok = _fp_matrix(root, opts, modes, say)
-        payload["fp"] = fp_payload
-        lines += fp_lines
-        ok = ok and fp_ok
+    for family in dict.fromkeys(FAMILIES[m].header for m in modes):
+        picked = tuple(m for m in modes if FAMILIES[m].header is family)
+        part, part_lines, part_ok = _header_matrix(root, family, header, opts, picked, say)
+        if family is AFFINE:
+            payload.update(cases=part["cases"], toolchains=part["toolchains"])
+        else:
+            payload[family.name] = part
+        lines += part_lines
+        ok = ok and part_ok
     payload["ok"] = ok
     return payload, "\n".join(lines) + ("\nOK" if ok else "\nFAILED"), ok
+
+
+def fp_one_case(
+    root: Path, kernel: str, opts: dict[str, Any], say: Callable[[str], None]
+) -> tuple[dict[str, Any], str, bool]:
+    """:func:`one_case` for ``--mode`` other than affine (its header comes from ``--fp-header``)."""
+    return one_case(root, None, kernel, opts, say)

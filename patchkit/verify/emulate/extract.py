@@ -1,4 +1,4 @@
-"""Pull the functions the emulator runs out of a real (patched or stock) quantized.h.
+"""Pull the functions the emulator runs out of a real (patched or stock) kernel header.
 
 The emulator never carries its own copy of MLX's kernels: it takes them from
 the header of the tree under test, by structure, at run time. Functions are
@@ -13,31 +13,7 @@ from dataclasses import dataclass
 
 from patchkit.carry import cxx
 from patchkit.errors import AnchorError, UserError
-
-# Helpers every kernel below needs; (name, overload index or None).
-HELPERS: tuple[tuple[str, int | None], ...] = (
-    ("get_pack_factor", None),
-    ("get_bytes_per_pack", None),
-    ("load_vector", None),
-    ("load_vector_safe", None),
-    ("qdot", None),
-    ("qdot_safe", None),
-    ("dequantize", None),
-    # The strided batch overload; the gather overload is not used by qmv.
-    ("adjust_matrix_offsets", 0),
-)
-
-# Kernel kind -> the functions (impl + [[kernel]] entry) it needs beyond HELPERS.
-KERNELS: dict[str, tuple[str, ...]] = {
-    "qmv_fast": ("qmv_fast_impl", "affine_qmv_fast"),
-    "qmv": ("qmv_impl", "affine_qmv"),
-    "qmv_wide": ("qmv_wide_impl", "affine_qmv_wide"),
-    "qmv_fast_streamed": ("qmv_fast_streamed_impl", "affine_qmv_fast_streamed"),
-    "qmv_streamed": ("qmv_streamed_impl", "affine_qmv_streamed"),
-}
-
-UPSTREAM_KERNELS = ("qmv_fast", "qmv", "qmv_wide")
-STREAMED_KERNELS = ("qmv_fast_streamed", "qmv_streamed")
+from patchkit.verify.emulate.families import AFFINE, Header
 
 
 @dataclass(frozen=True)
@@ -46,6 +22,7 @@ class Extracted:
 
     source: str
     kernels: tuple[str, ...]
+    header: Header = AFFINE
 
 
 def _constants(header: str) -> str:
@@ -84,49 +61,12 @@ def _function_texts(
     return "\n\n".join(header[a:b] for a, b in sorted(spans))
 
 
-def extract(header: str, kernels: tuple[str, ...]) -> Extracted:
-    """Source for ``kernels`` taken from ``header``, in header order.
-
-    Raises a :class:`UserError` naming the function when the header lacks one:
-    asking for the streamed kernels from an unpatched header is the usual cause.
-    """
-    body = _function_texts(header, HELPERS, KERNELS, kernels, "kernel header", [])
-    return Extracted(source=_constants(header) + "\n\n" + body + "\n", kernels=tuple(kernels))
-
-
-# ---- the fp modes (fp_quantized.h) -------------------------------------------
-
-# Helpers the fp kernels need, in the same (name, overload index) form; the
-# Dequantize struct is taken separately (a struct, not a function).
-FP_HELPERS: tuple[tuple[str, int | None], ...] = (
-    ("get_pack_factor", None),
-    ("get_bytes_per_pack", None),
-    ("dequantize_scale", None),
-    ("load_vector", None),
-    ("load_vector_safe", None),
-    ("qdot", None),
-    ("qdot_safe", None),
-    ("adjust_matrix_offsets", 0),
-)
-FP_STRUCTS = ("Dequantize",)
-
-FP_KERNELS: dict[str, tuple[str, ...]] = {
-    "fp_qmv_fast": ("fp_qmv_fast_impl", "fp_qmv_fast"),
-    "fp_qmv": ("fp_qmv_impl", "fp_qmv"),
-    "fp_qmv_wide": ("fp_qmv_wide_impl", "fp_qmv_wide"),
-    "fp_qmv_fast_streamed": ("fp_qmv_fast_streamed_impl", "fp_qmv_fast_streamed"),
-    "fp_qmv_streamed": ("fp_qmv_streamed_impl", "fp_qmv_streamed"),
-}
-FP_UPSTREAM_KERNELS = ("fp_qmv_fast", "fp_qmv", "fp_qmv_wide")
-FP_STREAMED_KERNELS = ("fp_qmv_fast_streamed", "fp_qmv_streamed")
-
-
 def _struct_span(header: str, name: str) -> tuple[int, int]:
     """Span of ``[template <...>] struct name { ... };`` in ``header``."""
     pattern = rf"^(?:template\s*<[^;{{}}]*>\s*)?struct\s+{re.escape(name)}\s*\{{"
     found = list(re.finditer(pattern, header, re.M))
     if len(found) != 1:
-        raise UserError(f"the fp header defines struct '{name}' {len(found)} times, not once")
+        raise UserError(f"the kernel header defines struct '{name}' {len(found)} times, not once")
     m = found[0]
     end = cxx.match_brace(header, m.end() - 1)
     if header[end : end + 1] == ";":
@@ -138,16 +78,31 @@ def _without_pragma_once(text: str) -> str:
     return re.sub(r"^#pragma once\s*$", "", text, flags=re.M)
 
 
-def extract_fp(header: str, fp4: str, fp8: str, kernels: tuple[str, ...]) -> Extracted:
-    """Source for the fp ``kernels`` from ``fp_quantized.h`` and the fp types it includes.
+def extract(
+    header: str,
+    kernels: tuple[str, ...],
+    family: Header = AFFINE,
+    types: tuple[str, ...] = (),
+) -> Extracted:
+    """Source for ``kernels`` taken from ``header`` (a ``family`` header), in header order.
 
-    ``fp4.h`` and ``fp8.h`` (the ``fp4_e2m1``, ``fp8_e4m3`` and ``fp8_e8m0``
-    types, with the decode the kernels use) are taken whole: they hold only
-    those structs and two constants, and compile under the shim as they are.
+    ``types`` are the texts of the family's type headers (``fp4.h`` and
+    ``fp8.h`` for the fp modes: the ``fp4_e2m1``, ``fp8_e4m3`` and
+    ``fp8_e8m0`` types with the decode the kernels use); they are taken whole,
+    since they hold only those structs and two constants and compile under the
+    shim as they are. Raises a :class:`UserError` naming the function when the
+    header lacks one: asking for the streamed kernels from an unpatched header
+    is the usual cause.
     """
-    structs = [_struct_span(header, name) for name in FP_STRUCTS]
-    body = _function_texts(header, FP_HELPERS, FP_KERNELS, kernels, "fp kernel header", structs)
-    types = _without_pragma_once(fp4) + "\n" + _without_pragma_once(fp8)
+    if len(types) != len(family.type_headers):
+        raise UserError(f"the {family.name} kernels need {', '.join(family.type_headers)}")
+    structs = [_struct_span(header, name) for name in family.structs]
+    body = _function_texts(
+        header, family.helpers, family.kernels, kernels, f"{family.name} kernel header", structs
+    )
+    prefix = "".join(_without_pragma_once(t) + "\n" for t in types)
     return Extracted(
-        source=types + "\n" + _constants(header) + "\n\n" + body + "\n", kernels=tuple(kernels)
+        source=prefix + _constants(header) + "\n\n" + body + "\n",
+        kernels=tuple(kernels),
+        header=family,
     )

@@ -1,10 +1,11 @@
 """Bitwise parity of batched kernels against MLX's M = 1 kernel, on the CPU.
 
-For one case (shape, bits, group size, dtype, M, B) this runs, through the
-emulator, the M = 1 kernel MLX would pick for that shape (``qmv_fast`` when
-``N % 8 == 0 and K % qmv_fast_k_alignment(bits) == 0``, else ``qmv``) once per
-vector, alone, and then a batched kernel over all M vectors with the V tiling
-MLX's dispatch uses. Every output row is compared as raw bits.
+For one case (mode, shape, bits, group size, dtype, M, B and, for nvfp4, the
+global scale and output tile) this runs, through the emulator, the M = 1
+kernel MLX would pick for that shape (``qmv_fast`` when
+:func:`dispatch.uses_qmv_fast` holds, else ``qmv``, with the mode's prefix)
+once per vector, alone, and then a batched kernel over all M vectors with the
+V tiling MLX's dispatch uses. Every output row is compared as raw bits.
 
 The batched kernel is the streamed kernel under test, or ``qmv_wide`` as the
 negative control: a harness that cannot see ``qmv_wide`` diverge proves
@@ -13,32 +14,70 @@ nothing.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from patchkit.errors import UserError
 from patchkit.verify.dispatch import uses_qmv_fast, vecs_per_tg
 from patchkit.verify.emulate.build import Library
+from patchkit.verify.emulate.families import FAMILIES, ROLES, Family, Header
 
-BITS = (2, 3, 4, 5, 6, 8)
-GROUP_SIZES = (32, 64, 128)
-DTYPES = ("float32", "float16", "bfloat16")
-# Kernel kinds as runner.cpp numbers them.
-KIND = {"qmv_fast": 0, "qmv": 1, "qmv_wide": 2, "qmv_fast_streamed": 3, "qmv_streamed": 4}
+# Kernel kinds as runner.cpp numbers them, by role.
+KIND = {role: i for i, role in enumerate(ROLES)}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One parity configuration."""
+    """One parity configuration; ``hgs`` nvfp4's global scale, ``rps`` its fast tile.
 
+    The fp modes fix bits and group size (:data:`dispatch.FP_MODES`); affine
+    cases give them (:meth:`affine`).
+    """
+
+    mode: str
     K: int
     N: int
-    bits: int
-    group_size: int
     dtype: str
     M: int
     B: int = 1
+    hgs: bool = False
+    rps: int = 4
     seed: int = 0
+    bits: int = field(default=0, kw_only=True)
+    group_size: int = field(default=0, kw_only=True)
+
+    @classmethod
+    def affine(
+        cls, K: int, N: int, bits: int, group_size: int, dtype: str, M: int, B: int = 1
+    ) -> Case:
+        return cls("affine", K, N, dtype, M, B, bits=bits, group_size=group_size)
+
+    def __post_init__(self) -> None:
+        family = FAMILIES.get(self.mode)
+        if family is None:
+            raise UserError(f"unknown mode '{self.mode}'; choose from {list(FAMILIES)}")
+        if len(family.bits) == 1 and not self.bits:
+            object.__setattr__(self, "bits", family.bits[0])
+        if len(family.group_sizes) == 1 and not self.group_size:
+            object.__setattr__(self, "group_size", family.group_sizes[0])
+        if self.bits not in family.bits or self.group_size not in family.group_sizes:
+            raise UserError(
+                f"{self.mode} takes bits {list(family.bits)} and group sizes "
+                f"{list(family.group_sizes)}, not {self.bits} and {self.group_size}"
+            )
+        if (self.hgs, self.rps) != (False, 4) and not family.variants:
+            raise UserError("the global scale and the r_2 tile exist for nvfp4 only")
+        if (self.hgs, self.rps) not in family.variants_at(self.K, self.N):
+            raise UserError("the r_2 tile is a qmv_fast variant: it needs an aligned shape")
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.mode]
+
+    @property
+    def header(self) -> Header:
+        return self.family.header
 
     @property
     def fast(self) -> bool:
@@ -47,21 +86,32 @@ class Case:
 
     @property
     def m1_kernel(self) -> str:
-        return "qmv_fast" if self.fast else "qmv"
+        return self.header.kernel("qmv_fast" if self.fast else "qmv")
 
     @property
     def streamed_kernel(self) -> str:
-        return "qmv_fast_streamed" if self.fast else "qmv_streamed"
+        return self.header.kernel("qmv_fast_streamed" if self.fast else "qmv_streamed")
+
+    @property
+    def wide_kernel(self) -> str:
+        return self.header.wide
 
     @property
     def V(self) -> int:
         return vecs_per_tg(self.M)
 
     def label(self) -> str:
-        return (
-            f"K={self.K} N={self.N} bits={self.bits} gs={self.group_size} "
-            f"{self.dtype} M={self.M} B={self.B}"
-        )
+        if self.mode == "affine":
+            return (
+                f"K={self.K} N={self.N} bits={self.bits} gs={self.group_size} "
+                f"{self.dtype} M={self.M} B={self.B}"
+            )
+        extra = (" hgs" if self.hgs else "") + (" r_2" if self.rps == 2 else "")
+        return f"{self.mode} K={self.K} N={self.N} {self.dtype} M={self.M} B={self.B}{extra}"
+
+    def as_dict(self) -> dict[str, object]:
+        """The fields JSON carries for this case's header (its ``case_keys``)."""
+        return {k: getattr(self, k) for k in self.header.case_keys}
 
 
 @dataclass(frozen=True)
@@ -82,18 +132,8 @@ class Result:
         return self.rows_differing == 0
 
     def as_dict(self) -> dict[str, object]:
-        return {**asdict(self.case), **{k: v for k, v in asdict(self).items() if k != "case"}}
-
-
-def _storage(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Values rounded to ``dtype`` and held in its storage type (bf16 as uint16 bits)."""
-    if dtype == "float32":
-        return values.astype(np.float32)
-    if dtype == "float16":
-        return values.astype(np.float16)
-    u = values.astype(np.float32).view(np.uint32)
-    rounded = u + 0x7FFF + ((u >> 16) & 1)  # round to nearest even
-    return (rounded >> 16).astype(np.uint16)
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "case"}
+        return {**self.case.as_dict(), **fields}
 
 
 def to_float(y: np.ndarray, dtype: str) -> np.ndarray:
@@ -104,22 +144,8 @@ def to_float(y: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def make_inputs(case: Case) -> tuple[np.ndarray, ...]:
-    """Random packed weights, scales, biases and inputs for ``case`` (w, s, b, x)."""
-    rng = np.random.default_rng(
-        [case.seed, case.K, case.N, case.bits, case.group_size, case.M, case.B]
-    )
-    B, M, N, K = case.B, case.M, case.N, case.K
-    w = rng.integers(0, 2**32, size=(B, N, K * case.bits // 32), dtype=np.uint32)
-    groups = K // case.group_size
-    scales = rng.uniform(0.002, 0.02, size=(B, N, groups))
-    biases = -scales * (2 ** (case.bits - 1)) * rng.uniform(0.8, 1.2, size=(B, N, groups))
-    x = rng.standard_normal(size=(B, M, K))
-    return (
-        w,
-        _storage(scales, case.dtype),
-        _storage(biases, case.dtype),
-        _storage(x, case.dtype),
-    )
+    """The family's random inputs for ``case``: (w, scales, biases or global scale, x)."""
+    return case.family.inputs(case)
 
 
 def _empty_out(case: Case, M: int, B: int, like: np.ndarray) -> np.ndarray:
@@ -131,16 +157,24 @@ def _empty_out(case: Case, M: int, B: int, like: np.ndarray) -> np.ndarray:
     )
 
 
+def _run(lib: Library, case: Case, kernel: str, V: int, dims, buffers) -> None:
+    role = kernel.removeprefix(case.header.kernel_prefix)
+    lib.run(
+        case.dtype, case.group_size, case.bits, KIND[role], V, dims, buffers, case.hgs, case.rps
+    )
+
+
 def run_m1(lib: Library, case: Case, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     """Each vector alone through the M = 1 kernel MLX would choose: y of shape (B, M, N)."""
-    w, s, b, x = inputs
+    w, s, aux, x = inputs
+    batched_aux = aux.ndim == 3  # biases are per batch; the global scale is one value
     y = _empty_out(case, case.M, case.B, x)
     for bi in range(case.B):
         for i in range(case.M):
             one = np.ascontiguousarray(y[bi, i : i + 1][None])
-            bufs = (w[bi], s[bi], b[bi], np.ascontiguousarray(x[bi, i : i + 1]), one)
-            dims = (1, 1, case.N, case.K)
-            lib.run(case.dtype, case.group_size, case.bits, KIND[case.m1_kernel], 1, dims, bufs)
+            a = aux[bi] if batched_aux else aux
+            bufs = (w[bi], s[bi], a, np.ascontiguousarray(x[bi, i : i + 1]), one)
+            _run(lib, case, case.m1_kernel, 1, (1, 1, case.N, case.K), bufs)
             y[bi, i] = one[0, 0]
     return y
 
@@ -149,10 +183,9 @@ def run_batched(
     lib: Library, case: Case, inputs: tuple[np.ndarray, ...], kernel: str
 ) -> np.ndarray:
     """All M vectors (and B batches) in one launch of ``kernel``: y of shape (B, M, N)."""
-    w, s, b, x = inputs
+    w, s, aux, x = inputs
     y = _empty_out(case, case.M, case.B, x)
-    dims = (case.B, case.M, case.N, case.K)
-    lib.run(case.dtype, case.group_size, case.bits, KIND[kernel], case.V, dims, (w, s, b, x, y))
+    _run(lib, case, kernel, case.V, (case.B, case.M, case.N, case.K), (w, s, aux, x, y))
     return y
 
 

@@ -1,108 +1,184 @@
-// patchkit: grid runner for the extracted kernels. Appended, after the shim
-// and the kernel source, to each translation unit the emulator builds; the
-// PATCHKIT_COMBOS list (type, dtype code, group size, bits) is prepended by
-// the build step, which also defines one PATCHKIT_HAS_<kind> per kernel kind
-// the source holds.
+// patchkit: grid runner for the extracted kernels of one family. Appended, after
+// the shim and the kernel source, to each translation unit the emulator builds.
+// The build step prepends PATCHKIT_FAMILY_<AFFINE|FP>, one PATCHKIT_HAS_<role>
+// per kernel the source holds (roles: qmv_fast, qmv, qmv_wide,
+// qmv_fast_streamed, qmv_streamed) and the PATCHKIT_COMBOS list (type, dtype
+// code, group size, bits).
+//
+// The families' kernels take the same grid and differ only in their buffers
+// and template arguments, so each family is the block of names below and the
+// rest of the runner is shared.
 
 namespace patchkit {
+
+#if defined(PATCHKIT_FAMILY_FP)
+// fp_quantized.h: scales are e8m0/e4m3 bytes, the third buffer is nvfp4's
+// global scale (one float), and there are no biases (no bias strides).
+template <typename T>
+using Scale = uint8_t;
+template <typename T>
+using Aux = float;
+#define PATCHKIT_SCALE_STRIDES s_strides
+// The global scale and the narrow fast tile exist for nvfp4 (group size 16)
+// only, as MLX uses them; other modes compile just the plain variant.
+constexpr bool has_variants(int group_size) {
+  return group_size == 16;
+}
+#define PATCHKIT_QMV_FAST fp_qmv_fast<T, gs, bits, batched, hgs, rps>
+#define PATCHKIT_QMV fp_qmv<T, gs, bits, batched, hgs>
+// k_lanes 16 as the fp dispatch sets it: 2 rows per simdgroup; fp_qmv_wide
+// takes no global scale buffer.
+#define PATCHKIT_QMV_WIDE fp_qmv_wide<T, gs, bits, V, 16, batched>
+#define PATCHKIT_WIDE_ROWS 4
+#define PATCHKIT_WIDE_OPERANDS l.w, l.s
+#define PATCHKIT_QMV_FAST_STREAMED fp_qmv_fast_streamed<T, gs, bits, V, batched, hgs, rps>
+#define PATCHKIT_QMV_STREAMED fp_qmv_streamed<T, gs, bits, V, batched, hgs>
+#else
+// quantized.h (affine): scales and biases in T.
+template <typename T>
+using Scale = T;
+template <typename T>
+using Aux = T;
+#define PATCHKIT_SCALE_STRIDES s_strides, b_strides
+constexpr bool has_variants(int) {
+  return false;
+}
+#define PATCHKIT_QMV_FAST affine_qmv_fast<T, gs, bits, batched>
+#define PATCHKIT_QMV affine_qmv<T, gs, bits, batched>
+// k_lanes 8 as the affine dispatch sets it: 4 rows per simdgroup.
+#define PATCHKIT_QMV_WIDE affine_qmv_wide<T, gs, bits, V, 8, batched>
+#define PATCHKIT_WIDE_ROWS 8
+#define PATCHKIT_WIDE_OPERANDS l.w, l.s, l.aux
+#define PATCHKIT_QMV_FAST_STREAMED affine_qmv_fast_streamed<T, gs, bits, V, batched>
+#define PATCHKIT_QMV_STREAMED affine_qmv_streamed<T, gs, bits, V, batched>
+#endif
+#define PATCHKIT_OPERANDS l.w, l.s, l.aux
 
 struct Problem {
   const uint32_t* w;
   const void* scales;
-  const void* biases;
+  const void* aux;  // affine: biases; fp: the global scale
   const void* x;
   void* y;
   int K, N, M, B;
 };
 
-template <typename T, int group_size, int bits, bool batched>
+template <typename T, int group_size, int bits>
 struct Launcher : BatchLayout {
   const Problem& p;
   const uint32_t* w;
-  const T* s;
-  const T* b;
+  const Scale<T>* s;
+  const Aux<T>* aux;
   const T* x;
   T* y;
 
+  // BatchLayout's s_strides count scale elements (bytes for the fp modes).
   explicit Launcher(const Problem& p_)
       : BatchLayout(p_.B, p_.M, p_.N, p_.K, bits, group_size),
         p(p_),
         w(p_.w),
-        s(static_cast<const T*>(p_.scales)),
-        b(static_cast<const T*>(p_.biases)),
+        s(static_cast<const Scale<T>*>(p_.scales)),
+        aux(static_cast<const Aux<T>*>(p_.aux)),
         x(static_cast<const T*>(p_.x)),
         y(static_cast<T*>(p_.y)) {}
 
-  // M = 1 kernels (qmv_fast, qmv): grid (M, ceil(N / 8), B), as qmv dispatches.
-  template <typename F>
-  void per_vector(F f) {
-    launch_grid(p.B, p.M, (p.N + 7) / 8, [&](uint3 tid, uint sg, uint lane) {
-      f(w, s, b, x, y, p.K, p.N, x_batch_ndims, x_shape, x_strides, w_batch_ndims,
-        w_shape, w_strides, s_strides, b_strides, tid, sg, lane);
-    });
-  }
-
-  // Kernels that stream V vectors per threadgroup: grid (ceil(M / V), ceil(N / rows), B).
-  template <typename F>
-  void streamed(int V, int rows_per_tg, F f) {
+  // Grid (ceil(M / V), ceil(N / rows_per_tg), B). The M = 1 kernels run with
+  // V = 1 (qmv's grid of M) and take no M; the batched ones take the real M.
+  template <bool takes_m, typename F, typename... Operands>
+  void launch(int V, int rows_per_tg, F f, Operands... ops) {
     launch_grid(p.B, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
-              [&](uint3 tid, uint sg, uint lane) {
-                f(w, s, b, x, y, p.K, p.N, p.M, x_batch_ndims, x_shape, x_strides,
-                  w_batch_ndims, w_shape, w_strides, s_strides, b_strides, tid, sg, lane);
-              });
+                [&](uint3 tid, uint sg, uint lane) {
+                  if constexpr (takes_m) {
+                    f(ops..., x, y, p.K, p.N, p.M, x_batch_ndims, x_shape, x_strides,
+                      w_batch_ndims, w_shape, w_strides, PATCHKIT_SCALE_STRIDES, tid, sg, lane);
+                  } else {
+                    f(ops..., x, y, p.K, p.N, x_batch_ndims, x_shape, x_strides, w_batch_ndims,
+                      w_shape, w_strides, PATCHKIT_SCALE_STRIDES, tid, sg, lane);
+                  }
+                });
   }
 };
 
-template <typename T, int gs, int bits, bool batched, int V>
+// Kernel kinds: 0 qmv_fast, 1 qmv, 2 qmv_wide, 3 qmv_fast_streamed,
+// 4 qmv_streamed (each with the family's prefix). rps is results_per_simdgroup
+// (4, or 2 for nvfp4's narrow fast tile); threadgroups cover 2 * rps rows.
+template <typename T, int gs, int bits, bool batched, bool hgs, int rps, int V>
 int run_v(int kind, const Problem& p) {
-  Launcher<T, gs, bits, batched> l(p);
+  Launcher<T, gs, bits> l(p);
   switch (kind) {
 #ifdef PATCHKIT_HAS_qmv_wide
-    case 2:  // k_lanes 8 as the affine dispatch sets it: 4 rows per simdgroup.
-      l.streamed(V, 8, affine_qmv_wide<T, gs, bits, V, 8, batched>);
-      return 0;
+    case 2:
+      if constexpr (!hgs && rps == 4) {
+        l.template launch<true>(V, PATCHKIT_WIDE_ROWS, PATCHKIT_QMV_WIDE, PATCHKIT_WIDE_OPERANDS);
+        return 0;
+      }
+      return 2;
 #endif
 #ifdef PATCHKIT_HAS_qmv_fast_streamed
     case 3:
-      l.streamed(V, 8, affine_qmv_fast_streamed<T, gs, bits, V, batched>);
+      l.template launch<true>(V, 2 * rps, PATCHKIT_QMV_FAST_STREAMED, PATCHKIT_OPERANDS);
       return 0;
 #endif
 #ifdef PATCHKIT_HAS_qmv_streamed
     case 4:
-      l.streamed(V, 8, affine_qmv_streamed<T, gs, bits, V, batched>);
-      return 0;
+      if constexpr (rps == 4) {
+        l.template launch<true>(V, 8, PATCHKIT_QMV_STREAMED, PATCHKIT_OPERANDS);
+        return 0;
+      }
+      return 2;
 #endif
     default:
       return 2;
   }
 }
 
-template <typename T, int gs, int bits, bool batched>
-int run_batched(int kind, int V, const Problem& p) {
-  Launcher<T, gs, bits, batched> l(p);
+template <typename T, int gs, int bits, bool batched, bool hgs, int rps>
+int run_kind(int kind, int V, const Problem& p) {
+  Launcher<T, gs, bits> l(p);
   if (kind == 0) {
 #ifdef PATCHKIT_HAS_qmv_fast
-    l.per_vector(affine_qmv_fast<T, gs, bits, batched>);
+    l.template launch<false>(1, 2 * rps, PATCHKIT_QMV_FAST, PATCHKIT_OPERANDS);
     return 0;
 #endif
   } else if (kind == 1) {
 #ifdef PATCHKIT_HAS_qmv
-    l.per_vector(affine_qmv<T, gs, bits, batched>);
-    return 0;
+    if constexpr (rps == 4) {
+      l.template launch<false>(1, 8, PATCHKIT_QMV, PATCHKIT_OPERANDS);
+      return 0;
+    }
 #endif
   } else {
     switch (V) {
       case 2:
-        return run_v<T, gs, bits, batched, 2>(kind, p);
+        return run_v<T, gs, bits, batched, hgs, rps, 2>(kind, p);
       case 3:
-        return run_v<T, gs, bits, batched, 3>(kind, p);
+        return run_v<T, gs, bits, batched, hgs, rps, 3>(kind, p);
       case 4:
-        return run_v<T, gs, bits, batched, 4>(kind, p);
+        return run_v<T, gs, bits, batched, hgs, rps, 4>(kind, p);
       case 5:
-        return run_v<T, gs, bits, batched, 5>(kind, p);
+        return run_v<T, gs, bits, batched, hgs, rps, 5>(kind, p);
     }
   }
   return 2;
+}
+
+template <typename T, int gs, int bits, bool batched>
+int run_variant(int kind, int V, int hgs, int rps, const Problem& p) {
+  if constexpr (has_variants(gs)) {
+    if (hgs && rps == 2) {
+      return run_kind<T, gs, bits, batched, true, 2>(kind, V, p);
+    }
+    if (hgs) {
+      return run_kind<T, gs, bits, batched, true, 4>(kind, V, p);
+    }
+    if (rps == 2) {
+      return run_kind<T, gs, bits, batched, false, 2>(kind, V, p);
+    }
+  }
+  if (hgs || rps != 4) {
+    return 2;
+  }
+  return run_kind<T, gs, bits, batched, false, 4>(kind, V, p);
 }
 
 }  // namespace patchkit
@@ -110,15 +186,15 @@ int run_batched(int kind, int V, const Problem& p) {
 // Returns 0 on success, 1 on a runtime error (message in err), 2 when the
 // requested combination is not compiled into this library.
 extern "C" int pk_run(
-    int dtype, int gs, int bits, int kind, int V, int B, int M, int N, int K,
-    const void* w, const void* scales, const void* biases, const void* x,
-    void* y, char* err, int err_len) {
-  patchkit::Problem p{static_cast<const uint32_t*>(w), scales, biases, x, y, K, N, M, B};
+    int dtype, int gs, int bits, int kind, int V, int hgs, int rps, int B, int M, int N,
+    int K, const void* w, const void* scales, const void* aux, const void* x, void* y,
+    char* err, int err_len) {
+  patchkit::Problem p{static_cast<const uint32_t*>(w), scales, aux, x, y, K, N, M, B};
   try {
-#define PATCHKIT_COMBO(T, code, G, BITS)                                     \
-  if (dtype == code && gs == G && bits == BITS) {                            \
-    return B > 1 ? patchkit::run_batched<T, G, BITS, true>(kind, V, p)       \
-                 : patchkit::run_batched<T, G, BITS, false>(kind, V, p);     \
+#define PATCHKIT_COMBO(T, code, G, BITS)                                                \
+  if (dtype == code && gs == G && bits == BITS) {                                       \
+    return B > 1 ? patchkit::run_variant<T, G, BITS, true>(kind, V, hgs, rps, p)        \
+                 : patchkit::run_variant<T, G, BITS, false>(kind, V, hgs, rps, p);      \
   }
     PATCHKIT_COMBOS
 #undef PATCHKIT_COMBO
@@ -128,3 +204,19 @@ extern "C" int pk_run(
   }
   return 2;
 }
+
+#if defined(PATCHKIT_FAMILY_FP)
+// The fp types' decode as compiled here (fp4.h / fp8.h from the wheel, under
+// the shim), for the test that checks it against the OCP MX spec:
+// kind 0 fp4_e2m1, 1 fp8_e4m3, 2 fp8_e8m0 (as float).
+extern "C" float pk_fp_decode(int kind, int byte) {
+  uint8_t b = static_cast<uint8_t>(byte);
+  if (kind == 0) {
+    return float(*reinterpret_cast<fp4_e2m1*>(&b));
+  }
+  if (kind == 1) {
+    return float(*reinterpret_cast<fp8_e4m3*>(&b));
+  }
+  return float(*reinterpret_cast<fp8_e8m0*>(&b));
+}
+#endif

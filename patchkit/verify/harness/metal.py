@@ -22,11 +22,17 @@ from typing import Any
 from patchkit.verify import emulate
 from patchkit.verify.dispatch import uses_qmv_fast
 from patchkit.verify.emulate import extract
+from patchkit.verify.emulate.families import AFFINE, FAMILIES, FP, M1_ROLES, Header
 
-# The M = 1 kernels ride along so the same text also holds the emulator's
-# reference; the streamed kernels are what Metal runs.
-KERNELS = ("qmv_fast", "qmv", *extract.STREAMED_KERNELS)
-FP_KERNELS = ("fp_qmv_fast", "fp_qmv", *extract.FP_STREAMED_KERNELS)
+
+def _harness_kernels(family: Header) -> tuple[str, ...]:
+    # The M = 1 kernels ride along so the same text also holds the emulator's
+    # reference; the streamed kernels are what Metal runs.
+    return (*(family.kernel(r) for r in M1_ROLES), *family.streamed_kernels)
+
+
+KERNELS = _harness_kernels(AFFINE)
+FP_KERNELS = _harness_kernels(FP)
 INPUT_NAMES = ("w", "scales", "biases", "x", "in_vec_size", "out_vec_size", "M")
 # The fp modes have no biases; their global scale (nvfp4 only) is not benched.
 FP_INPUT_NAMES = ("w", "scales", "x", "in_vec_size", "out_vec_size", "M")
@@ -63,14 +69,12 @@ def metal_source(root: Path, header: Path | None = None, mode: str = "affine") -
     For the fp modes the header is ``fp_quantized.h`` and the fp4/fp8 type
     headers it includes are inlined, exactly as the fp emulator compiles them.
     """
-    if mode == "affine":
-        patched = emulate.patched_header(emulate.pinned_header(root, header))
-        return MetalSource(preamble(patched), extract.extract(patched, KERNELS))
-    from patchkit.verify.emulate import fp
-
-    upstream, types = fp.pinned_fp_headers(root, header)
-    patched = fp.patched_fp_header(upstream)
-    return MetalSource(preamble(patched), extract.extract_fp(patched, *types, FP_KERNELS))
+    family = FAMILIES[mode].header
+    upstream, types = emulate.pinned_sources(root, family, header)
+    patched = emulate.patched(upstream, family)
+    return MetalSource(
+        preamble(patched), extract.extract(patched, _harness_kernels(family), family, types)
+    )
 
 
 def is_fast(K: int, N: int, bits: int) -> bool:
