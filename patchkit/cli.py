@@ -50,8 +50,9 @@ class _Main(click.Group):
         except PatchkitError as exc:
             code = EXIT_TOOL if isinstance(exc, ToolError) else EXIT_FAIL
             self._fail(ctx, exc, str(exc), code)
-            if isinstance(exc, ToolError):  # the tool's own output, after the one line
-                err_console.print(str(exc), highlight=False, markup=False)
+            rest = str(exc).split("\n", 1)[1:] if isinstance(exc, ToolError) else []
+            if rest:  # the tool's own output, after the one line (not repeating it)
+                err_console.print(rest[0], highlight=False, markup=False)
             ctx.exit(code)
         except click.UsageError as exc:
             if not _wants_json(ctx):

@@ -101,3 +101,46 @@ def test_usage_errors_are_json_under_json(args: list[str], monkeypatch: pytest.M
     payload = json.loads(r.stdout)
     assert payload["ok"] is False and payload["exit"] == 2 and payload["error"]
     assert "Traceback" not in r.output
+
+
+def _repo_with_commits(path: Path, n: int) -> list[str]:
+    from patchkit.util import git
+
+    git.init(path)
+    shas = []
+    for i in range(n):
+        (path / "f").write_text(f"{i}\n")
+        git.add(path, ["f"])
+        shas.append(git.commit(path, f"c{i}", date="2026-08-17T00:00:00+00:00"))
+    return shas
+
+
+def test_ambiguous_prefix_is_named_as_such(tmp_path: Path) -> None:
+    shas = _repo_with_commits(tmp_path / "r", 600)
+    prefixes = [s[:4] for s in shas]
+    twice = next((p for p in prefixes if prefixes.count(p) > 1), None)
+    if twice is None:  # 600 commits share a 4-digit prefix with probability ~0.94
+        pytest.skip("no shared 4-digit prefix among these commits")
+    with pytest.raises(UserError, match="ambiguous"):
+        source.resolve(tmp_path / "r", twice)
+    unique = next(p for p in prefixes if prefixes.count(p) == 1)
+    assert source.resolve(tmp_path / "r", unique) in shas
+
+
+def test_vanished_local_source_uses_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(source.ENV_CACHE, str(tmp_path / "cache"))
+    repo = tmp_path / "mlx"
+    (sha,) = _repo_with_commits(repo, 1)
+    spec = source.source_spec(str(repo))
+    source.ensure_clone(spec)
+    for f in sorted(repo.rglob("*"), reverse=True):
+        f.rmdir() if f.is_dir() else f.unlink()
+    repo.rmdir()
+    said: list[str] = []
+    clone = source.open_source(str(repo), progress=said.append)
+    assert source.resolve(clone, sha) == sha
+    assert any("no longer exists" in s for s in said)
+    with pytest.raises(UserError, match="no such path"):
+        source.source_spec(str(tmp_path / "never-cloned"))

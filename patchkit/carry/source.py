@@ -52,9 +52,9 @@ def source_spec(mlx_repo: str | None, default_url: str = UPSTREAM_URL) -> str:
     spec = mlx_repo or os.environ.get(ENV_REPO) or default_url
     if "://" not in spec and not spec.startswith("git@"):
         path = Path(spec).expanduser()
-        if not path.exists():
+        if not path.exists() and not clone_dir(str(path.resolve())).exists():
             raise UserError(f"--mlx-repo {spec}: no such path; give a git clone of MLX or a URL")
-        return str(path.resolve())
+        return str(path.resolve())  # gone but cached: ensure_clone says it uses the cache
     return spec
 
 
@@ -73,6 +73,8 @@ def ensure_clone(spec: str, *, root: Path | None = None, progress: Progress = _q
     removed.
     """
     dest = clone_dir(spec, root)
+    if dest.exists() and spec.startswith("/") and not Path(spec).exists():
+        progress(f"{spec} no longer exists; using patchkit's cached clone of it")
     if not dest.exists():
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -125,7 +127,7 @@ def _last_line(exc: ToolError) -> str:
 
 
 def _looks_like_sha(rev: str) -> bool:
-    return re.fullmatch(r"[0-9a-fA-F]{7,40}", rev) is not None
+    return re.fullmatch(r"[0-9a-fA-F]{4,40}", rev) is not None
 
 
 def resolve(clone: Path, rev: str, *, progress: Progress = _quiet) -> str:
@@ -138,6 +140,7 @@ def resolve(clone: Path, rev: str, *, progress: Progress = _quiet) -> str:
         found = git.try_rev_parse(clone, rev)
         if found:
             return found
+        _refuse_ambiguous(clone, rev)
     fetch_error = None
     progress(f"fetching {rev}")
     try:
@@ -146,9 +149,24 @@ def resolve(clone: Path, rev: str, *, progress: Progress = _quiet) -> str:
         fetch_error = _last_line(exc)
     found = git.try_rev_parse(clone, rev)
     if found:
+        if fetch_error and not _looks_like_sha(rev):
+            progress(f"offline: '{rev}' is the cached {found[:8]}, which may be stale")
         return found
+    if _looks_like_sha(rev):
+        _refuse_ambiguous(clone, rev)
     why = f"; fetching failed ({fetch_error})" if fetch_error else ""
     raise UserError(f"unknown revision '{rev}' in {clone}{why}; check the name or the network")
+
+
+def _refuse_ambiguous(clone: Path, rev: str) -> None:
+    """UserError when the hex prefix ``rev`` names several commits (git calls that unknown)."""
+    listed = git.run(clone, "rev-parse", f"--disambiguate={rev}", ok_codes=(0, 1, 128)).stdout
+    commits = [line for line in listed.split() if git.try_rev_parse(clone, line)]
+    if len(commits) > 1:
+        raise UserError(
+            f"'{rev}' is ambiguous in {clone} ({len(commits)} commits start with it); "
+            "give more hex digits"
+        )
 
 
 @contextmanager
@@ -160,6 +178,7 @@ def worktree(clone: Path, commit: str, *, base_ref: str | None = BASE_REF) -> It
     """
     parent = clone.parent / "worktrees"
     parent.mkdir(parents=True, exist_ok=True)
+    git.run(clone, "worktree", "prune")  # forget worktrees a killed run left registered
     path = Path(tempfile.mkdtemp(prefix=f"{commit[:8]}.", dir=parent))
     path.rmdir()  # git worktree add wants to create it
     git.worktree_add(clone, path, commit)
