@@ -278,11 +278,21 @@ def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: 
     """Run the Metal kernels on the CPU and compare batched rows with M = 1, bit for bit."""
     from patchkit.verify.emulate import cli_support
 
+    ctx = click.get_current_context()
+    ctx.meta["json"] = as_json
+    given = [
+        name
+        for name in ("K", "N", "M", "B", "bits", "group_size", "dtype", "global_scale", "narrow")
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+    ]
+    if given and not kernel:
+        flags = ", ".join(("-" if len(n) == 1 else "--") + n.replace("_", "-") for n in given)
+        raise UserError(f"{flags} describe one case: add --kernel streamed|wide, or drop them")
+    if kernel and opts["M"] < 2:
+        raise UserError("-M must be at least 2: the check compares M rows with M = 1")
     root = find_root(Path.cwd())
     with progress(as_json) as say:
-        if kernel and opts["mode"] not in ("all", "affine"):
-            payload, human, ok = cli_support.fp_one_case(root, kernel, opts, say)
-        elif kernel:
+        if kernel:
             payload, human, ok = cli_support.one_case(root, header, kernel, opts, say)
         else:
             payload, human, ok = cli_support.matrix(root, header, opts, say)

@@ -144,3 +144,18 @@ def test_vanished_local_source_uses_the_cache(
     assert any("no longer exists" in s for s in said)
     with pytest.raises(UserError, match="no such path"):
         source.source_spec(str(tmp_path / "never-cloned"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-K", "0", "-M", "0", "--bits", "7", "--group-size", "48"], "describe one case"),
+        (["--kernel", "streamed", "-K", "512", "-N", "64", "-M", "1"], "at least 2"),
+    ],
+)
+def test_emulate_refuses_options_that_do_not_apply(
+    args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    r = CliRunner().invoke(main, ["emulate", *args, "--json"])
+    assert r.exit_code == 1 and message in json.loads(r.stdout)["error"]

@@ -184,10 +184,3 @@ def matrix(
         ok = ok and part_ok
     payload["ok"] = ok
     return payload, "\n".join(lines) + ("\nOK" if ok else "\nFAILED"), ok
-
-
-def fp_one_case(
-    root: Path, kernel: str, opts: dict[str, Any], say: Callable[[str], None]
-) -> tuple[dict[str, Any], str, bool]:
-    """:func:`one_case` for ``--mode`` other than affine (its header comes from ``--fp-header``)."""
-    return one_case(root, None, kernel, opts, say)
