@@ -179,7 +179,10 @@ def test_vanished_anchor_falls_back_to_three_way_merge(
         assert "qmv_quad_impl_v2(" in text and QUAD_SNIPPET in text
         assert "<<<<<<<" not in text
         return
-    with pytest.raises(rebase.MergeConflictError, match=rf"conflicts at {QH}:\d+-\d+") as info:
+    # The error names the file and the anchor that failed, not lines of a discarded merge.
+    with pytest.raises(
+        rebase.MergeConflictError, match=rf"conflicts \({QH}: function 'qmv_quad_impl' not found"
+    ) as info:
         do_rebase(env, new, ParityStub(True), templates)
     assert "nothing was written" in str(info.value)
     assert isinstance(info.value, UserError)
@@ -248,3 +251,40 @@ def test_release_twin_dropped_when_a_touched_file_changes(env: dict) -> None:
     new = commit_edit(env, moved_and_unrelated, "unrelated")
     do_rebase(env, new, ParityStub(True))
     assert pin.load(env["root"] / "pin.toml").release == ""  # quantized.h is no longer 0.32.1's
+
+
+ROUTING_EDITS = """\
+backend = "metal"
+
+[depends]
+mirrored = []
+called = []
+
+[[edit]]
+op = "before_statement"
+anchor = "if (out_row >= out_vec_size) {"
+within = "qmv_impl"
+template = "copy.j2"
+"""
+
+
+def test_refuses_when_upstream_edits_an_anchored_statement(env: dict, tmp_path: Path) -> None:
+    """The anchor still matches, but upstream changed the block the snippet sits before."""
+    templates = write_templates(tmp_path / "routing", ROUTING_EDITS, "// patchkit guard\n")
+    apply.apply(env["old"], root=env["root"], templates_dir=templates)
+    narrowed = commit_edit(
+        env,
+        lambda t: t.replace(
+            "  if (out_row >= out_vec_size) {\n    return;",
+            "  if (out_row >= out_vec_size) {\n    // upstream: new early exit\n    return;",
+            1,
+        ),
+        "narrowed",
+    )
+    before = snapshot(env["root"])
+    with pytest.raises(rebase.RebaseRefused, match=r"copy\.j2 at 'if \(out_row >= out_vec_size\)"):
+        do_rebase(env, narrowed, ParityStub(True), templates)
+    assert snapshot(env["root"]) == before
+    # Control: an edit elsewhere in the file moves the anchor but leaves the block alone.
+    moved = commit_edit(env, moved_and_unrelated, "unrelated")
+    assert do_rebase(env, moved, ParityStub(True), templates).written

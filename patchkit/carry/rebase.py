@@ -89,9 +89,10 @@ class Conflict:
     path: str
     first_line: int
     last_line: int
+    anchor: str = ""  # the template anchor whose loss sent the file to the merge
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.first_line}-{self.last_line}"
+        return self.anchor or f"{self.path}:{self.first_line}-{self.last_line}"
 
 
 @dataclass
@@ -161,6 +162,36 @@ def changed_dependencies(
     return mirrored, called
 
 
+STATEMENT_OPS = ("before_statement", "replace_statement")
+
+
+def changed_anchors(
+    plans: list[render.FilePlan], old_read: Callable[[str], str], new_read: Callable[[str], str]
+) -> dict[str, list[str]]:
+    """``{path: ["template at 'anchor'", ...]}`` for anchored statements upstream edited.
+
+    A snippet inserted before a routing statement, or one that replaces it,
+    assumes what that statement does. If upstream changes the statement (say,
+    narrows ``M >= 2`` to ``M >= 2 && M <= 8``), the anchor still matches and a
+    render or merge succeeds, yet the patch may now shadow upstream's new rule.
+    Only a person can judge that, so rebase refuses and names the block.
+    """
+    found: dict[str, list[str]] = {}
+    for plan in plans:
+        old_text, new_text = old_read(plan.path), new_read(plan.path)
+        for edit in plan.edits:
+            if edit.op not in STATEMENT_OPS:
+                continue
+            try:
+                old_span = render._statement_span(old_text, edit.anchor, edit.through, edit.within)
+                new_span = render._statement_span(new_text, edit.anchor, edit.through, edit.within)
+            except AnchorError:
+                continue  # a vanished anchor goes to the 3-way merge, which reports it
+            if old_text[slice(*old_span)] != new_text[slice(*new_span)]:
+                found.setdefault(plan.path, []).append(f"{edit.template} at '{edit.anchor}'")
+    return found
+
+
 def conflicts_in(path: str, text: str) -> list[Conflict]:
     """Conflict regions (``<<<<<<<`` .. ``>>>>>>>``) in a merged text, 1-based lines."""
     found, start = [], None
@@ -206,6 +237,7 @@ def render_or_merge(
         try:
             patched, overlay = _render_both(plan, new_text, options)
         except AnchorError as exc:
+            lost = f"{plan.path}: {exc}"  # which template's anchor failed
             old_text = old_read(plan.path)
             try:
                 old_patched, old_overlay = _render_both(plan, old_text, options)
@@ -213,7 +245,7 @@ def render_or_merge(
                 raise AnchorError(f"{plan.path}: {exc}") from exc
             patched, c1 = merge_three(old_text, old_patched, new_text, plan.path)
             overlay, c2 = merge_three(old_text, old_overlay, new_text, plan.path)
-            conflicts += c1 or c2
+            conflicts += [replace(c, anchor=lost) for c in (c1 or c2)]
             merged.append(plan.path)
         rendered.upstream[plan.path] = new_text
         rendered.patched[plan.path] = patched
@@ -306,6 +338,14 @@ def rebase(
     apply.touched(options, templates_dir)  # no templates at all is an error
     old_read, new_read = source.reader(clone, old), source.reader(clone, new)
     result.changed_mirrored, result.changed_called = changed_dependencies(plans, old_read, new_read)
+    moved = changed_anchors(plans, old_read, new_read)
+    if moved:
+        names = "; ".join(f"{p}: {', '.join(es)}" for p, es in moved.items())
+        raise RebaseRefused(
+            f"{new[:8]} edits upstream statements the patch is anchored to or replaces ({names});"
+            " the patch may now shadow upstream's new rule there: review those blocks, update the"
+            " templates, then retry"
+        )
     if result.changed_mirrored:
         names = "; ".join(f"{p}: {', '.join(fs)}" for p, fs in result.changed_mirrored.items())
         raise RebaseRefused(
@@ -316,8 +356,8 @@ def rebase(
     rendered, result.merged_files, conflicts = render_or_merge(plans, old_read, new_read, options)
     if conflicts:
         raise MergeConflictError(
-            f"3-way merge conflicts at {', '.join(map(str, conflicts))}; update the templates"
-            " for the new upstream and retry (nothing was written)"
+            f"3-way merge conflicts ({'; '.join(dict.fromkeys(map(str, conflicts)))}); update"
+            " those templates' anchors for the new upstream and retry (nothing was written)"
         )
     progress("parity")
     gate_parity(result, rendered, parity_check, fp_parity_check, new_read)
