@@ -243,3 +243,27 @@ def test_real_cpu_build(tmp_path: Path) -> None:
     assert rec["tests"]["passed"] > 30
     assert rec["parity"]["rows"] > 0 and rec["parity"]["rows_differing"] == 0
     assert mlx_build.write_record(rec, tmp_path).is_file()
+
+
+def test_a_failing_step_is_one_line_naming_the_log(
+    project: dict[str, Path], tmp_path: Path
+) -> None:
+    """A compile that fails ends the build with one line: the stage, the last output, the log."""
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    plan = mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])
+    failing = mlx_build.Step("build", "a compile that fails", ["sh", "-c",
+                             "echo compiling; echo 'error: boom' ; exit 3"], tmp_path)  # fmt: skip
+    plan = mlx_build.BuildPlan(
+        plan.backend, plan.mlx_commit, plan.patch_commit, plan.clone, plan.layout, plan.deps,
+        [failing],
+    )  # fmt: skip
+    plan.layout.python.parent.mkdir(parents=True)
+    with pytest.raises(UserError) as err:
+        for step in plan.steps:  # execute's loop, without the worktree preparation
+            with plan.layout.log.open("a") as log:
+                code, lines = mlx_build._run_logged(step, log, lambda _: None)
+            assert code == 3 and lines[-1] == "error: boom"
+            mlx_build.fail(step, code, lines, plan.layout.log)
+    msg = str(err.value)
+    assert "\n" not in msg and "build failed (exit 3: error: boom)" in msg
+    assert str(plan.layout.log) in msg and "error: boom" in plan.layout.log.read_text()

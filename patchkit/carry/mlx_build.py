@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from patchkit.carry import apply, export_pr, mlx_deps, pin, render, source
-from patchkit.errors import ToolError, UserError
+from patchkit.errors import UserError
 from patchkit.util import git
 
 BACKENDS = ("metal", "cuda", "cpu")
@@ -304,6 +304,12 @@ def series_id(root: Path, short: str) -> str:
     return digest.hexdigest()
 
 
+def fail(step: Step, code: int, lines: list[str], log: Path) -> None:
+    """Raise the one-line error for a failed step: its stage, its last output line, the log."""
+    tail = next((ln for ln in reversed(lines) if ln.strip()), "").strip()[:160]
+    raise UserError(f"{step.stage} failed (exit {code}: {tail}); the whole log: {log}")
+
+
 def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
     """Run the plan; returns the build record. A failing step raises, naming the log."""
     progress(f"log: {build.layout.log}")
@@ -322,9 +328,7 @@ def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
             walls[step.stage] = walls.get(step.stage, 0.0) + time.monotonic() - start
             outputs[step.stage] = lines
             if code not in step.ok_codes:
-                raise ToolError(
-                    step.argv, code, "", f"{step.stage} failed; log: {build.layout.log}"
-                )
+                fail(step, code, lines, build.layout.log)
     parity = json.loads(build.layout.parity_json.read_text())
     rec = record(build, root, unittest_counts(outputs["test"]), parity, walls)
     return {**rec, "incremental": incremental}
