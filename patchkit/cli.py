@@ -113,7 +113,11 @@ def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @click.option(
         "--root", type=click.Path(file_okay=False, path_type=Path), help="patchkit checkout."
     )
-    @click.option("--templates", type=click.Path(file_okay=False, path_type=Path))
+    @click.option(
+        "--templates",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Templates folder (default: the checkout's templates/).",
+    )
     @click.option(
         "--backend",
         "backends",
@@ -121,7 +125,14 @@ def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Choice(render.BACKENDS),
         help="Backends to render (repeatable; default all).",
     )
-    @click.option("--routing", type=click.Choice(["stream", "opt_in"]), default="stream")
+    @click.option(
+        "--routing",
+        type=click.Choice(["stream", "opt_in"]),
+        default="stream",
+        show_default=True,
+        help="stream: the streamed kernels are on by default (MLX_QMV_STREAMED=0 turns them off);"
+        " opt_in: off unless the switch is set.",
+    )
     @wraps(fn)
     def wrapper(as_json: bool, mlx_repo, root, templates, backends, routing, **kw: Any) -> Any:
         click.get_current_context().meta["json"] = as_json
@@ -573,7 +584,13 @@ def _probe_root() -> Path:
     help="Block attention: one causal sdpa call, or per query as the chain calls it.",
 )
 @click.option("--timing", is_flag=True, help="Time block vs chain; simulated speculative tok/s.")
-@click.option("--acceptance", type=float, default=0.7, show_default=True, help="Per-token a.")
+@click.option(
+    "--acceptance",
+    type=float,
+    default=0.7,
+    show_default=True,
+    help="Per-token probability a drafted token is accepted (for the simulated tok/s).",
+)
 @click.option(
     "--cuda-header",
     type=click.Path(dir_okay=False, path_type=Path),
