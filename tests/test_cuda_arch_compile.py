@@ -36,6 +36,7 @@ import pytest
 from support_git import PIN_SHA, mlx_clone
 
 from patchkit.carry import render, source
+from patchkit.util import git
 
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 CUDA_CMAKE = "mlx/backend/cuda/CMakeLists.txt"
@@ -113,12 +114,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     clone = source.ensure_clone(mlx_clone())
     read = source.reader(clone, PIN_SHA)
     root = tmp_path_factory.mktemp("mlx")
-    tar = subprocess.run(
-        ["git", "-C", str(clone), "archive", "--format=tar", PIN_SHA, "mlx"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+    with tarfile.open(fileobj=io.BytesIO(git.archive(clone, PIN_SHA, ["mlx"]))) as t:
         t.extractall(root, filter="data")
     plan = next(p for p in render.load_plans() if p.path == QMV)
     patched = render.render_file(plan, read(QMV), render.RenderOptions(backends=("cuda",)))

@@ -30,6 +30,7 @@ from support_git import mlx_clone
 
 from patchkit.carry import render, source
 from patchkit.errors import UserError
+from patchkit.util import git
 from patchkit.verify.harness import cuda
 
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
@@ -415,12 +416,8 @@ def _wheel_include(tmp: Path) -> Path | None:
 def _pinned_cuh(upstream: dict[str, str], src: Path) -> None:
     """The .cuh files the wheel does not ship, from the pinned clone, under ``src``."""
     read = source.reader(Path(upstream["clone"]), PIN)
-    listing = subprocess.run(
-        ["git", "-C", upstream["clone"], "ls-tree", "--name-only", PIN, "mlx/backend/cuda/device/"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
+    entries = git.ls_tree(Path(upstream["clone"]), PIN, ["mlx/backend/cuda/device/"])
+    listing = [e.path for e in entries]
     for rel in [*listing, "mlx/backend/cuda/kernel_utils.cuh"]:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(read(rel))

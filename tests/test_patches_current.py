@@ -9,12 +9,12 @@ copy too. A template edited without re-running `patchkit apply` fails here.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from patchkit.carry import export, pin, render
+from patchkit.util import git
 from patchkit.verify import emulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,11 +37,10 @@ def fresh(pinned: pin.Pin) -> str:
 def _series_applied(pinned: pin.Pin, tmp_path: Path) -> str:
     (tmp_path / Path(HEADER).parent).mkdir(parents=True)
     (tmp_path / HEADER).write_text(emulate.pinned_header(ROOT))
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    git.init(tmp_path)
     pdir = ROOT / "patches" / pinned.short
     for name in (pdir / "series").read_text().split():
-        cmd = ["git", "-C", str(tmp_path), "apply", f"--include={HEADER}", str(pdir / name)]
-        subprocess.run(cmd, check=True, capture_output=True)
+        git.run(tmp_path, "apply", f"--include={HEADER}", str(pdir / name))
     return (tmp_path / HEADER).read_text()
 
 
