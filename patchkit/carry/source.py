@@ -160,8 +160,7 @@ def resolve(clone: Path, rev: str, *, progress: Progress = _quiet) -> str:
 
 def _refuse_ambiguous(clone: Path, rev: str) -> None:
     """UserError when the hex prefix ``rev`` names several commits (git calls that unknown)."""
-    listed = git.run(clone, "rev-parse", f"--disambiguate={rev}", ok_codes=(0, 1, 128)).stdout
-    commits = [line for line in listed.split() if git.try_rev_parse(clone, line)]
+    commits = [oid for oid in git.disambiguate(clone, rev) if git.try_rev_parse(clone, oid)]
     if len(commits) > 1:
         raise UserError(
             f"'{rev}' is ambiguous in {clone} ({len(commits)} commits start with it); "
@@ -178,7 +177,7 @@ def worktree(clone: Path, commit: str, *, base_ref: str | None = BASE_REF) -> It
     """
     parent = clone.parent / "worktrees"
     parent.mkdir(parents=True, exist_ok=True)
-    git.run(clone, "worktree", "prune")  # forget worktrees a killed run left registered
+    git.worktree_prune(clone)  # forget worktrees a killed run left registered
     path = Path(tempfile.mkdtemp(prefix=f"{commit[:8]}.", dir=parent))
     path.rmdir()  # git worktree add wants to create it
     git.worktree_add(clone, path, commit)

@@ -75,7 +75,7 @@ def vendor(root: Path, checkout: Path, flavour: str, *, dry_run: bool = False) -
         result.files = [s.name for s in series]
         # --check on each patch: the series touches each file in one patch only.
         for s in series:
-            git.run(checkout, "apply", "--check", str(s))
+            git.apply_check(checkout, s)
         if not dry_run:
             name, email = (
                 git.user_config(checkout, "user.name"),

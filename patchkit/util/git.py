@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,13 +80,14 @@ def _execute(
     cmd = ["git"] + (["-C", str(repo)] if repo is not None else []) + list(args)
     full_env = {**(_BASE_ENV if isolated else {}), **(env or {})}
     try:
-        with tempfile.TemporaryFile() as stdin:
-            if input is not None:
+        # GitPython hands stdin to the process as a file, so input goes through one.
+        with tempfile.TemporaryFile() if input is not None else nullcontext() as stdin:
+            if stdin is not None:
                 stdin.write(input)
                 stdin.seek(0)
             code, stdout, stderr = Git().execute(
                 cmd,
-                istream=stdin if input is not None else None,
+                istream=stdin,
                 env=full_env,
                 with_extended_output=True,
                 with_exceptions=False,
@@ -145,6 +147,13 @@ def try_rev_parse(repo: Path, rev: str) -> str | None:
     """Like :func:`rev_parse` but ``None`` when ``rev`` does not name a commit."""
     proc = run(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", ok_codes=(0, 1, 128))
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def disambiguate(repo: Path, prefix: str) -> list[str]:
+    """Ids of every object whose id starts with the hex ``prefix`` (empty when none does)."""
+    # Exit 1/128: git found no object, or the prefix is too short or not hex.
+    text = run(repo, "rev-parse", f"--disambiguate={prefix}", ok_codes=(0, 1, 128)).stdout
+    return text.split()
 
 
 def blob_id(repo: Path, rev: str, path: str) -> str | None:
@@ -222,6 +231,11 @@ def worktree_add(repo: Path, path: Path, rev: str) -> None:
 def worktree_remove(repo: Path, path: Path) -> None:
     """Remove a worktree and its administrative files, even if it has changes."""
     run(repo, "worktree", "remove", "--force", str(path))
+    worktree_prune(repo)
+
+
+def worktree_prune(repo: Path) -> None:
+    """Forget worktrees whose directories are gone (a killed process leaves them registered)."""
     run(repo, "worktree", "prune")
 
 
@@ -278,6 +292,11 @@ def am(repo: Path, patches: Sequence[Path], *, committer: tuple[str, str] = FIXE
     env = {"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email}
     run(repo, "am", "--quiet", *map(str, patches), env=env)
     return rev_parse(repo, "HEAD")
+
+
+def apply_check(repo: Path, patch: Path) -> None:
+    """Raise ToolError, with git's reasons, unless ``patch`` applies cleanly to the worktree."""
+    run(repo, "apply", "--check", str(patch))
 
 
 def push(repo: Path, remote: str, refspec: str) -> None:
