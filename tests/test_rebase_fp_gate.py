@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit.carry import apply, rebase
+from patchkit.carry import rebase, workspace
 
 FP = rebase.FP_PARITY_FILE
 OK = rebase.Parity(True, "fine")
 BAD = rebase.Parity(False, "1 differing", ("[gcc] nvfp4 K=512 ...: 1/2 rows differ",))
 
 
-def _rendered() -> apply.Rendered:
-    return apply.Rendered({FP: "up"}, {FP: "patched fp"}, {FP: "overlay fp"}, {FP: "metal"})
+def _rendered() -> workspace.Rendered:
+    return workspace.Rendered({FP: "up"}, {FP: "patched fp"}, {FP: "overlay fp"}, {FP: "metal"})
 
 
 def _reader(path: str) -> str:

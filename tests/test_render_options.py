@@ -7,7 +7,7 @@ import typing
 
 import pytest
 
-from patchkit.carry import apply, render
+from patchkit.carry import render, workspace
 
 
 def _choices(field: dataclasses.Field) -> tuple[object, ...]:
@@ -36,7 +36,7 @@ def test_overlay_options_keep_every_field_but_the_flavour(
 
     options = dataclasses.replace(render.RenderOptions(), **{name: value})
     monkeypatch.setattr(render, "render_file", spy_render_file)
-    apply.render_all(lambda _path: "", options, render.TEMPLATES_DIR)
+    workspace.render_all(lambda _path: "", options, render.TEMPLATES_DIR)
     flavours = {o.flavour for o in seen}
     assert flavours == {"upstream", "overlay"}
     for o in seen:

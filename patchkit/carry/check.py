@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import apply, export, pin, render, source
+from patchkit.carry import export, pin, render, source, workspace
 from patchkit.util import git
 from patchkit.util.staging import same_tree
 
@@ -68,7 +68,7 @@ def check(
     root: Path,
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
-    options: render.RenderOptions = apply.DEFAULT_OPTIONS,
+    options: render.RenderOptions = workspace.DEFAULT_OPTIONS,
     progress: source.Progress = source._quiet,
 ) -> CheckResult:
     """Compare ``pin.toml`` with the tree and ``patches/`` with a fresh render; never writes."""
@@ -77,7 +77,7 @@ def check(
     commit = source.resolve(clone, p.commit, progress=progress)
     result = CheckResult(commit)
     result.blob_mismatches = pin.mismatches(p, lambda path: git.blob_id(clone, commit, path))
-    touched = apply.touched(options, templates_dir)
+    touched = workspace.touched(options, templates_dir)
     missing, extra = sorted(set(touched) - set(p.blobs)), sorted(set(p.blobs) - set(touched))
     result.touched_drift = {k: v for k, v in (("missing", missing), ("extra", extra)) if v}
     progress("rendering")
@@ -86,13 +86,13 @@ def check(
     stage = Path(tempfile.mkdtemp(prefix="patchkit-check."))
     try:
         info = export.PinInfo(p.url, commit, p.release)
-        apply.build(clone, commit, options, templates_dir, info, stage, move_refs=False)
-        result.stale = same_tree(stage, root / apply.PATCHES / p.short)
+        workspace.build(clone, commit, options, templates_dir, info, stage, move_refs=False)
+        result.stale = same_tree(stage, root / workspace.PATCHES / p.short)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     result.extra_dirs = sorted(
         d.name
-        for d in (root / apply.PATCHES).iterdir()
+        for d in (root / workspace.PATCHES).iterdir()
         if d.is_dir() and not d.name.startswith(".") and d.name != p.short
     )
     return result
@@ -103,13 +103,13 @@ def status(
     root: Path,
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
-    options: render.RenderOptions = apply.DEFAULT_OPTIONS,
+    options: render.RenderOptions = workspace.DEFAULT_OPTIONS,
     progress: source.Progress = source._quiet,
 ) -> dict[str, object]:
     """What is pinned, where it is applied, and whether ``patches/`` is current."""
     p = pin.load(root / pin.PIN_FILE)
     clone = source.open_source(mlx_repo, p.url, progress=progress)
-    branch = apply.BRANCH_PREFIX + p.short
+    branch = workspace.BRANCH_PREFIX + p.short
     result = check(
         root=root,
         mlx_repo=mlx_repo,
@@ -128,7 +128,7 @@ def status(
         "branch": branch,
         "branch_head": head,
         "base_ref": git.try_rev_parse(clone, source.BASE_REF),
-        "patches_dir": str(root / apply.PATCHES / p.short),
+        "patches_dir": str(root / workspace.PATCHES / p.short),
         "patches_current": result.ok,
         "problems": result.problems(),
     }

@@ -1,7 +1,7 @@
 """``patchkit export-pr``: one upstream-ready commit for ml-explore/mlx, plus a draft PR body.
 
 Flow: resolve the base (the pin, or ``--onto REV``) in the cached clone ->
-render the kernel, instantiations and dispatch with :func:`apply.render_all`
+render the kernel, instantiations and dispatch with :func:`workspace.render_all`
 (the same templates and code path the overlay comes from) and the test and
 benchmark files from the ``backend = "pr"`` plans via :mod:`patchkit.carry.pyedit`
 -> write them in a fresh worktree -> format with the formatter versions the
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import apply, pin, render, source
+from patchkit.carry import pin, render, source, workspace
 from patchkit.errors import AnchorError, ToolError, UserError
 from patchkit.util import git
 
@@ -134,7 +134,7 @@ def render_pr(
 ) -> tuple[dict[str, str | None], dict[str, str]]:
     """(upstream texts, patched texts) of every file in the PR, kernel files first.
 
-    Kernel, instantiations and dispatch come from :func:`apply.render_all` in
+    Kernel, instantiations and dispatch come from :func:`workspace.render_all` in
     the upstream flavour, the function the overlay export also renders with.
     """
 
@@ -145,7 +145,7 @@ def render_pr(
         return text
 
     upstream_opts = dataclasses.replace(options, flavour="upstream")
-    core = apply.render_all(must_read, upstream_opts, templates_dir)
+    core = workspace.render_all(must_read, upstream_opts, templates_dir)
     upstream: dict[str, str | None] = dict(core.upstream)
     patched = dict(core.patched)
     for plan in pr_plans(templates_dir):

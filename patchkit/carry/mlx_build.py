@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from patchkit.carry import apply, export_pr, mlx_deps, pin, render, source
+from patchkit.carry import export_pr, mlx_deps, pin, render, source, workspace
 from patchkit.errors import UserError
 from patchkit.util import git
 
@@ -186,7 +186,7 @@ def plan(
         raise UserError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     p = pin.load(root / pin.PIN_FILE)
     clone = source.clone_dir(source.source_spec(mlx_repo, p.url), cache)
-    branch = apply.BRANCH_PREFIX + p.short
+    branch = workspace.BRANCH_PREFIX + p.short
     if not clone.exists() or (head := git.try_rev_parse(clone, branch)) is None:
         raise UserError(f"no branch {branch} in the cached clone; run `patchkit apply` first")
     read = source.reader(clone, head)
@@ -299,7 +299,7 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
 def series_id(root: Path, short: str) -> str:
     """sha256 over the exported patch series (``patches/<pin>/*.patch``), in file order."""
     digest = hashlib.sha256()
-    for path in sorted((root / apply.PATCHES / short).glob("*.patch")):
+    for path in sorted((root / workspace.PATCHES / short).glob("*.patch")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

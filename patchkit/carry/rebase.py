@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from patchkit.carry import apply, export, pin, render, source
+from patchkit.carry import export, pin, render, source, workspace
 from patchkit.errors import AnchorError, BlobMismatchError, UserError
 from patchkit.util import git
 
@@ -228,9 +228,9 @@ def render_or_merge(
     old_read: Callable[[str], str],
     new_read: Callable[[str], str],
     options: render.RenderOptions,
-) -> tuple[apply.Rendered, list[str], list[Conflict]]:
+) -> tuple[workspace.Rendered, list[str], list[Conflict]]:
     """Render each file on the new tree; 3-way merge the ones whose anchors vanished."""
-    rendered = apply.Rendered({}, {}, {}, {})
+    rendered = workspace.Rendered({}, {}, {}, {})
     merged, conflicts = [], []
     for plan in plans:
         new_text = new_read(plan.path)
@@ -256,7 +256,7 @@ def render_or_merge(
 
 def gate_parity(
     result: RebaseResult,
-    rendered: apply.Rendered,
+    rendered: workspace.Rendered,
     parity_check: ParityCheck,
     fp_parity_check: FpParityCheck | None = None,
     new_read: Callable[[str], str] | None = None,
@@ -299,7 +299,7 @@ def rebase(
     root: Path,
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
-    options: render.RenderOptions = apply.DEFAULT_OPTIONS,
+    options: render.RenderOptions = workspace.DEFAULT_OPTIONS,
     release: str | None = None,
     progress: source.Progress = source._quiet,
     parity_check: ParityCheck = emulator_parity,
@@ -314,8 +314,8 @@ def rebase(
     """
     if release:
         pin.check_release(release)
-    apply.recover_outputs(root, progress)
-    apply.ensure_outputs_clean(root)
+    workspace.recover_outputs(root, progress)
+    workspace.ensure_outputs_clean(root)
     old_pin = pin.load(root / pin.PIN_FILE)
     clone = source.open_source(mlx_repo, old_pin.url, progress=progress)
     new = source.resolve(clone, rev, progress=progress)
@@ -334,8 +334,8 @@ def rebase(
         raise BlobMismatchError(
             f"pin.toml blobs do not match {old[:8]} ({', '.join(bad)}); run `patchkit check`"
         )
-    plans = apply.plans(options, templates_dir)
-    apply.touched(options, templates_dir)  # no templates at all is an error
+    plans = workspace.plans(options, templates_dir)
+    workspace.touched(options, templates_dir)  # no templates at all is an error
     old_read, new_read = source.reader(clone, old), source.reader(clone, new)
     result.changed_mirrored, result.changed_called = changed_dependencies(plans, old_read, new_read)
     moved = changed_anchors(plans, old_read, new_read)
@@ -380,7 +380,7 @@ def _write(
     root: Path,
     clone: Path,
     old_pin: pin.Pin,
-    rendered: apply.Rendered,
+    rendered: workspace.Rendered,
     release: str | None,
 ) -> None:
     """Commit, export and replace patches/ and pin.toml together."""
@@ -389,23 +389,23 @@ def _write(
     note = "changed called functions: " + (", ".join(called) or "none")
     if result.parity is not None:
         note += f"; parity: {result.parity.summary}"
-    blobs = apply.tree_blobs(clone, new, sorted(rendered.upstream))
+    blobs = workspace.tree_blobs(clone, new, sorted(rendered.upstream))
     new_pin = pin.Pin(
         commit=new,
         blobs=blobs,
         url=old_pin.url,
         release=release if release is not None else kept_release(old_pin, blobs),
-        history=(*old_pin.history, pin.Bump(old_pin.commit, new, apply.today(), note)),
+        history=(*old_pin.history, pin.Bump(old_pin.commit, new, workspace.today(), note)),
     )
-    txn = apply.begin_outputs(root)
+    txn = workspace.begin_outputs(root)
     try:
         staged = txn.stage / new_pin.short
         info = export.PinInfo(new_pin.url, new, new_pin.release)
-        result.head, _ = apply.build_from(clone, new, rendered, info, staged)
-        drop = [root / apply.PATCHES / old_pin.short]
-        apply.write_outputs(root, new_pin, txn, staged, drop)
+        result.head, _ = workspace.build_from(clone, new, rendered, info, staged)
+        drop = [root / workspace.PATCHES / old_pin.short]
+        workspace.write_outputs(root, new_pin, txn, staged, drop)
     except BaseException:
         txn.abort()
         raise
-    result.patches_dir = str(root / apply.PATCHES / new_pin.short)
+    result.patches_dir = str(root / workspace.PATCHES / new_pin.short)
     result.written = True

@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import apply, pin
+from patchkit.carry import pin, workspace
 from patchkit.errors import UserError
 from patchkit.util import git
 
@@ -64,7 +64,7 @@ def vendor(root: Path, checkout: Path, flavour: str, *, dry_run: bool = False) -
     if flavour not in FLAVOURS:
         raise UserError(f"unknown flavour {flavour!r}; choose from {', '.join(FLAVOURS)}")
     p = pin.load(root / pin.PIN_FILE)
-    patches = root / apply.PATCHES / p.short
+    patches = root / workspace.PATCHES / p.short
     if not patches.is_dir():
         raise UserError(f"{patches} does not exist; run `patchkit apply` first")
     checkout = checkout.resolve()
