@@ -28,6 +28,7 @@ from patchkit.carry import check as check_mod
 from patchkit.carry import rebase as rebase_mod
 from patchkit.carry import render
 from patchkit.errors import PatchkitError, ToolError, UserError
+from patchkit.verify.dispatch import FP_MODES, MODES
 
 EXIT_FAIL = 1  # a check that ran and found problems, or a user-fixable error
 EXIT_TOOL = 3  # an external tool failed unexpectedly
@@ -253,7 +254,7 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float16")
 @click.option(
     "--mode",
-    type=click.Choice(["all", "affine", "fp", "mxfp4", "nvfp4", "mxfp8"]),
+    type=click.Choice(["all", "affine", "fp", *FP_MODES]),
     default="all",
     show_default=True,
     help="Mode(s) the matrix runs (fp: the three fp modes); --kernel takes one (all: affine).",
@@ -314,9 +315,7 @@ def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: 
 
 @main.command("parity")
 @click.option("--quick/--full", default=True, help="The default subset, or every axis.")
-@click.option(
-    "--mode", "modes", multiple=True, type=click.Choice(["affine", "mxfp4", "nvfp4", "mxfp8"])
-)
+@click.option("--mode", "modes", multiple=True, type=click.Choice(MODES))
 @click.option("--bits", "bits", multiple=True, type=int, help="Only these bits (repeatable).")
 @click.option(
     "--dtype", "dtypes", multiple=True, type=click.Choice(["float32", "float16", "bfloat16"])
@@ -536,7 +535,7 @@ def deps_cmd(
 )
 @click.option(
     "--mode",
-    type=click.Choice(["affine", "mxfp4", "nvfp4", "mxfp8"]),
+    type=click.Choice(MODES),
     default="affine",
     show_default=True,
     help="Quantization mode (the fp modes take fp_qmv_wide on every GPU generation).",
