@@ -176,6 +176,12 @@ def apply_cmd(rev: str | None, release: str | None, as_json: bool, common: dict[
     """Render, commit on patchkit/<short> and export patches/<short>/."""
     with progress(as_json) as say:
         r = apply_mod.apply(rev, release=release, progress=say, **common)
+    if r.removed:
+        err_console.print(
+            f"[yellow]warning:[/] removed {len(r.removed)} file(s) apply does not produce "
+            f"from {r.patches_dir}: {', '.join(r.removed)}",
+            highlight=False,
+        )
     what = "updated" if (r.patches_changed or r.pin_changed) else "unchanged (no-op)"
     emit(
         as_json,

@@ -202,3 +202,13 @@ def test_exported_series_reproduces_the_branch_with_git_am(env: dict, tmp_path: 
     assert git.out(wt, "rev-parse", "HEAD^{tree}") == git.out(
         clone, "rev-parse", f"{r.head}^{{tree}}"
     )
+
+
+def test_apply_names_files_it_removes_from_patches(env: dict) -> None:
+    run_apply(env)
+    stray = env["root"] / "patches" / env["old"][:8] / "notes.local"  # e.g. git-ignored
+    stray.write_text("mine\n")
+    snippet = env["templates"] / QH / "copy.j2"
+    snippet.write_text(snippet.read_text().replace("payload", "payload, edited"))
+    r = apply.apply(env["old"], root=env["root"], templates_dir=env["templates"])
+    assert r.removed == ["notes.local"] and not stray.exists()

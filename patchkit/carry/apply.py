@@ -31,6 +31,7 @@ from patchkit.carry.workspace import (
 )
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.util import git
+from patchkit.util.staging import same_tree
 
 
 @dataclass
@@ -46,6 +47,7 @@ class ApplyResult:
     patches_changed: bool
     pin_changed: bool
     blobs: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)  # files apply does not produce, dropped
 
     def to_json(self) -> dict[str, object]:
         """A JSON-friendly summary."""
@@ -59,6 +61,7 @@ class ApplyResult:
             "patches_changed": self.patches_changed,
             "pin_changed": self.pin_changed,
             "blobs": self.blobs,
+            "removed": self.removed,
         }
 
 
@@ -113,6 +116,10 @@ def apply(
         staged = txn.stage / new_pin.short
         info = export.PinInfo(new_pin.url, upstream, new_pin.release)
         head, files = build(clone, upstream, options, templates_dir, info, staged)
+        target = root / PATCHES / new_pin.short
+        # patches/<short>/ holds only what apply writes; anything else there (git-ignored
+        # files included) goes with the old folder, and the result says so.
+        removed = [p for p in same_tree(staged, target) if not (staged / p).exists()]
         patches_changed, pin_changed = write_outputs(root, new_pin, txn, staged)
     except BaseException:
         txn.abort()
@@ -127,4 +134,5 @@ def apply(
         patches_changed,
         pin_changed,
         blobs,
+        removed,
     )
