@@ -271,10 +271,11 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
 @click.option("--narrow", is_flag=True, help="With --kernel and --mode nvfp4: the r_2 fast tile.")
 @click.option(
     "--toolchain",
-    type=click.Choice(["gcc", "clang", "both"]),
-    default="both",
+    type=click.Choice(["gcc", "clang", "gcc-fast", "clang-fast", "both", "all"]),
+    default="all",
     show_default=True,
-    help="g++ -ffp-contract=off, clang -ffp-contract=on -mfma, or both.",
+    help="g++ -ffp-contract=off, clang -ffp-contract=on -mfma, g++/clang -O2 "
+    "-ffp-contract=fast -mfma (cross-statement fusion), both (gcc, clang) or all four.",
 )
 @click.option(
     "--full",

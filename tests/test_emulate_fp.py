@@ -212,3 +212,56 @@ def test_full_fp_matrix(patched: str, types: tuple[str, str], toolchain: build.T
     full = suite.run(patched, suite.full_matrix(FP_MODES), toolchain, types=types)
     assert full.failures() == []
     assert suite.summarize(full)["ok"] is True
+
+
+# nvfp4's e4m3 scales are not powers of two, so fusing qdot's `scale * accum`
+# into the caller's `result +=` changes bits: the cases where cross-statement
+# contraction could break identity. mxfp4 (e8m0 scales) as a second mode.
+FUSION_CASES = [
+    parity.Case(mode, K, N, "float32", M, B, hgs)
+    for mode, (K, N), M, B, hgs in (
+        ("nvfp4", (1024, 64), 5, 1, False),  # fp_qmv_fast
+        ("nvfp4", (1024, 64), 3, 2, True),
+        ("nvfp4", (544, 6), 7, 1, False),  # fp_qmv, guarded rows, qdot tail
+        ("nvfp4", (544, 37), 4, 1, True),  # fp_qmv, moved-back tile, qdot_safe tail
+        ("nvfp4", (512, 5), 9, 2, False),
+        ("mxfp4", (1024, 64), 7, 1, False),
+        ("mxfp4", (544, 37), 5, 1, False),
+    )
+]
+
+
+@pytest.mark.parametrize("name", ["gcc-fast", "clang-fast"])
+def test_cross_statement_contraction_keeps_identity(
+    patched: str, types: tuple[str, str], name: str
+) -> None:
+    # -O2 -ffp-contract=fast: fusion across statements once qdot is inlined.
+    # The full default matrix under these builds runs in `patchkit emulate`.
+    tc = build.TOOLCHAINS[name]
+    build.require_compiler(tc)
+    report = suite.run(patched, FUSION_CASES, tc, types=types, controls=False)
+    assert len(report.streamed()) == len(FUSION_CASES)
+    assert report.failures() == []
+
+
+def test_contraction_builds_see_a_fusion_mismatch(patched: str, types: tuple[str, str]) -> None:
+    # Mutation: the streamed main loops add qdot's result through a volatile,
+    # so `scale * accum` can no longer fuse into `result +=` there while M = 1
+    # still fuses it. Without contraction the mutant is exact (the g++ build
+    # proves it); the cross-statement build must see nvfp4 float32 rows differ,
+    # or it would prove nothing about fusion.
+    call = "result[v][row] +=\n            qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);"
+    assert patched.count(call) == 2
+    barrier = (
+        "{\n"
+        "          volatile U q = qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);\n"
+        "          result[v][row] += q;\n"
+        "        }"
+    )
+    mutated = patched.replace(call, barrier)
+    cases = [c for c in FUSION_CASES if c.mode == "nvfp4"]
+    plain = suite.run(mutated, cases, build.TOOLCHAINS["gcc"], types=types, controls=False)
+    assert plain.failures() == []
+    for name in ("gcc-fast", "clang-fast"):
+        fused = suite.run(mutated, cases, build.TOOLCHAINS[name], types=types, controls=False)
+        assert fused.failures(), f"{name} did not see unfused streamed rows"

@@ -1,9 +1,11 @@
 """Compile extracted kernel source against the Metal shim into a shared library.
 
-Two toolchains, because Metal's compiler may fuse a multiply and an add that
-sit in one expression: g++ with ``-ffp-contract=off`` (no fusion anywhere) and
-clang with ``-ffp-contract=on -mfma`` (fusion within an expression, as
-Metal's fast-math-off mode allows). Identity must hold under both.
+Four builds, because nobody documents how much Metal's compiler fuses a
+multiply and an add under MLX's fast-math-off settings: g++ with
+``-ffp-contract=off`` (no fusion anywhere), clang with ``-ffp-contract=on
+-mfma`` (fusion within an expression), and g++ and clang at ``-O2`` with
+``-ffp-contract=fast -mfma`` (fusion across statements, once functions are
+inlined). Identity must hold under all of them (:data:`GATE`).
 
 Libraries are cached by the hash of their full source and command line in the
 user cache directory, so a rerun compiles nothing.
@@ -39,10 +41,29 @@ class Toolchain:
     flags: tuple[str, ...]
 
 
+_X86 = platform.machine() in ("x86_64", "AMD64")
+
+
 def _fma_flags() -> tuple[str, ...]:
     # -mfma is an x86 flag; aarch64 always has fused multiply-add.
-    return ("-mfma",) if platform.machine() in ("x86_64", "AMD64") else ()
+    return ("-mfma",) if _X86 else ()
 
+
+# g++ forms a fused multiply-add only when the multiply and the add meet in
+# one function body and one basic block, so whether qdot's `scale * accum`
+# fuses with the caller's `result +=` depends on whether qdot was inlined:
+# g++'s size heuristics inline it into one kernel and not another (measured:
+# not into fp_qmv_fast_impl for nvfp4, yes into the streamed kernel). Metal
+# inlines every function (METAL_FUNC is always_inline, and its GPU code has no
+# calls here), so the cross-statement build lifts g++'s inlining limits.
+_INLINE_ALL = (
+    "--param=max-inline-insns-single=100000",
+    "--param=max-inline-insns-auto=100000",
+    "--param=large-function-growth=1000000",
+    "--param=large-function-insns=1000000",
+    "--param=inline-unit-growth=1000000",
+    "--param=large-stack-frame-growth=100000",
+)
 
 # Optimisation levels are chosen for suite wall time (build + run on 2 cores):
 # g++ -O1 builds in ~2 s a library and runs ~3x faster than -O0; clang -O1
@@ -51,7 +72,13 @@ def _fma_flags() -> tuple[str, ...]:
 TOOLCHAINS = {
     "gcc": Toolchain("gcc", "g++", ("-O1", "-ffp-contract=off")),
     "clang": Toolchain("clang", "clang++", ("-O0", "-ffp-contract=on", *_fma_flags())),
+    "gcc-fast": Toolchain(
+        "gcc-fast", "g++", ("-O2", "-ffp-contract=fast", *_fma_flags(), *_INLINE_ALL)
+    ),
+    "clang-fast": Toolchain("clang-fast", "clang++", ("-O2", "-ffp-contract=fast", *_fma_flags())),
 }
+# The builds every gate (`patchkit emulate`, rebase's suites) runs and needs to agree.
+GATE = ("gcc", "clang", "gcc-fast", "clang-fast")
 
 COMMON_FLAGS = (
     "-std=c++20",
@@ -61,6 +88,9 @@ COMMON_FLAGS = (
     "-fno-strict-aliasing",
     "-Wno-attributes",
     "-w",
+    # half <-> float through the F16C instructions (metal_shim.h): straight-line
+    # conversions, so basic-block-local contraction sees the kernel's structure.
+    *(("-mf16c",) if _X86 else ()),
 )
 
 
@@ -78,7 +108,7 @@ def require_compiler(toolchain: Toolchain) -> str:
     """Path of the toolchain's compiler, or a UserError saying how to install it."""
     path = shutil.which(toolchain.compiler)
     if path is None:
-        pkg = "clang" if toolchain.name == "clang" else "g++"
+        pkg = "clang" if toolchain.compiler.startswith("clang") else "g++"
         raise UserError(
             f"{toolchain.compiler} not found: install it (Debian: apt-get install {pkg}) "
             f"or choose another toolchain with --toolchain"

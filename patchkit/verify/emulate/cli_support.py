@@ -17,6 +17,8 @@ from patchkit.verify.emulate.families import AFFINE, FAMILIES, FP_MODES, Header
 
 
 def _toolchains(choice: str) -> list[str]:
+    if choice == "all":
+        return list(build.GATE)
     return ["gcc", "clang"] if choice == "both" else [choice]
 
 

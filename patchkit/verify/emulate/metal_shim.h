@@ -10,6 +10,12 @@
 //   between two of them is done in float and rounded once to the narrow type
 //   (round to nearest even); since float carries more than twice their
 //   precision plus two bits, this equals a correctly rounded narrow operation.
+//   half <-> float uses the hardware conversion where the host has one (x86
+//   F16C, aarch64 __fp16): straight-line code, as on the GPU. A branchy
+//   software conversion splits the fp kernels' weight decode into basic
+//   blocks, and g++ fuses a multiply with an add only inside one block, so
+//   under cross-statement contraction it fused different products in the
+//   M = 1 and streamed kernels (measured: mxfp4 float32 rows differed).
 //   Mixed narrow/float arithmetic promotes to float, as in Metal.
 // - A simdgroup is 32 lanes run as fibers on one OS thread, in lock step at
 //   each cross-lane operation: every lane runs until it reaches simd_sum or
@@ -35,6 +41,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 // ---- Metal words -----------------------------------------------------------
 #define device
@@ -68,6 +77,30 @@ inline T clamp(T x, T lo, T hi) {
 
 // ---- 16-bit float types ----------------------------------------------------
 struct half_traits {
+#if defined(__F16C__)
+  // The x86 conversion instructions (round to nearest even): straight-line
+  // code, as on the GPU, so the conversions add no branches for a compiler's
+  // basic-block-local contraction to trip over (g++ forms a fused multiply-add
+  // only when the multiply and the add share a basic block).
+  static uint16_t from_float(float f) {
+    return _cvtss_sh(f, 0);
+  }
+  static float to_float(uint16_t b) {
+    return _cvtsh_ss(b);
+  }
+#elif defined(__aarch64__)
+  static uint16_t from_float(float f) {
+    __fp16 h = static_cast<__fp16>(f);
+    uint16_t b;
+    std::memcpy(&b, &h, 2);
+    return b;
+  }
+  static float to_float(uint16_t b) {
+    __fp16 h;
+    std::memcpy(&h, &b, 2);
+    return static_cast<float>(h);
+  }
+#else
   // Bit-level IEEE binary16 conversion with round to nearest even; written out
   // because not every host compiler has _Float16 (Debian's clang 14 on x86).
   static uint16_t from_float(float f) {
@@ -109,6 +142,7 @@ struct half_traits {
     std::memcpy(&f, &u, 4);
     return f;
   }
+#endif
 };
 
 struct bfloat_traits {

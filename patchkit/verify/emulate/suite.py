@@ -2,7 +2,7 @@
 
 :func:`verify_header` and :func:`verify_fp_header` are the entry points other
 steps use (``patchkit rebase`` gates on them): given a patched kernel header
-they build the kernels with both toolchains, run the family's matrix, and
+they build the kernels with every gate toolchain, run the family's matrix, and
 report whether every streamed row equals M = 1 and whether the ``qmv_wide``
 control diverged where it must. Everything family-specific comes from
 :mod:`families`; the matrices below are the only per-header data.
@@ -350,7 +350,7 @@ def verify(
     types: tuple[str, ...] = (),
     *,
     quick: bool = True,
-    toolchains: Iterable[str] = ("gcc", "clang"),
+    toolchains: Iterable[str] = build.GATE,
 ) -> Verdict:
     """Run ``header``'s parity suite on its patched text with each toolchain."""
     modes = modes_of(header)
@@ -367,7 +367,7 @@ def verify(
 
 
 def verify_header(
-    patched_header: str, *, quick: bool = True, toolchains: Iterable[str] = ("gcc", "clang")
+    patched_header: str, *, quick: bool = True, toolchains: Iterable[str] = build.GATE
 ) -> Verdict:
     """The affine suite on a patched ``quantized.h`` text (``patchkit rebase``'s gate)."""
     return verify(AFFINE, patched_header, quick=quick, toolchains=toolchains)
@@ -378,7 +378,7 @@ def verify_fp_header(
     types: tuple[str, ...],
     *,
     quick: bool = True,
-    toolchains: Iterable[str] = ("gcc", "clang"),
+    toolchains: Iterable[str] = build.GATE,
 ) -> Verdict:
     """The fp suite on a patched ``fp_quantized.h``; ``types`` are the tree's fp4.h and fp8.h."""
     return verify(FP, patched_header, types, quick=quick, toolchains=toolchains)

@@ -4,8 +4,8 @@
 // base blob:  8c963030f263b2679d8f504a76a58100218d582e
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -673,6 +673,257 @@ METAL_FUNC void fp_qmv_wide_impl(
-//   @@ -1326,6 +1577,125 @@ template <
+//   @@ -673,6 +673,267 @@ METAL_FUNC void fp_qmv_wide_impl(
+//   @@ -1326,6 +1587,125 @@ template <
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -849,8 +849,8 @@ METAL_FUNC void fp_qmv_streamed_impl(
   // fp_qmv_impl's two row tilings: with less than one full tile of outputs it
   // guards every row; otherwise it moves the last tile back to redo some
   // output rows. Their arithmetic differs in one place, the K tail, where the
-  // guarded branch calls qdot and the other qdot_safe; guard_rows keeps that
-  // choice per branch. Otherwise both start the simdgroup at first_row and
+  // guarded branch calls qdot and the other qdot_safe; guard_rows picks that
+  // branch's tail. Otherwise both start the simdgroup at first_row and
   // compute the rows below out_vec_size. Loops over rows keep a constant
   // bound so result stays in registers.
   const bool guard_rows =
@@ -903,14 +903,24 @@ METAL_FUNC void fp_qmv_streamed_impl(
       s[row] = dequantize_scale<U, group_size>(sl[0]);
     }
 
-    for (int v = 0; v < vecs_per_tg; v++) {
-      load_vector_safe<T, U, values_per_thread>(xv[v], x_thread, remaining);
-      for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-        if (guard_rows) {
+    // One copy of the vector loop per branch, as fp_qmv_impl writes its two
+    // tails: each qdot / qdot_safe statement then stands alone in its loop as
+    // it does upstream, so a compiler that fuses `result +=` with qdot's
+    // `scale * accum` across statements sees the same code in both kernels.
+    if (guard_rows) {
+      for (int v = 0; v < vecs_per_tg; v++) {
+        load_vector_safe<T, U, values_per_thread>(xv[v], x_thread, remaining);
+        for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
+          auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
           result[v][row] +=
               qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);
-        } else {
+        }
+      }
+    } else {
+      for (int v = 0; v < vecs_per_tg; v++) {
+        load_vector_safe<T, U, values_per_thread>(xv[v], x_thread, remaining);
+        for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
+          auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
           result[v][row] += qdot_safe<U, values_per_thread, bits>(
               wl, x_thread, s[row], remaining);
         }
