@@ -240,3 +240,28 @@ def test_full_matrix(patched: str, toolchain: build.Toolchain) -> None:
     full = suite.run(patched, suite.full_matrix(["affine"]), toolchain)
     assert full.failures() == []
     assert full.control_divergence() >= AFFINE.min_control
+
+
+def test_address_space_check_passes_the_patched_kernels(patched: str) -> None:
+    # device/constant/threadgroup as clang address spaces 1/2/3: upstream's
+    # and our affine kernels compile, as they must for Metal's compiler.
+    build.require_compiler(build.TOOLCHAINS["clang"])
+    src = extract.extract(patched, AFFINE.upstream_kernels + AFFINE.streamed_kernels)
+    build.check_address_spaces(src, [(d, 64, 4) for d in DTYPES])
+
+
+def test_address_space_check_refuses_a_thread_pointer_as_device(patched: str) -> None:
+    # Mutation: the streamed kernel hands qdot a thread pointer (x_thread) where
+    # it takes the device pointer to the packed weights. The shim without
+    # address spaces would compile and run this; the check names the line.
+    build.require_compiler(build.TOOLCHAINS["clang"])
+    call = "qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum)"
+    assert call in patched
+    bad = (
+        "qdot<U, values_per_thread, bits>((thread uint8_t*)x_thread, x_thread, s[row], b[row], sum)"
+    )
+    mutated = patched.replace(call, bad, 1)
+    src = extract.extract(mutated, AFFINE.upstream_kernels + AFFINE.streamed_kernels)
+    with pytest.raises(UserError, match=r"address-space check failed") as err:
+        build.check_address_spaces(src, [("float16", 64, 4)])
+    assert "(thread uint8_t*)x_thread" in str(err.value)

@@ -165,6 +165,40 @@ def build(
     return out
 
 
+def check_address_spaces(extracted: Extracted, combos: list[tuple[str, int, int]]) -> None:
+    """Compile the kernels with Metal's address spaces as clang's; a mismatch is a UserError.
+
+    ``clang++ -fsyntax-only -DPATCHKIT_ADDRESS_SPACES``: ``device``, ``constant`` and
+    ``threadgroup`` become clang address spaces 1, 2 and 3 (``metal_shim.h``), so a
+    ``thread`` pointer handed to a ``device`` parameter fails as it does in Metal's
+    compiler. The error names the line of the kernel source. A passing check is
+    cached like a library.
+    """
+    compiler = require_compiler(TOOLCHAINS["clang"])
+    source = translation_unit(extracted, combos)
+    cmd_tail = ["-std=c++20", "-fsyntax-only", "-DPATCHKIT_ADDRESS_SPACES", "-w", f"-I{HERE}"]
+    shim = (HERE / "metal_shim.h").read_text()
+    key = hashlib.sha256("\0".join([source, shim, compiler, *cmd_tail]).encode()).hexdigest()
+    marker = cache_dir() / f"address-spaces-{key[:24]}.ok"
+    if marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=marker.parent) as tmp:
+        src = Path(tmp) / "kernels.cpp"
+        src.write_text(source)
+        proc = subprocess.run([compiler, *cmd_tail, str(src)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+        first = errors[0].split("kernels.cpp:", 1)[-1] if errors else proc.stderr.strip()
+        lines = source.splitlines()
+        number = int(first.split(":", 1)[0]) if first[:1].isdigit() else 0
+        text = lines[number - 1].strip() if 0 < number <= len(lines) else ""
+        raise UserError(
+            f"address-space check failed ({len(errors)} errors): line {first}\n  {text}"
+        )
+    marker.touch()
+
+
 class Library:
     """A loaded kernel library of one family; ``run`` executes one kernel launch."""
 

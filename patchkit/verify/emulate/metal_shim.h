@@ -4,7 +4,7 @@
 //
 // What it models, and how:
 // - Address-space words (device, thread, constant, threadgroup) expand to
-//   nothing. The standard headers are included first: `thread` as an empty
+//   nothing, except under PATCHKIT_ADDRESS_SPACES (the clang syntax check). The standard headers are included first: `thread` as an empty
 //   macro would otherwise break <thread>.
 // - half and bfloat16_t are 16-bit storage types. Every arithmetic operation
 //   between two of them is done in float and rounded once to the narrow type
@@ -46,10 +46,21 @@
 #endif
 
 // ---- Metal words -----------------------------------------------------------
+#if defined(PATCHKIT_ADDRESS_SPACES)
+// The address-space check (clang -fsyntax-only, build.check_address_spaces):
+// Metal's address spaces as clang's, so a pointer handed to a parameter in
+// another address space (thread -> device, say) is a compile error naming
+// the line, as it is for Metal's compiler. `thread` is the generic space.
+#define device __attribute__((address_space(1)))
+#define constant __attribute__((address_space(2)))
+#define threadgroup __attribute__((address_space(3)))
+#define thread
+#else
 #define device
 #define thread
 #define constant
 #define threadgroup
+#endif
 #define METAL_FUNC inline
 #define MLX_MTL_CONST static constexpr const
 
@@ -200,9 +211,16 @@ PATCHKIT_NARROW_OP(*)
 PATCHKIT_NARROW_OP(/)
 #undef PATCHKIT_NARROW_OP
 
+#if defined(PATCHKIT_ADDRESS_SPACES)
+// Only types are checked here: clang's builtin __fp16 (loadable from any
+// address space, as Metal's half is) stands in for both 16-bit types.
+typedef __fp16 half;
+typedef __fp16 bfloat16_t;
+#else
 typedef narrow_float<half_traits> half;
-typedef half float16_t;
 typedef narrow_float<bfloat_traits> bfloat16_t;
+#endif
+typedef half float16_t;
 
 // ---- what fp4.h / fp8.h and the fp kernels use ------------------------------
 // Metal's `constant` on a namespace-scope constant is erased like the others.
@@ -231,6 +249,15 @@ using std::signbit;
 template <typename T, int N>
 struct vec {
   T v[N];
+#if defined(PATCHKIT_ADDRESS_SPACES)
+  // Metal copies a vector out of device memory by value.
+  vec() = default;
+  vec(const device vec& o) {
+    for (int i = 0; i < N; i++) {
+      v[i] = o.v[i];
+    }
+  }
+#endif
 };
 
 struct float4 {

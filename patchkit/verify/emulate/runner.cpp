@@ -11,6 +11,21 @@
 
 namespace patchkit {
 
+// Host buffers as the kernels' address spaces (identities unless the
+// address-space check defines device and constant).
+template <typename P>
+auto dev(P* p) {
+  return (device P*)p;
+}
+template <typename V>
+const constant V& cst(const V& v) {
+  return *(const constant V*)&v;
+}
+template <typename V>
+const constant V* cstp(const V* v) {
+  return (const constant V*)v;
+}
+
 #if defined(PATCHKIT_FAMILY_FP)
 // fp_quantized.h: scales are e8m0/e4m3 bytes, the third buffer is nvfp4's
 // global scale (one float), and there are no biases (no bias strides).
@@ -18,7 +33,7 @@ template <typename T>
 using Scale = uint8_t;
 template <typename T>
 using Aux = float;
-#define PATCHKIT_SCALE_STRIDES s_strides
+#define PATCHKIT_SCALE_STRIDES cstp(s_strides)
 // The global scale and the narrow fast tile exist for nvfp4 (group size 16)
 // only, as MLX uses them; other modes compile just the plain variant.
 constexpr bool has_variants(int group_size) {
@@ -39,7 +54,7 @@ template <typename T>
 using Scale = T;
 template <typename T>
 using Aux = T;
-#define PATCHKIT_SCALE_STRIDES s_strides, b_strides
+#define PATCHKIT_SCALE_STRIDES cstp(s_strides), cstp(b_strides)
 constexpr bool has_variants(int) {
   return false;
 }
@@ -89,11 +104,13 @@ struct Launcher : BatchLayout {
     launch_grid(p.B, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
                 [&](uint3 tid, uint sg, uint lane) {
                   if constexpr (takes_m) {
-                    f(ops..., x, y, p.K, p.N, p.M, x_batch_ndims, x_shape, x_strides,
-                      w_batch_ndims, w_shape, w_strides, PATCHKIT_SCALE_STRIDES, tid, sg, lane);
+                    f(dev(ops)..., dev(x), dev(y), cst(p.K), cst(p.N), cst(p.M),
+                      cst(x_batch_ndims), cstp(x_shape), cstp(x_strides), cst(w_batch_ndims),
+                      cstp(w_shape), cstp(w_strides), PATCHKIT_SCALE_STRIDES, tid, sg, lane);
                   } else {
-                    f(ops..., x, y, p.K, p.N, x_batch_ndims, x_shape, x_strides, w_batch_ndims,
-                      w_shape, w_strides, PATCHKIT_SCALE_STRIDES, tid, sg, lane);
+                    f(dev(ops)..., dev(x), dev(y), cst(p.K), cst(p.N), cst(x_batch_ndims),
+                      cstp(x_shape), cstp(x_strides), cst(w_batch_ndims), cstp(w_shape),
+                      cstp(w_strides), PATCHKIT_SCALE_STRIDES, tid, sg, lane);
                   }
                 });
   }
