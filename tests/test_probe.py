@@ -141,7 +141,7 @@ def test_cli_probe_json_with_timing() -> None:
     ]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     res = out["results"][0]
     assert res["per_T"][0]["T"] == 2 and "throughput" in res
     assert res["throughput"]["plain_decode_tok_s"] > 0
