@@ -313,6 +313,7 @@ def fail(step: Step, code: int, lines: list[str], log: Path) -> None:
 def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
     """Run the plan; returns the build record. A failing step raises, naming the log."""
     progress(f"log: {build.layout.log}")
+    build.layout.parity_json.unlink(missing_ok=True)  # only this run's report counts
     incremental = (build.layout.worktree / "build").is_dir()  # setup.py's build folder
     prepare_worktree(build, root)
     build.layout.log.parent.mkdir(parents=True, exist_ok=True)
@@ -329,8 +330,15 @@ def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
             outputs[step.stage] = lines
             if code not in step.ok_codes:
                 fail(step, code, lines, build.layout.log)
+    # Exit 1 is also how a crashed Python ends: a missing report or summary is a failure.
+    if not build.layout.parity_json.is_file():
+        fail(build.steps[-1], 1, outputs["parity"], build.layout.log)
     parity = json.loads(build.layout.parity_json.read_text())
-    rec = record(build, root, unittest_counts(outputs["test"]), parity, walls)
+    try:
+        tests = unittest_counts(outputs["test"])
+    except UserError as exc:
+        raise UserError(f"{exc}; the whole log: {build.layout.log}") from exc
+    rec = record(build, root, tests, parity, walls)
     return {**rec, "incremental": incremental}
 
 
