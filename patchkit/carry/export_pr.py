@@ -376,23 +376,12 @@ def _pinned(root: Path) -> str | None:
     return pin.load(path).commit if path.exists() else None
 
 
-def git_identity(root: Path) -> tuple[str, str] | None:
-    """``(user.name, user.email)`` as git resolves them in ``root`` (repository, then
-    global config), or None when either is unset.
-
-    :func:`git.user_config` rather than the isolated verbs, which hide the user's
-    global config on purpose: here the user's identity is exactly what is wanted.
-    """
-    name, email = (git.user_config(root, key) for key in ("user.name", "user.email"))
-    return (name, email) if name and email else None
-
-
 def resolve_author(root: Path, author: tuple[str, str] | None) -> tuple[tuple[str, str], list[str]]:
     """The commit author: ``author`` if given, else the user's git identity, else
     patchkit's fixed identity with a warning (the PR must carry the submitter's name)."""
     if author is not None:
         return author, []
-    ident = git_identity(root)
+    ident = git.user_identity(root)
     if ident is not None:
         return ident, []
     msg = (

@@ -77,11 +77,7 @@ def vendor(root: Path, checkout: Path, flavour: str, *, dry_run: bool = False) -
         for s in series:
             git.apply_check(checkout, s)
         if not dry_run:
-            name, email = (
-                git.user_config(checkout, "user.name"),
-                git.user_config(checkout, "user.email"),
-            )
-            committer = (name, email) if name and email else git.FIXED_AUTHOR
+            committer = git.user_identity(checkout) or git.FIXED_AUTHOR
             git.am(checkout, series, committer=committer)
     else:
         overlay = patches / "overlay"

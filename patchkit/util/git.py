@@ -313,6 +313,16 @@ def user_config(repo: Path, key: str) -> str | None:
     return value if code == 0 and value else None
 
 
+def user_identity(repo: Path) -> tuple[str, str] | None:
+    """``(user.name, user.email)`` as the user's git resolves them in ``repo``, or None.
+
+    Built on :func:`user_config`, not the isolated verbs, which hide the user's
+    global config on purpose: here the user's identity is exactly what is wanted.
+    """
+    name, email = (user_config(repo, key) for key in ("user.name", "user.email"))
+    return (name, email) if name and email else None
+
+
 def format_patch(repo: Path, base: str, head: str, outdir: Path) -> list[Path]:
     """Write ``base..head`` as a patch series into ``outdir``; return the files in order."""
     proc = run(
