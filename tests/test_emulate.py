@@ -235,6 +235,29 @@ def test_cli_one_case_json_has_rows_and_rows_differing() -> None:
     assert data["rows"] == 6 and data["rows_differing"] == 0 and data["identical"] is True
 
 
+def test_two_dim_batches_equal_m1(patched: str) -> None:
+    # The kernels' elem_to_loc / elem_to_loc_broadcast path (batch ndims 2),
+    # own weights per batch and weights shared along each dimension. The M = 1
+    # reference picks each batch's weights in Python (Case.w_index), not
+    # through the shim, so wrong offsets there show as differing rows.
+    cases = [c for c in suite.multi_batch_cases(("affine",)) if c.dtype == "float32"]
+    cases = [c for c in cases if c.M == 7]
+    report = suite.run(patched, cases, build.TOOLCHAINS["gcc"])
+    assert {(c.batch, c.w_shared) for c in cases} == set(suite.MULTI_BATCHES)
+    assert report.failures() == []
+    assert sum(r.rows for r in report.streamed()) == len(cases) * 6 * 7
+    assert report.control_divergence() >= AFFINE.min_control
+
+
+@pytest.mark.wide
+def test_two_dim_batches_every_build(patched: str, toolchain: build.Toolchain) -> None:
+    cases = suite.multi_batch_cases(("affine",))
+    for name in (toolchain.name, toolchain.name + "-fast"):
+        report = suite.run(patched, cases, build.TOOLCHAINS[name])
+        assert report.failures() == [], name
+        assert report.control_divergence() >= AFFINE.min_control, name
+
+
 @pytest.mark.wide
 def test_full_matrix(patched: str, toolchain: build.Toolchain) -> None:
     full = suite.run(patched, suite.full_matrix(["affine"]), toolchain)

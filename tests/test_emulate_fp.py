@@ -207,6 +207,26 @@ def test_cli_fp_rejects_a_wide_global_scale_case() -> None:
     assert "fp_qmv_wide has no global-scale" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_two_dim_batches_equal_m1(patched: str, types: tuple[str, str]) -> None:
+    # As the affine test: 2-D batches, weights own or shared along each
+    # dimension, every fp mode (nvfp4 with and without its global scale).
+    cases = [c for c in suite.multi_batch_cases(FP_MODES) if c.dtype == "float32" and c.M == 7]
+    report = suite.run(patched, cases, build.TOOLCHAINS["gcc"], types=types)
+    assert report.failures() == []
+    assert len(report.streamed()) == len(cases) and report.control_divergence() >= FP.min_control
+
+
+@pytest.mark.wide
+def test_two_dim_batches_every_build(
+    patched: str, types: tuple[str, str], toolchain: build.Toolchain
+) -> None:
+    cases = suite.multi_batch_cases(FP_MODES)
+    for name in (toolchain.name, toolchain.name + "-fast"):
+        report = suite.run(patched, cases, build.TOOLCHAINS[name], types=types)
+        assert report.failures() == [], name
+        assert suite.summarize(report)["ok"] is True, name
+
+
 @pytest.mark.wide
 def test_full_fp_matrix(patched: str, types: tuple[str, str], toolchain: build.Toolchain) -> None:
     full = suite.run(patched, suite.full_matrix(FP_MODES), toolchain, types=types)

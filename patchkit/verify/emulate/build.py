@@ -207,7 +207,10 @@ class Library:
         self._run = self._lib.pk_run
         self._run.restype = ctypes.c_int
         self._run.argtypes = (
-            [ctypes.c_int] * 11 + [ctypes.c_void_p] * 5 + [ctypes.c_char_p, ctypes.c_int]
+            [ctypes.c_int] * 11
+            + [ctypes.c_void_p] * 6
+            + [ctypes.c_int] * 2
+            + [ctypes.c_char_p, ctypes.c_int]
         )
 
     def decode(self, kind: int, byte: int) -> float:
@@ -228,16 +231,35 @@ class Library:
         buffers: tuple,
         hgs: bool = False,
         rps: int = 4,
+        batch: tuple[int, ...] = (),
+        w_shared: int = 0,
     ) -> None:
         """Run kernel ``kind`` with ``dims = (B, M, N, K)`` on numpy ``buffers``.
 
         ``buffers`` are (w, scales, biases or global scale, x, y); ``hgs`` and
-        ``rps`` pick nvfp4's global-scale and narrow-tile variants.
+        ``rps`` pick nvfp4's global-scale and narrow-tile variants. ``batch``
+        (product B) is a multi-dimensional batch shape, ``w_shared`` the bitmask
+        of its dimensions along which the weights are shared (stride 0); by
+        default the batch is one dimension of B.
         """
         err = ctypes.create_string_buffer(512)
         ptrs = [buf.ctypes.data for buf in buffers]
+        shape = (ctypes.c_int * max(len(batch), 1))(*batch)
         rc = self._run(
-            DTYPES[dtype][0], gs, bits, kind, V, int(hgs), rps, *dims, *ptrs, err, len(err)
+            DTYPES[dtype][0],
+            gs,
+            bits,
+            kind,
+            V,
+            int(hgs),
+            rps,
+            *dims,
+            *ptrs,
+            ctypes.cast(shape, ctypes.c_void_p),
+            len(batch),
+            w_shared,
+            err,
+            len(err),
         )
         if rc == 1:
             raise UserError(f"emulated kernel failed: {err.value.decode()}")

@@ -111,10 +111,11 @@ def affine_inputs(case: Any) -> tuple[np.ndarray, ...]:
         [case.seed, case.K, case.N, case.bits, case.group_size, case.M, case.B]
     )
     B, M, N, K = case.B, case.M, case.N, case.K
-    w = rng.integers(0, 2**32, size=(B, N, K * case.bits // 32), dtype=np.uint32)
+    Bw = case.w_batches  # B, or fewer where weights are shared along a batch dimension
+    w = rng.integers(0, 2**32, size=(Bw, N, K * case.bits // 32), dtype=np.uint32)
     groups = K // case.group_size
-    scales = rng.uniform(0.002, 0.02, size=(B, N, groups))
-    biases = -scales * (2 ** (case.bits - 1)) * rng.uniform(0.8, 1.2, size=(B, N, groups))
+    scales = rng.uniform(0.002, 0.02, size=(Bw, N, groups))
+    biases = -scales * (2 ** (case.bits - 1)) * rng.uniform(0.8, 1.2, size=(Bw, N, groups))
     x = rng.standard_normal(size=(B, M, K))
     return (
         w,
@@ -148,15 +149,16 @@ def fp_inputs(case: Any) -> tuple[np.ndarray, ...]:
         [case.seed, case.K, case.N, case.bits, case.group_size, case.M, case.B, case.hgs]
     )
     B, M, N, K = case.B, case.M, case.N, case.K
-    w = rng.integers(0, 2**32, size=(B, N, K * case.bits // 32), dtype=np.uint32)
+    Bw = case.w_batches  # B, or fewer where weights are shared along a batch dimension
+    w = rng.integers(0, 2**32, size=(Bw, N, K * case.bits // 32), dtype=np.uint32)
     groups = K // case.group_size
     if case.group_size == 16:
         # e4m3: exponent field 5..8 (bias 7), any mantissa.
-        scales = rng.integers(0x28, 0x48, size=(B, N, groups), dtype=np.uint8)
+        scales = rng.integers(0x28, 0x48, size=(Bw, N, groups), dtype=np.uint8)
     elif case.bits == 4:
-        scales = rng.integers(127 - 8, 127 - 4, size=(B, N, groups), dtype=np.uint8)
+        scales = rng.integers(127 - 8, 127 - 4, size=(Bw, N, groups), dtype=np.uint8)
     else:
-        scales = rng.integers(127 - 12, 127 - 8, size=(B, N, groups), dtype=np.uint8)
+        scales = rng.integers(127 - 12, 127 - 8, size=(Bw, N, groups), dtype=np.uint8)
     # A global scale as nvfp4 checkpoints store it (amax-derived, of order 448 * 6).
     g = np.array([rng.uniform(0.05, 2.0) * GLOBAL_SCALE_DIVISOR], dtype=np.float32)
     x = rng.standard_normal(size=(B, M, K)) * 2.0 ** rng.uniform(-8, 4, size=(B, M, K))

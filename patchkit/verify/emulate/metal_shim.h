@@ -414,37 +414,55 @@ void run_simdgroup(const F& body) {
   }
 }
 
-// The batch arguments of the [[kernel]] entries (adjust_matrix_offsets) for
-// the layout the parity suites use: x (B, M, K), w (B, N, K * bits / 32),
-// scales and biases (B, N, K / group_size), y (B, M, N); one batch dimension,
-// each batch with its own weights.
+// The batch arguments of the [[kernel]] entries (adjust_matrix_offsets), as
+// MLX's host passes them (add_strides_and_shapes): for each operand its full
+// shape and strides, batch dimensions first, and the number of batch
+// dimensions. x is (batch..., M, K), w (batch..., N, K * bits / 32), scales and
+// biases (batch..., N, K / group_size), all contiguous; y is (prod(batch), M, N).
+// Weights shared along batch dimension i (bit i of w_shared) are stored once
+// along it and read through stride 0 there, as a broadcast array is.
 struct BatchLayout {
-  int x_batch_ndims = 1;
-  int x_shape[3];
-  int64_t x_strides[3];
-  int w_batch_ndims = 1;
-  int w_shape[3];
-  int64_t w_strides[3];
-  int64_t s_strides[3];
-  int64_t b_strides[3];
+  static constexpr int kMaxDims = 6;  // up to 4 batch dimensions + 2 matrix ones
+  int x_batch_ndims;
+  int x_shape[kMaxDims];
+  int64_t x_strides[kMaxDims];
+  int w_batch_ndims;
+  int w_shape[kMaxDims];
+  int64_t w_strides[kMaxDims];
+  int64_t s_strides[kMaxDims];
+  int64_t b_strides[kMaxDims];
+  int batches = 1;  // prod(batch): the grid's z extent
 
-  BatchLayout(int B, int M, int N, int K, int bits, int group_size) {
+  BatchLayout(const int* batch, int nb, int w_shared, int M, int N, int K, int bits,
+              int group_size) {
+    if (nb < 1 || nb > kMaxDims - 2) {
+      throw std::runtime_error("batch: 1 to 4 batch dimensions");
+    }
+    x_batch_ndims = w_batch_ndims = nb;
     int w_cols = K * bits / 32;
     int groups = K / group_size;
-    int x_dims[3] = {B, M, K};
-    int w_dims[3] = {B, N, w_cols};
-    for (int i = 0; i < 3; i++) {
-      x_shape[i] = x_dims[i];
-      w_shape[i] = w_dims[i];
+    for (int i = 0; i < nb; i++) {
+      x_shape[i] = w_shape[i] = batch[i];
+      batches *= batch[i];
     }
-    int64_t xs[3] = {int64_t(M) * K, K, 1};
-    int64_t ws[3] = {int64_t(N) * w_cols, w_cols, 1};
-    int64_t ss[3] = {int64_t(N) * groups, groups, 1};
-    for (int i = 0; i < 3; i++) {
-      x_strides[i] = xs[i];
-      w_strides[i] = ws[i];
-      s_strides[i] = ss[i];
-      b_strides[i] = ss[i];
+    x_shape[nb] = M, x_shape[nb + 1] = K;
+    w_shape[nb] = N, w_shape[nb + 1] = w_cols;
+    int64_t xs = 1, ws = 1, ss = 1;
+    x_strides[nb + 1] = 1, x_strides[nb] = xs = K;
+    w_strides[nb + 1] = 1, w_strides[nb] = ws = w_cols;
+    s_strides[nb + 1] = 1, s_strides[nb] = ss = groups;
+    xs *= M, ws *= N, ss *= N;
+    for (int i = nb - 1; i >= 0; i--) {
+      bool shared = (w_shared >> i) & 1;
+      x_strides[i] = xs;
+      w_strides[i] = shared ? 0 : ws;
+      s_strides[i] = shared ? 0 : ss;
+      xs *= batch[i];
+      ws *= shared ? 1 : batch[i];
+      ss *= shared ? 1 : batch[i];
+    }
+    for (int i = 0; i < nb + 2; i++) {
+      b_strides[i] = s_strides[i];
     }
   }
 };
@@ -476,24 +494,47 @@ inline float simd_shuffle_down(float v, ushort delta) {
   return patchkit::cross_lane(patchkit::LaneOp::kShuffleDown, v, delta);
 }
 
-// Batched entry points call these only when a batch has more than one
-// dimension; the parity suite's batches are one-dimensional (strided), so
-// they must never run. Reaching one is an error, not a silent zero.
-// The affine header takes a ulong3 from elem_to_loc_broadcast, the fp header a
-// ulong2: the (never produced) result converts to either.
-struct unreachable_loc {
-  operator ulong2() const {
-    return {};
+// The batch helpers adjust_matrix_offsets calls when an operand has more than
+// one batch dimension, written from their contract (MLX's utils.h): the
+// offset of flat element `elem` of an array of `shape` with `strides` over its
+// first `ndim` dimensions, the last dimension fastest; the _broadcast forms
+// give that offset for two or three operands of one shape, each with its own
+// strides (weights, scales[, biases]).
+template <typename IdxT = int64_t>
+inline IdxT elem_to_loc(uint elem, const constant int* shape, const constant int64_t* strides,
+                        int ndim) {
+  IdxT loc = 0;
+  for (int i = ndim - 1; i >= 0; i--) {
+    loc += IdxT(elem % uint(shape[i])) * IdxT(strides[i]);
+    elem /= uint(shape[i]);
   }
-  operator ulong3() const {
-    return {};
-  }
-};
-template <typename... Args>
-inline unreachable_loc elem_to_loc_broadcast(Args...) {
-  throw std::runtime_error("elem_to_loc_broadcast: multi-dim batch not emulated");
+  return loc;
 }
-template <typename... Args>
-inline long elem_to_loc(Args...) {
-  throw std::runtime_error("elem_to_loc: multi-dim batch not emulated");
+
+inline ulong2 elem_to_loc_broadcast(uint elem, const constant int* shape,
+                                    const constant int64_t* a_strides,
+                                    const constant int64_t* b_strides, int ndim) {
+  ulong2 loc = {0, 0};
+  for (int i = ndim - 1; i >= 0; i--) {
+    ulong pos = elem % uint(shape[i]);
+    loc.x += pos * ulong(a_strides[i]);
+    loc.y += pos * ulong(b_strides[i]);
+    elem /= uint(shape[i]);
+  }
+  return loc;
+}
+
+inline ulong3 elem_to_loc_broadcast(uint elem, const constant int* shape,
+                                    const constant int64_t* a_strides,
+                                    const constant int64_t* b_strides,
+                                    const constant int64_t* c_strides, int ndim) {
+  ulong3 loc = {0, 0, 0};
+  for (int i = ndim - 1; i >= 0; i--) {
+    ulong pos = elem % uint(shape[i]);
+    loc.x += pos * ulong(a_strides[i]);
+    loc.y += pos * ulong(b_strides[i]);
+    loc.z += pos * ulong(c_strides[i]);
+    elem /= uint(shape[i]);
+  }
+  return loc;
 }

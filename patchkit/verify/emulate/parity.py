@@ -46,6 +46,11 @@ class Case:
     seed: int = 0
     bits: int = field(default=0, kw_only=True)
     group_size: int = field(default=0, kw_only=True)
+    # A multi-dimensional batch shape (B is its product) and the bitmask of its
+    # dimensions along which the weights are shared (stored once, stride 0
+    # there); empty: one batch dimension of B, each batch with its own weights.
+    batch: tuple[int, ...] = field(default=(), kw_only=True)
+    w_shared: int = field(default=0, kw_only=True)
 
     @classmethod
     def affine(
@@ -70,6 +75,29 @@ class Case:
             raise UserError("the global scale and the r_2 tile exist for nvfp4 only")
         if (self.hgs, self.rps) not in family.variants_at(self.K, self.N):
             raise UserError("the r_2 tile is a qmv_fast variant: it needs an aligned shape")
+        if self.batch:
+            object.__setattr__(self, "B", int(np.prod(self.batch)))
+        if self.w_shared >> max(len(self.batch), 1):
+            raise UserError("w_shared names batch dimensions the batch shape does not have")
+
+    @property
+    def w_batch_shape(self) -> tuple[int, ...]:
+        """The weights' stored batch shape: the batch with shared dimensions of 1."""
+        dims = self.batch or (self.B,)
+        return tuple(1 if self.w_shared >> i & 1 else d for i, d in enumerate(dims))
+
+    @property
+    def w_batches(self) -> int:
+        """How many weight matrices (and scales, biases) the case stores."""
+        return int(np.prod(self.w_batch_shape))
+
+    def w_index(self, b: int) -> int:
+        """The stored weight matrix flat batch ``b`` reads (last batch dimension fastest)."""
+        dims = self.batch or (self.B,)
+        index = np.unravel_index(b, dims)
+        wdims = self.w_batch_shape
+        stored = tuple(i if w > 1 else 0 for i, w in zip(index, wdims, strict=True))
+        return int(np.ravel_multi_index(stored, wdims))
 
     @property
     def family(self) -> Family:
@@ -100,7 +128,7 @@ class Case:
     def V(self) -> int:
         return vecs_per_tg(self.M)
 
-    def label(self) -> str:
+    def _label(self) -> str:
         if self.mode == "affine":
             return (
                 f"K={self.K} N={self.N} bits={self.bits} gs={self.group_size} "
@@ -109,9 +137,18 @@ class Case:
         extra = (" hgs" if self.hgs else "") + (" r_2" if self.rps == 2 else "")
         return f"{self.mode} K={self.K} N={self.N} {self.dtype} M={self.M} B={self.B}{extra}"
 
+    def label(self) -> str:
+        if not self.batch:
+            return self._label()
+        shared = f" w_shared={self.w_shared}" if self.w_shared else ""
+        return f"{self._label()} batch={'x'.join(map(str, self.batch))}{shared}"
+
     def as_dict(self) -> dict[str, object]:
-        """The fields JSON carries for this case's header (its ``case_keys``)."""
-        return {k: getattr(self, k) for k in self.header.case_keys}
+        """The fields JSON carries for this case's header (``case_keys``; any batch shape)."""
+        fields = {k: getattr(self, k) for k in self.header.case_keys}
+        if self.batch:
+            fields.update(batch=list(self.batch), w_shared=self.w_shared)
+        return fields
 
 
 @dataclass(frozen=True)
@@ -157,10 +194,20 @@ def _empty_out(case: Case, M: int, B: int, like: np.ndarray) -> np.ndarray:
     )
 
 
-def _run(lib: Library, case: Case, kernel: str, V: int, dims, buffers) -> None:
+def _run(lib: Library, case: Case, kernel: str, V: int, dims, buffers, batch=True) -> None:
     role = kernel.removeprefix(case.header.kernel_prefix)
+    shape = dict(batch=case.batch, w_shared=case.w_shared) if batch else {}
     lib.run(
-        case.dtype, case.group_size, case.bits, KIND[role], V, dims, buffers, case.hgs, case.rps
+        case.dtype,
+        case.group_size,
+        case.bits,
+        KIND[role],
+        V,
+        dims,
+        buffers,
+        case.hgs,
+        case.rps,
+        **shape,
     )
 
 
@@ -170,11 +217,12 @@ def run_m1(lib: Library, case: Case, inputs: tuple[np.ndarray, ...]) -> np.ndarr
     batched_aux = aux.ndim == 3  # biases are per batch; the global scale is one value
     y = _empty_out(case, case.M, case.B, x)
     for bi in range(case.B):
+        wi = case.w_index(bi)
         for i in range(case.M):
             one = np.ascontiguousarray(y[bi, i : i + 1][None])
-            a = aux[bi] if batched_aux else aux
-            bufs = (w[bi], s[bi], a, np.ascontiguousarray(x[bi, i : i + 1]), one)
-            _run(lib, case, case.m1_kernel, 1, (1, 1, case.N, case.K), bufs)
+            a = aux[wi] if batched_aux else aux
+            bufs = (w[wi], s[wi], a, np.ascontiguousarray(x[bi, i : i + 1]), one)
+            _run(lib, case, case.m1_kernel, 1, (1, 1, case.N, case.K), bufs, batch=False)
             y[bi, i] = one[0, 0]
     return y
 

@@ -76,6 +76,11 @@ struct Problem {
   const void* x;
   void* y;
   int K, N, M, B;
+  // Batch shape (batch_ndims dimensions, product B) and the bitmask of batch
+  // dimensions along which the weights are shared (BatchLayout).
+  const int* batch;
+  int batch_ndims;
+  int w_shared;
 };
 
 template <typename T, int group_size, int bits>
@@ -89,7 +94,7 @@ struct Launcher : BatchLayout {
 
   // BatchLayout's s_strides count scale elements (bytes for the fp modes).
   explicit Launcher(const Problem& p_)
-      : BatchLayout(p_.B, p_.M, p_.N, p_.K, bits, group_size),
+      : BatchLayout(p_.batch, p_.batch_ndims, p_.w_shared, p_.M, p_.N, p_.K, bits, group_size),
         p(p_),
         w(p_.w),
         s(static_cast<const Scale<T>*>(p_.scales)),
@@ -97,11 +102,11 @@ struct Launcher : BatchLayout {
         x(static_cast<const T*>(p_.x)),
         y(static_cast<T*>(p_.y)) {}
 
-  // Grid (ceil(M / V), ceil(N / rows_per_tg), B). The M = 1 kernels run with
+  // Grid (ceil(M / V), ceil(N / rows_per_tg), prod(batch)). The M = 1 kernels run with
   // V = 1 (qmv's grid of M) and take no M; the batched ones take the real M.
   template <bool takes_m, typename F, typename... Operands>
   void launch(int V, int rows_per_tg, F f, Operands... ops) {
-    launch_grid(p.B, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
+    launch_grid(batches, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
                 [&](uint3 tid, uint sg, uint lane) {
                   if constexpr (takes_m) {
                     f(dev(ops)..., dev(x), dev(y), cst(p.K), cst(p.N), cst(p.M),
@@ -200,13 +205,17 @@ int run_variant(int kind, int V, int hgs, int rps, const Problem& p) {
 
 }  // namespace patchkit
 
+// batch (batch_ndims ints, product B) and w_shared describe a multi-dimensional
+// batch (BatchLayout); batch_ndims 0 is one dimension of B.
 // Returns 0 on success, 1 on a runtime error (message in err), 2 when the
 // requested combination is not compiled into this library.
 extern "C" int pk_run(
     int dtype, int gs, int bits, int kind, int V, int hgs, int rps, int B, int M, int N,
     int K, const void* w, const void* scales, const void* aux, const void* x, void* y,
-    char* err, int err_len) {
-  patchkit::Problem p{static_cast<const uint32_t*>(w), scales, aux, x, y, K, N, M, B};
+    const int* batch, int batch_ndims, int w_shared, char* err, int err_len) {
+  // No batch shape: one batch dimension of B.
+  patchkit::Problem p{static_cast<const uint32_t*>(w), scales, aux, x, y, K, N, M, B,
+                      batch_ndims ? batch : &B, batch_ndims ? batch_ndims : 1, w_shared};
   try {
 #define PATCHKIT_COMBO(T, code, G, BITS)                                                \
   if (dtype == code && gs == G && bits == BITS) {                                       \

@@ -62,11 +62,51 @@ ALL_M = tuple(range(2, 17))
 # tiles of V = 4 and 5 (M = 7, 9) and four tiles (M = 16).
 DEFAULT_M = (2, 3, 4, 5, 7, 9, 16)
 BATCHES = (1, 3)
+# Multi-dimensional batches (the kernels' elem_to_loc / elem_to_loc_broadcast
+# path): a (2, 3) batch with its own weights per batch, and with the weights
+# shared along each batch dimension in turn (stride 0, as a broadcast array).
+# As (batch, w_shared bitmask).
+MULTI_BATCHES = (((2, 3), 0), ((2, 3), 0b01), ((2, 3), 0b10))
+# Their M: a full tile (V = 3) and a partial last one (V = 4).
+MULTI_M = (3, 7)
+
+
+def multi_batch_cases(modes: tuple[str, ...]) -> list[Case]:
+    """2-D batches on every M = 1 path of ``modes``, float32 and float16 (in the full matrix).
+
+    Affine runs 4-bit at group size 64; the fp modes their plain variant (and
+    nvfp4 its global scale), at N <= 64 for float32 as the fp matrix does.
+    """
+    cases: list[Case] = []
+    for mode in modes:
+        family = FAMILIES[mode]
+        shapes = AFFINE_SHAPES if mode == "affine" else FP_SHAPES
+        for shape, dtype, M, (batch, shared) in itertools.product(
+            shapes.values(), ("float32", "float16"), MULTI_M, MULTI_BATCHES
+        ):
+            if mode == "affine":
+                cases.append(
+                    Case(
+                        "affine",
+                        *shape,
+                        dtype,
+                        M,
+                        bits=4,
+                        group_size=64,
+                        batch=batch,
+                        w_shared=shared,
+                    )
+                )
+                continue
+            K, N = _fp_shape(shape, dtype)
+            for hgs in (False, True) if (True, 4) in family.variants else (False,):
+                cases.append(Case(mode, K, N, dtype, M, hgs=hgs, batch=batch, w_shared=shared))
+    return cases
 
 
 def _affine_full(modes: tuple[str, ...]) -> list[Case]:
-    """Every shape x bits x group size x dtype x M = 2..16 x B (about 8,100 cases)."""
-    return [
+    """Every shape x bits x group size x dtype x M = 2..16 x B (about 8,100 cases), 2-D batches."""
+    return multi_batch_cases(modes) + [
         Case.affine(K, N, bits, gs, dtype, M, B)
         for (K, N), bits, gs, dtype, M, B in itertools.product(
             AFFINE_SHAPES.values(),  # shapes hitting each M = 1 path
@@ -105,8 +145,11 @@ def _fp_shape(shape: tuple[int, int], dtype: str) -> tuple[int, int]:
 
 
 def _fp_full(modes: tuple[str, ...]) -> list[Case]:
-    """Every mode x shape x dtype x M = 2..16 x B in {1, 3} x (global scale, tile) variant."""
-    cases = []
+    """Every mode x shape x dtype x M = 2..16 x B in {1, 3} x (global scale, tile) variant.
+
+    Plus :func:`multi_batch_cases`.
+    """
+    cases = multi_batch_cases(modes)
     for mode, shape, dtype, M, B in itertools.product(
         modes, FP_SHAPES.values(), DTYPES, ALL_M, BATCHES
     ):
@@ -160,7 +203,7 @@ def default_matrix(modes: Iterable[str] = ("affine",)) -> list[Case]:
 
 
 def full_matrix(modes: Iterable[str] = ("affine",)) -> list[Case]:
-    """The whole matrix for ``modes`` (affine: about 8,100 cases; the fp modes: 2,520)."""
+    """The whole matrix for ``modes`` (affine: about 8,100 cases; fp: 2,520; + 60/288 2-D)."""
     return _by_header(modes, 1)
 
 
