@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from patchkit.cli import main
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.verify import emulate
-from patchkit.verify.emulate import build, extract, parity, suite
+from patchkit.verify.emulate import build, extract, parity, sanitize, suite
 from patchkit.verify.emulate.families import AFFINE, DTYPES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,6 +256,30 @@ def test_two_dim_batches_every_build(patched: str, toolchain: build.Toolchain) -
         report = suite.run(patched, cases, build.TOOLCHAINS[name])
         assert report.failures() == [], name
         assert report.control_divergence() >= AFFINE.min_control, name
+
+
+@pytest.mark.wide
+def test_sanitizer_build_reports_nothing() -> None:
+    # ASan + UBSan over partial tiles, N < 8, K tails, B 3 and a (2, 3) batch.
+    proc = sanitize.run_child("affine")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "ERROR: AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+    assert ", 0 differing;" in proc.stdout
+
+
+@pytest.mark.wide
+def test_sanitizer_build_fails_an_out_of_bounds_read(patched: str, tmp_path: Path) -> None:
+    # Mutation: the streamed kernels stop clamping a partial last tile's
+    # vectors to M - 1, so they read the rows after x's last one. Those rows'
+    # results are never stored, so output parity cannot see it; ASan must.
+    clamp = "x + min(vec0 + v, M - 1) * in_vec_size"
+    assert clamp in patched
+    mutated = tmp_path / "quantized.h"
+    mutated.write_text(patched.replace(clamp, "x + (vec0 + v) * in_vec_size"))
+    proc = sanitize.run_child("affine", mutated)
+    assert proc.returncode == sanitize.REPORTED, proc.stdout + proc.stderr[-2000:]
+    assert "ERROR: AddressSanitizer: heap-buffer-overflow" in proc.stderr
+    assert "READ of size" in proc.stderr and "_streamed" in proc.stderr
 
 
 @pytest.mark.wide

@@ -19,7 +19,7 @@ import pytest
 
 from patchkit.errors import BlobMismatchError
 from patchkit.verify import emulate
-from patchkit.verify.emulate import build, parity, suite
+from patchkit.verify.emulate import build, parity, sanitize, suite
 from patchkit.verify.emulate.families import FP, FP_MODES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,6 +225,28 @@ def test_two_dim_batches_every_build(
         report = suite.run(patched, cases, build.TOOLCHAINS[name], types=types)
         assert report.failures() == [], name
         assert suite.summarize(report)["ok"] is True, name
+
+
+@pytest.mark.wide
+def test_sanitizer_build_reports_nothing() -> None:
+    # ASan + UBSan over every fp mode on partial tiles, N < 8, K tails and B 3
+    # (sanitize.cases).
+    proc = sanitize.run_child("fp")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "ERROR: AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+    assert ", 0 differing;" in proc.stdout
+
+
+@pytest.mark.wide
+def test_sanitizer_build_fails_an_out_of_bounds_read(patched: str, tmp_path: Path) -> None:
+    # Mutation as for affine: no clamp of a partial tile's vectors to M - 1.
+    clamp = "min(vec0 + v, M - 1) * in_vec_size"
+    assert clamp in patched
+    mutated = tmp_path / "fp_quantized.h"
+    mutated.write_text(patched.replace(clamp, "(vec0 + v) * in_vec_size"))
+    proc = sanitize.run_child("fp", mutated)
+    assert proc.returncode == sanitize.REPORTED, proc.stdout + proc.stderr[-2000:]
+    assert "ERROR: AddressSanitizer: heap-buffer-overflow" in proc.stderr
 
 
 @pytest.mark.wide

@@ -79,6 +79,45 @@ TOOLCHAINS = {
 }
 # The builds every gate (`patchkit emulate`, rebase's suites) runs and needs to agree.
 GATE = ("gcc", "clang", "gcc-fast", "clang-fast")
+# AddressSanitizer and UndefinedBehaviorSanitizer, aborting on the first report
+# (sanitize.py); not a gate build. Its libraries load only into a process that
+# has the ASan runtime first (sanitizer_env).
+SANITIZE = Toolchain(
+    "gcc-asan",
+    "g++",
+    (
+        "-O1",
+        "-ffp-contract=off",
+        "-g",
+        "-fno-omit-frame-pointer",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+    ),
+)
+TOOLCHAINS[SANITIZE.name] = SANITIZE
+
+
+def sanitizer_env() -> dict[str, str]:
+    """The environment for a Python process that loads SANITIZE libraries.
+
+    The ASan runtime is preloaded (it must come before every other library);
+    leak checking is off because the interpreter itself does not free
+    everything at exit.
+    """
+    compiler = require_compiler(SANITIZE)
+    proc = subprocess.run(
+        [compiler, "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
+    )
+    runtime = proc.stdout.strip()
+    if not os.path.isabs(runtime):
+        raise UserError(f"{compiler} has no ASan runtime (Debian: apt-get install g++)")
+    return {
+        **os.environ,
+        "LD_PRELOAD": runtime,
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:exitcode=23",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:exitcode=23",
+    }
+
 
 COMMON_FLAGS = (
     "-std=c++20",

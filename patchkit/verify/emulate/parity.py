@@ -219,9 +219,11 @@ def run_m1(lib: Library, case: Case, inputs: tuple[np.ndarray, ...]) -> np.ndarr
     for bi in range(case.B):
         wi = case.w_index(bi)
         for i in range(case.M):
-            one = np.ascontiguousarray(y[bi, i : i + 1][None])
+            one = np.array(y[bi, i : i + 1][None])
             a = aux[wi] if batched_aux else aux
-            bufs = (w[wi], s[wi], a, np.ascontiguousarray(x[bi, i : i + 1]), one)
+            # Copies: each buffer its own allocation, so a read past one is a
+            # read past an allocation (sanitize.py), not into the next batch.
+            bufs = (*(np.array(b) for b in (w[wi], s[wi], a, x[bi, i : i + 1])), one)
             _run(lib, case, case.m1_kernel, 1, (1, 1, case.N, case.K), bufs, batch=False)
             y[bi, i] = one[0, 0]
     return y
