@@ -31,7 +31,6 @@ from patchkit.carry.workspace import (
 )
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.util import git
-from patchkit.util.staging import same_tree
 
 
 @dataclass
@@ -116,11 +115,9 @@ def apply(
         staged = txn.stage / new_pin.short
         info = export.PinInfo(new_pin.url, upstream, new_pin.release)
         head, files = build(clone, upstream, options, templates_dir, info, staged)
-        target = root / PATCHES / new_pin.short
         # patches/<short>/ holds only what apply writes; anything else there (git-ignored
         # files included) goes with the old folder, and the result says so.
-        removed = [p for p in same_tree(staged, target) if not (staged / p).exists()]
-        patches_changed, pin_changed = write_outputs(root, new_pin, txn, staged)
+        patches_changed, pin_changed, removed = write_outputs(root, new_pin, txn, staged)
     except BaseException:
         txn.abort()
         raise

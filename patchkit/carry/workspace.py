@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from patchkit.carry import export, pin, render, source
 from patchkit.errors import AnchorError, UserError
@@ -190,17 +191,27 @@ def ensure_outputs_clean(root: Path) -> None:
         )
 
 
+class Written(NamedTuple):
+    """What :func:`write_outputs` changed."""
+
+    patches_changed: bool
+    pin_changed: bool
+    removed: list[str]  # files in patches/<short>/ the render did not produce, now gone
+
+
 def write_outputs(
     root: Path, new_pin: pin.Pin, txn: Transaction, staged: Path, drop: Sequence[Path] = ()
-) -> tuple[bool, bool]:
+) -> Written:
     """Install a staged ``patches/<short>``, drop superseded dirs and save pin.toml, as one commit.
 
-    Returns (patches changed, pin changed). Nothing unchanged is touched, so
-    re-running is a no-op down to file timestamps; a kill at any point leaves
-    the old outputs or the new ones (:func:`recover_outputs` on the next run).
+    Nothing unchanged is touched, so re-running is a no-op down to file
+    timestamps; a kill at any point leaves the old outputs or the new ones
+    (:func:`recover_outputs` on the next run).
     """
     target = root / PATCHES / new_pin.short
-    patches_changed = bool(same_tree(staged, target))
+    differing = same_tree(staged, target)
+    removed = [p for p in differing if not (staged / p).exists()]
+    patches_changed = bool(differing)
     if patches_changed:
         txn.install(staged, target)
     for old in drop:
@@ -208,13 +219,14 @@ def write_outputs(
             txn.remove(old)
             patches_changed = True
     pin_path = root / pin.PIN_FILE
-    text = pin.dumps(new_pin, pin_path.read_text() if pin_path.exists() else None)
-    pin_changed = not pin_path.is_file() or pin_path.read_text() != text
+    existing = pin_path.read_text() if pin_path.is_file() else None
+    text = pin.dumps(new_pin, existing)
+    pin_changed = existing != text
     if pin_changed:
         (txn.stage / pin.PIN_FILE).write_text(text)
         txn.install(txn.stage / pin.PIN_FILE, pin_path)
     txn.commit()
-    return patches_changed, pin_changed
+    return Written(patches_changed, pin_changed, removed)
 
 
 def today() -> str:
