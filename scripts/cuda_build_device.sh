@@ -1,94 +1,150 @@
 #!/usr/bin/env bash
-# `patchkit build --backend cuda` on a GPU host that reaches no network, in steps that fit
-# a time-limited remote call: `start` prepares and launches the build in its own session,
-# `wait SECONDS` follows it, `bench SECONDS` times the compiled patched MLX against the
-# stock wheel (scripts/cuda_compiled_bench.py). Everything lands in $WORK; results are
-# copied to OUTDIR.
+# `patchkit build --backend cuda` on a GPU host that reaches no network, then parity and the
+# compiled timing grid, as one pipeline that outlives the time-limited remote calls:
+#   start OUTDIR SECONDS    unpack what was carried, launch the pipeline in its own session,
+#                           follow it for SECONDS
+#   follow OUTDIR SECONDS   follow it again (the next back-to-back call), copying results out
+# The pipeline: build (MLX's test_quantized.py and `parity` run inside it) -> full parity with
+# the exact route on (MLX_CUDA_QMV_EXACT=1) -> optional peer build -> the stock wheel unpacked
+# once the second call has carried it -> scripts/cuda_compiled_bench.py (resumable).
+# Everything lands in $WORK; results are copied to OUTDIR.
 #
 # Carried beside the checkout (git-ignored; name these paths, not all of .device/):
 #   .device/deps.tar.xz   the dependency directory (`patchkit deps`), tarred
 #   .device/mlx-pin.git   a shallow clone holding the pin and the patchkit/<pin> branch
 #   .whl/                 patchkit's pure-Python dependencies the host lacks (GitPython,
 #                         gitdb, smmap, unidiff, tomlkit, platformdirs: `pip download`)
-#   .mlxpack/{a,b}        the stock CUDA wheels (shared/tools/pack-mlx-cuda.sh), for `bench`
+#   .mlxpack/{a,b}        the stock CUDA wheels (shared/tools/pack-mlx-cuda.sh), one per call
+#   .peer/<name>/mlx/...  optional: another version of some MLX source files (a peer's
+#                         kernel), built into a third arm by swapping them into the build
+#                         worktree and rebuilding incrementally
 # `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`.
-# Usage: scripts/cuda_build_device.sh prepare|start|wait|bench OUTDIR [SECONDS]
-#
-# Seen on one H200 host (16 cores, MLX_CUDA_ARCHITECTURES=90a): configure takes seconds
-# offline, and 100 of 242 build steps were done after about 4 minutes: plan two or three
-# back-to-back calls for the build, then `wait`, then `bench`.
+# Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
 set -euo pipefail
-cmd=${1:?usage: cuda_build_device.sh prepare|start|wait|bench OUTDIR [SECONDS]}
+cmd=${1:?usage: cuda_build_device.sh prepare|start|follow|pipeline OUTDIR [SECONDS]}
 out=${2:-$PWD}
 secs=${3:-500}
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=${REPO:-$(cd "$(dirname "$0")/.." && pwd)}
+
+if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's settings
+  py() { python3 -c "$1"; }
+  short=$(py "from patchkit.carry import pin; print(pin.load(__import__('pathlib').Path('$repo/pin.toml')).short)")
+  clone=$(py "from patchkit.carry import source; print(source.clone_dir(source.source_spec(None)))")
+  deps=$(py "from patchkit.carry import mlx_deps; print(mlx_deps.deps_root())")
+  mkdir -p "$repo/.device"
+  (cd "$deps" && tar cf - .) | xz -T0 -6 > "$repo/.device/deps.tar.xz.tmp"
+  mv "$repo/.device/deps.tar.xz.tmp" "$repo/.device/deps.tar.xz"
+  rm -rf "$repo/.device/mlx-pin.git" && git init -q --bare "$repo/.device/mlx-pin.git"
+  git -C "$repo/.device/mlx-pin.git" fetch -q --depth 3 "file://$clone" \
+    "+refs/heads/patchkit/$short:refs/heads/patchkit/$short"
+  du -sh "$repo/.device/deps.tar.xz" "$repo/.device/mlx-pin.git"
+  exit 0
+fi
+
 WORK=${PATCHKIT_DEVICE_WORK:-/tmp/patchkit-device}
 ARCH=${MLX_CUDA_ARCHITECTURES:-90a}
 export PYTHONPATH="$WORK/site:$repo" PYTHONUNBUFFERED=1
 export PATCHKIT_CACHE_DIR="$WORK/cache" PATCHKIT_DEPS_DIR="$WORK/deps"
 export PATCHKIT_MLX_REPO="$repo/.device/mlx-pin.git"
-patchkit() { python3 -c "from patchkit.cli import main; main()" "$@"; }
-mkdir -p "$out"
+mkdir -p "$out" "$WORK"
+log() { echo "[$(date +%T)] $*" >> "$WORK/pipeline.log"; }
 
-follow() {  # print the build's progress until it ends or $1 seconds pass
+follow() {  # print progress until the pipeline ends or $1 seconds pass; copy results out
   local end=$((SECONDS + $1))
-  while [ $SECONDS -lt $end ] && ! [ -f "$WORK/build.rc" ]; do
-    sleep 20; tail -c 300 "$WORK/build.err" | tr '\r' '\n' | tail -1
+  [ -f "$repo/.mlxpack/b/part_ab" ] && touch "$WORK/pack-ready"
+  while [ $SECONDS -lt $end ] && ! [ -f "$WORK/pipeline.rc" ]; do
+    sleep 15
+    tail -c 300 "$WORK/build.err" 2>/dev/null | tr '\r' '\n' | tail -1
+    tail -1 "$WORK/bench.log" 2>/dev/null || true
   done
-  if [ -f "$WORK/build.rc" ]; then
-    echo "build exited $(cat "$WORK/build.rc")"
-    cp "$WORK/build.out" "$out/build.json" 2>/dev/null || true
-    cp "$WORK"/record/*.json "$WORK"/record/*.md "$out/" 2>/dev/null || true
-    cp "$WORK/cache/builds/cuda-"*/parity.json "$out/parity.json" 2>/dev/null || true
-  else
-    echo "still building"
-  fi
-  tail -c 200000 "$WORK/cache/builds/cuda-"*/build.log > "$out/build-log-tail.txt" 2>/dev/null || true
-  cp "$WORK/build.err" "$out/build-progress.txt" 2>/dev/null || true
+  [ -f "$WORK/pipeline.rc" ] && echo "pipeline exited $(cat "$WORK/pipeline.rc")"
+  tail -5 "$WORK/pipeline.log"
+  cp "$WORK"/record/*.json "$WORK"/record/*.md "$out/" 2>/dev/null || true
+  cp "$WORK"/parity-exact.json "$WORK"/bench.json "$WORK"/pipeline.log "$out/" 2>/dev/null || true
+  cp "$WORK/cache/builds/cuda-"*/parity.json "$out/parity.json" 2>/dev/null || true
+  tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$out/build-log-tail.txt" 2>/dev/null || true
+}
+
+peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of the peer arm
+  local src=$1 name wt tdir venv_site site stamp rel
+  name=$(basename "$src")
+  wt=$(echo "$WORK"/cache/builds/cuda-*/mlx)
+  tdir=$(dirname "$(find "$wt/build" -maxdepth 3 -name CMakeCache.txt | head -1)")
+  venv_site=$(echo "$WORK"/cache/builds/cuda-*/venv/lib/python3*/site-packages)
+  site="$WORK/peer-$name"
+  stamp="$WORK/peer-$name.stamp"; touch "$stamp"; sleep 1
+  (cd "$src" && find mlx -type f) | while read -r rel; do cp "$src/$rel" "$wt/$rel"; done
+  log "peer $name: rebuilding $(cd "$src" && find mlx -type f | tr '\n' ' ')"
+  cmake --build "$tdir" -j "$(nproc)" >> "$WORK/peer-$name.log" 2>&1 || return 1
+  rm -rf "$site" && mkdir -p "$site" && cp -a "$venv_site/mlx" "$site/"
+  libroot=$(dirname "$(find "$wt/build" -path '*/mlx/lib/libmlx.so' -newer "$stamp" | head -1)")/..
+  (cd "$libroot" && find . -name '*.so*' -newer "$stamp") | while read -r rel; do
+    cp "$libroot/$rel" "$site/mlx/$rel"; log "peer $name: $rel"
+  done
+  git -C "$wt" checkout -- mlx
+  echo "$site"
+}
+
+pipeline() {
+  local cudnn venv_py stock arms=()
+  cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])")
+  log "build"
+  python3 -c 'from patchkit.cli import main; main()' build --backend cuda \
+    --system-site-packages --jobs "$(nproc)" --record-dir "$WORK/record" --json \
+    --cmake-arg=-DMLX_CUDA_ARCHITECTURES="$ARCH" --cmake-arg=-DCUDNN_INCLUDE_PATH="$cudnn/include" \
+    --cmake-arg=-DCUDNN_LIBRARY_PATH="$cudnn/lib" > "$WORK/build.out" 2> "$WORK/build.err" \
+    || { log "build failed"; return 1; }
+  venv_py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
+  log "parity, full matrix, MLX_CUDA_QMV_EXACT=1"
+  MLX_CUDA_QMV_EXACT=1 "$venv_py" -m patchkit.verify.mlx_parity --patched --full \
+    --out "$WORK/parity-exact.json" > "$WORK/parity-exact.log" 2>&1 || log "parity-exact: rows differ"
+  tail -2 "$WORK/parity-exact.log" >> "$WORK/pipeline.log"
+  arms+=(--arm "patched=$venv_py" --arm-env patched:MLX_CUDA_QMV_EXACT=1)
+  for src in "$repo"/.peer/*/; do
+    [ -d "$src/mlx" ] || continue
+    if site=$(peer_build "${src%/}"); then
+      arms+=(--arm "$(basename "$src")=$venv_py:$site")
+    else
+      log "peer $(basename "$src") failed to build; see peer-$(basename "$src").log"
+      tail -20 "$WORK/peer-$(basename "$src").log" >> "$WORK/pipeline.log"
+    fi
+  done
+  log "waiting for the stock wheel (.mlxpack/b)"
+  while ! [ -f "$WORK/pack-ready" ]; do sleep 5; done
+  stock="$WORK/stock-site"
+  mkdir -p "$stock"
+  cat "$repo"/.mlxpack/a/part_* "$repo"/.mlxpack/b/part_* | xz -d | tar xf - -C "$stock"
+  python3 -c "import zipfile,glob; zipfile.ZipFile(glob.glob('$repo/.mlxpack/b/mlx-*.whl')[0]).extractall('$stock')"
+  log "bench: ${arms[*]}"
+  python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${arms[@]}" \
+    --resume --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
+  log "bench done"
 }
 
 case "$cmd" in
-  prepare)  # here, not on the GPU host
-    short=$(python3 -c "from patchkit.carry import pin; print(pin.load(__import__('pathlib').Path('$repo/pin.toml')).short)")
-    clone=$(python3 -c "from patchkit.carry import source; print(source.clone_dir(source.source_spec(None)))")
-    deps=$(python3 -c "from patchkit.carry import mlx_deps; print(mlx_deps.deps_root())")
-    mkdir -p "$repo/.device"
-    (cd "$deps" && tar cf - .) | xz -T0 -6 > "$repo/.device/deps.tar.xz"
-    rm -rf "$repo/.device/mlx-pin.git" && git init -q --bare "$repo/.device/mlx-pin.git"
-    git -C "$repo/.device/mlx-pin.git" fetch -q --depth 3 "file://$clone" \
-      "+refs/heads/patchkit/$short:refs/heads/patchkit/$short"
-    du -sh "$repo/.device/deps.tar.xz" "$repo/.device/mlx-pin.git"
-    ;;
   start)
     mkdir -p "$WORK/deps" "$WORK/site"
     tar xJf "$repo/.device/deps.tar.xz" -C "$WORK/deps"
+    # MLX links its Python module with LTO (nanobind's LTO option). A host whose compiler
+    # cannot run its LTO plugin fails only at that last link; probe it, and where it fails
+    # build that module without LTO (it is binding glue: no kernel or arithmetic changes).
+    if ! echo 'int main() { return 0; }' | "${CXX:-g++}" -flto -x c++ - -o "$WORK/lto-probe" 2>/dev/null; then
+      sed -i '/^function (nanobind_lto name)/,/^endfunction/{/set_target_properties\|INTERPROCEDURAL/d}' \
+        "$WORK/deps/nanobind/cmake/nanobind-config.cmake"
+      log "g++ -flto does not link here: nanobind's LTO turned off for MLX's Python module"
+    fi
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$repo"/.whl/*.whl
     nvidia-smi -L; nvcc --version | tail -1
     # The carried clone holds the pin and the patchkit/<pin> branch `patchkit apply` made.
     python3 -c "from patchkit.carry import source; print(source.ensure_clone(source.source_spec(None)))"
-    cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])")
-    rm -f "$WORK/build.rc"
-    setsid bash -c "python3 -c 'from patchkit.cli import main; main()' build --backend cuda \
-      --system-site-packages --jobs $(nproc) --record-dir '$WORK/record' --json \
-      --cmake-arg=-DMLX_CUDA_ARCHITECTURES=$ARCH --cmake-arg=-DCUDNN_INCLUDE_PATH=$cudnn/include \
-      --cmake-arg=-DCUDNN_LIBRARY_PATH=$cudnn/lib > '$WORK/build.out' 2> '$WORK/build.err'; \
-      echo \$? > '$WORK/build.rc'" < /dev/null &
+    rm -f "$WORK/pipeline.rc"
+    # From a copy: the next call's checkout may replace this file while bash still reads it.
+    cp "$0" "$WORK/pipeline.sh"
+    setsid bash -c "REPO='$repo' bash '$WORK/pipeline.sh' pipeline '$out'; \
+      echo \$? > '$WORK/pipeline.rc'" < /dev/null > "$WORK/pipeline.out" 2>&1 &
     follow "$secs"
     ;;
-  wait)
-    follow "$secs"
-    ;;
-  bench)
-    stock="$WORK/stock-site"
-    if ! [ -d "$stock/mlx" ]; then
-      mkdir -p "$stock"
-      cat "$repo"/.mlxpack/a/part_* "$repo"/.mlxpack/b/part_* > "$WORK/m.tar.xz"
-      tar xJf "$WORK/m.tar.xz" -C "$stock"
-      python3 -c "import zipfile,glob,sys; zipfile.ZipFile(glob.glob('$repo/.mlxpack/b/mlx-*.whl')[0]).extractall('$stock')"
-    fi
-    venv_py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
-    python3 "$repo/scripts/cuda_compiled_bench.py" --deadline "$secs" \
-      --arm "patched=$venv_py" --arm "stock=python3:$stock" --out "$out/compiled-bench.json"
-    ;;
+  follow) follow "$secs" ;;
+  pipeline) pipeline ;;
   *) echo "unknown step $cmd" >&2; exit 2 ;;
 esac

@@ -1,17 +1,24 @@
-"""Compiled patched MLX against the compiled stock wheel, side by side, on one CUDA GPU.
+"""Compiled MLX builds side by side on one CUDA GPU: quantized_matmul per M, timed and checked.
 
-Each arm is an MLX installation (a Python interpreter plus an optional
-PYTHONPATH): ``patched`` is the venv `patchkit build --backend cuda` made,
-``stock`` is the released wheel. Both cannot live in one process (both are
-``mlx``), so this orchestrator runs one worker process per (arm, shape) and
-alternates the arms shape by shape, so drift in clocks or temperature lands on
-both. Every worker also checks its rows bitwise against its own M = 1 output
-before timing, so the stock arm's differing rows at M >= 8 are the negative
-control and the patched arm's rows are the claim.
+Each arm is an MLX installation, a Python interpreter with an optional
+PYTHONPATH and environment: ``patched`` is the venv `patchkit build --backend
+cuda` made (with ``MLX_CUDA_QMV_EXACT=1`` its exact route covers M <= 16),
+``stock`` is the released wheel, ``peer`` another build of the same MLX. Two
+builds of ``mlx`` cannot share a process, so every arm is one long-lived worker
+process; the orchestrator hands each configuration to the arms in turn
+(alternating who goes first), so drift in clocks or temperature lands on all of
+them, and only one arm touches the GPU at a time. Each worker checks its rows
+bitwise against its own M = 1 output before timing: the stock arm's rows at
+M >= 8 (qmm) are the negative control and the patched arm's rows are the claim.
+At M = 1 every arm runs the same stock kernel, so the M = 1 ratio is a direct
+reading of the run-to-run noise.
+
+The JSON is rewritten after every configuration; ``--resume`` skips the
+configurations an earlier, interrupted run of the same arms already finished.
 
 Usage (on the GPU host):
-  python3 scripts/cuda_compiled_bench.py --arm patched=PYTHON[:SITE] --arm stock=PYTHON:SITE \
-      --out results.json [--quick]
+  python3 scripts/cuda_compiled_bench.py --arm patched=PYTHON --arm stock=PYTHON:SITE \
+      --arm-env patched:MLX_CUDA_QMV_EXACT=1 --out results.json [--quick] [--deadline S]
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ HEADLINE = {"group_size": 64, "dtype": "bfloat16"}
 
 
 def grid(quick: bool) -> list[dict[str, Any]]:
-    """Every configuration: the headline (group 64, bf16) on all shapes and bits, plus
+    """Every configuration: the headline (group 64, bf16) on all shapes and bits first, then
     the other group sizes and fp16 on the shapes at both ends of the size range."""
     out = []
     for (K, N), bits in itertools.product(SHAPES, BITS):
@@ -56,17 +63,17 @@ def grid(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def worker(cfg: dict[str, Any], iters: int, repeats: int) -> dict[str, Any]:
+def measure(cfg: dict[str, Any], iters: int, repeats: int) -> dict[str, Any]:
     """Time quantized_matmul at every M for one configuration, after a bitwise row check."""
     import mlx.core as mx
     import numpy as np
 
     dtype = getattr(mx, cfg["dtype"])
     K, N = cfg["K"], cfg["N"]
-    key = mx.random.key(0)
-    kw, kx = mx.random.split(key)
+    kw, kx = mx.random.split(mx.random.key(0))
     w = mx.random.normal((N, K), key=kw).astype(dtype)
     wq, scales, biases = mx.quantize(w, group_size=cfg["group_size"], bits=cfg["bits"])
+    del w
     xs = mx.random.normal((max(MS), K), key=kx).astype(dtype)
     mx.eval(wq, scales, biases, xs)
 
@@ -75,16 +82,13 @@ def worker(cfg: dict[str, Any], iters: int, repeats: int) -> dict[str, Any]:
             x, wq, scales, biases, transpose=True, group_size=cfg["group_size"], bits=cfg["bits"]
         )
 
-    view = mx.uint16
-    single = [np.array(qmm(xs[i : i + 1]).view(view)) for i in range(max(MS))]
+    single = [np.array(qmm(xs[i : i + 1]).view(mx.uint16)) for i in range(max(MS))]
     rows = []
     for M in MS:
         x = mx.contiguous(xs[:M])
-        y = qmm(x)
-        mx.eval(y)
-        got = np.array(y.view(view))
+        got = np.array(qmm(x).view(mx.uint16))
         differing = sum(int((got[i] != single[i][0]).any()) for i in range(M))
-        for _ in range(3):  # warm-up
+        for _ in range(2):  # warm-up
             mx.eval([qmm(x) for _ in range(iters)])
         mx.synchronize()
         times = []
@@ -97,61 +101,141 @@ def worker(cfg: dict[str, Any], iters: int, repeats: int) -> dict[str, Any]:
             {"M": M, "us": sorted(times)[len(times) // 2], "us_min": min(times),
              "rows_differing": differing}
         )  # fmt: skip
-    return {**cfg, "mlx_version": mx.__version__, "by_m": rows}
+    return {**cfg, "by_m": rows}
 
 
-def run_arm(arm: str, python: str, site: str, cfg: dict[str, Any], a: argparse.Namespace) -> Any:
-    """One worker process for ``arm`` on ``cfg``; its JSON result."""
-    env = dict(os.environ)
-    if site:
-        env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [python, __file__, "--worker", json.dumps(cfg), "--iters", str(a.iters),
-           "--repeats", str(a.repeats)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        return {**cfg, "error": proc.stderr.strip().splitlines()[-1:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def serve(iters: int, repeats: int) -> int:
+    """Worker: one configuration per stdin line, one JSON result per stdout line."""
+    import mlx.core as mx
+
+    hello = {"mlx_version": mx.__version__, "mlx_path": mx.__file__,
+             "device": str(mx.default_device())}  # fmt: skip
+    print(json.dumps(hello), flush=True)
+    for line in sys.stdin:
+        cfg = json.loads(line)
+        try:
+            result = measure(cfg, iters, repeats)
+        except Exception as exc:  # reported per configuration; the run goes on
+            result = {**cfg, "error": f"{type(exc).__name__}: {exc}"}
+        mx.clear_cache()  # the configuration's buffers are gone with measure()'s frame
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+class Worker:
+    """One arm's long-lived process."""
+
+    def __init__(self, name: str, python: str, site: str, env: dict[str, str], a: Any):
+        self.name = name
+        full_env = {**os.environ, **env}
+        if site:
+            full_env["PYTHONPATH"] = site + os.pathsep + full_env.get("PYTHONPATH", "")
+        cmd = [python, __file__, "--serve", "--iters", str(a.iters), "--repeats", str(a.repeats)]
+        self.proc = subprocess.Popen(
+            cmd, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.hello = self._read()
+        self.hello.update({"python": python, "site": site, "env": env})
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"arm {self.name}: worker exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def run(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cfg) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def parse_arms(a: argparse.Namespace) -> dict[str, tuple[str, str, dict[str, str]]]:
+    """``--arm NAME=PYTHON[:SITE]`` and ``--arm-env NAME:KEY=VALUE`` into name -> spec."""
+    arms: dict[str, tuple[str, str, dict[str, str]]] = {}
+    for spec in a.arm:
+        name, _, rest = spec.partition("=")
+        python, _, site = rest.partition(":")
+        arms[name] = (python, site, {})
+    for spec in a.arm_env:
+        name, _, kv = spec.partition(":")
+        key, _, value = kv.partition("=")
+        arms[name][2][key] = value
+    return arms
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arm", action="append", default=[], help="NAME=PYTHON[:SITE]")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--arm-env", action="append", default=[], help="NAME:KEY=VALUE")
+    ap.add_argument("--out", type=Path, required=False)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--deadline", type=float, default=0, help="stop starting shapes after N s")
+    ap.add_argument("--resume", action="store_true", help="keep the finished configs in --out")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=0, help="stop starting configs after N s")
     a = ap.parse_args()
-    if a.worker:
-        print(json.dumps(worker(json.loads(a.worker), a.iters, a.repeats)))
-        return 0
-    arms = {}
-    for spec in a.arm:
-        name, _, rest = spec.partition("=")
-        python, _, site = rest.partition(":")
-        arms[name] = (python, site)
-    start = time.monotonic()
+    if a.serve:
+        return serve(a.iters, a.repeats)
+    arms = parse_arms(a)
     results: dict[str, list[Any]] = {name: [] for name in arms}
-    for i, cfg in enumerate(grid(a.quick)):
-        if a.deadline and time.monotonic() - start > a.deadline:
-            print(f"deadline: stopped before config {i}", flush=True)
-            break
-        order = list(arms) if i % 2 == 0 else list(reversed(arms))  # alternate who goes first
-        for name in order:
-            results[name].append(run_arm(name, *arms[name], cfg, a))
-        print(json.dumps({"config": cfg, "done": i + 1}), flush=True)
-    payload = {
+    if a.resume and a.out and a.out.is_file():
+        earlier = json.loads(a.out.read_text())["results"]
+        if set(earlier) == set(arms):
+            results = earlier
+    done = [{k: r[k] for k in ("K", "N", "bits", "group_size", "dtype")}
+            for r in next(iter(results.values()), [])]  # fmt: skip
+    start = time.monotonic()
+    workers = {name: Worker(name, *spec, a) for name, spec in arms.items()}
+    payload: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "host": {"machine": platform.machine(), "python": platform.python_version()},
-        "arms": {k: {"python": v[0], "site": bool(v[1])} for k, v in arms.items()},
-        "method": f"median of {a.repeats} repeats of {a.iters} back-to-back calls, "
-        "one eval per repeat, after 3 warm-up repeats; rows checked bitwise against M = 1 first",
+        "host": {
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "gpu": gpu_name(),
+        },
+        "arms": {name: w.hello for name, w in workers.items()},
+        "method": f"per M: median of {a.repeats} repeats of {a.iters} back-to-back calls, one "
+        "eval per repeat, after 2 warm-up repeats; rows checked bitwise against M = 1 first; "
+        "one long-lived process per arm, arms in alternating order per configuration",
+        "complete": False,
         "results": results,
     }
+    todo = [cfg for cfg in grid(a.quick) if cfg not in done]
+    for i, cfg in enumerate(todo):
+        if a.deadline and time.monotonic() - start > a.deadline:
+            print(f"deadline: stopped before config {len(done) + i}", flush=True)
+            break
+        order = list(workers) if i % 2 == 0 else list(reversed(workers))
+        for name in order:
+            results[name].append(workers[name].run(cfg))
+        print(json.dumps({"config": cfg, "done": len(done) + i + 1}), flush=True)
+        if a.out:
+            a.out.write_text(json.dumps(payload, indent=1) + "\n")
+    else:
+        payload["complete"] = True
+    for w in workers.values():
+        w.close()
     if a.out:
         a.out.write_text(json.dumps(payload, indent=1) + "\n")
     return 0
+
+
+def gpu_name() -> str:
+    """The GPU and driver as nvidia-smi names them (empty where it is absent)."""
+    try:
+        query = "--query-gpu=name,driver_version,clocks.max.sm"
+        cmd = ["nvidia-smi", query, "--format=csv,noheader"]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":

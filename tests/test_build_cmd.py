@@ -177,6 +177,35 @@ def test_system_site_packages_refused_where_mlx_is_importable(
         )  # fmt: skip
 
 
+def test_a_base_interpreter_in_a_venv_lends_its_packages(
+    project: dict[str, Path], tmp_path: Path
+) -> None:
+    """GPU hosts ship numpy and cuDNN in a venv: ``venv --system-site-packages`` made from
+    its interpreter does not see them, so the plan adds a .pth naming them, and it works."""
+    import subprocess
+
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    parent = tmp_path / "parent"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True)
+    parent_py = str(parent / "bin" / "python")
+    sites = mlx_build._parent_venv_sites(parent_py)
+    assert sites and all(s.startswith(str(parent)) for s in sites)
+    assert mlx_build._parent_venv_sites(sys.base_prefix + "/bin/python3") == []  # not a venv
+    build = mlx_build.plan(
+        project["root"], backend="cpu", deps_dir=project["deps"], python=parent_py,
+        system_site_packages=True, cache=tmp_path / "cache",
+    )  # fmt: skip
+    env_steps = [s for s in build.steps if s.stage == "environment"]
+    assert len(env_steps) == 2 and "--system-site-packages" in env_steps[0].argv
+    for step in env_steps:  # run them: the child venv must see the parent's site folder
+        subprocess.run([str(a) for a in step.argv], cwd=step.cwd, check=True)
+    seen = subprocess.run(
+        [str(build.layout.python), "-c", "import sys; print('\\n'.join(sys.path))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert set(sites) <= set(seen)
+
+
 def test_dry_run_cli_prints_the_commands(
     project: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,7 @@ the default ``smem`` (what ``patches/`` holds) and ``global``, the baseline.
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from support_git import mlx_clone
 from patchkit.carry import render, source
 from patchkit.errors import UserError
 from patchkit.util import git
+from patchkit.verify import dispatch
 from patchkit.verify.harness import cuda
 
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
@@ -220,9 +222,10 @@ def test_launcher_picks_smallest_v_holding_m(vecs: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("routing", ["stream", "opt_in"])
 def test_routing_snippets(routing: str) -> None:
-    """opt_in reads MLX_CUDA_QMV_STREAMED in both files. stream streams every M that
-    reaches qmv unconditionally (same numbers, faster) and extends qmv to M <= 16
-    (exact rows at 2.5-4.6x qmm's cost, measured) only under MLX_CUDA_QMV_EXACT."""
+    """opt_in reads MLX_CUDA_QMV_STREAMED in both files. stream streams the M that
+    reach qmv where that was measured faster (same numbers either way) and extends qmv
+    to M <= 16 (exact rows at 2.5-4.6x qmm's cost, measured) only under
+    MLX_CUDA_QMV_EXACT; dispatch.cuda_streams mirrors the launcher's rule."""
     launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", _ctx(routing))
     route = render.render_snippet(_plan(QCPP), "streamed_route.cpp.j2", _ctx(routing))
     for text in (launch, route):
@@ -233,6 +236,13 @@ def test_routing_snippets(routing: str) -> None:
     # Streams only where M = 1 of the same rows would run qmv.
     assert "B == 1 && N <= 16384 && K <= 16384" in route and "(B < 8)" in route
     assert "!can_use_fp_qmv && M >= 2 && M <= 16" in route
+    if routing == "stream":
+        rule = _between(launch, "inline bool use_qmv_streamed(int m, int bits) {", "}")
+        expr = rule.split("return", 1)[1].split(";")[0]
+        py = expr.replace("||", " or ").replace("&&", " and ")
+        for m, bits in itertools.product(range(1, 17), (2, 3, 4, 5, 6, 8)):
+            want = eval(py, {}, {"m": m, "bits": bits})  # the rendered C++ rule
+            assert dispatch.cuda_streams(m, bits) == want, (m, bits)
 
 
 def test_harness_bodies_and_grids() -> None:

@@ -168,6 +168,28 @@ def _base_has_mlx(python: str) -> bool:
     return subprocess.run([python, "-c", probe], capture_output=True, check=False).returncode == 0
 
 
+def _parent_venv_sites(python: str) -> list[str]:
+    """The site folders of ``python`` when it runs in a virtual environment itself.
+
+    ``venv --system-site-packages`` exposes the *base* installation's packages, not
+    those of a venv the interpreter lives in (GPU hosts often ship PyTorch, numpy
+    and cuDNN in such a venv), so the build's venv is pointed at them with a .pth.
+    """
+    probe = (
+        "import site, sys; sys.prefix != sys.base_prefix and "
+        "print('\\n'.join(site.getsitepackages()))"
+    )
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+PTH_WRITER = (
+    "import pathlib, sys, sysconfig; "
+    "pathlib.Path(sysconfig.get_paths()['purelib'], 'patchkit-parent-venv.pth')"
+    ".write_text(sys.argv[1] + '\\n')"
+)
+
+
 def plan(
     root: Path,
     *,
@@ -210,6 +232,11 @@ def plan(
         Step("environment", "patchkit's own virtual environment (yours is not touched)",
              [*venv_argv, str(where.venv)], root),
     ]  # fmt: skip
+    if system_site_packages and (sites := _parent_venv_sites(python)):
+        steps.append(
+            Step("environment", f"the packages of the venv {python} runs in, by a .pth",
+                 [vpy, "-c", PTH_WRITER, "\n".join(sites)], root)
+        )  # fmt: skip
     if not system_site_packages:
         steps.append(
             Step("environment", "MLX's build requirements, into that environment",

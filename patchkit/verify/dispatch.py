@@ -118,20 +118,45 @@ def kernel_path(dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B
     return prefix + ("qmv_fast" if uses_qmv_fast(K, N, bits) else "qmv")
 
 
+CUDA_QMV_EXACT_MAX_ROWS = 16  # the opt-in exact range of the patched quantized.cpp
+
+
+def cuda_streams(M: int, bits: int) -> bool:
+    """``cu::use_qmv_streamed(m, bits)`` of the patched qmv.cu (default routing).
+
+    4-bit streams from M = 2 (measured faster than stock's per-vector qmv on an
+    H200); other widths stream only at M >= 8, which only the exact route reaches.
+    """
+    return M >= 8 or (M >= 2 and bits == 4)
+
+
 def patched_kernel_path(
-    dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B: int
+    dev: DeviceInfo,
+    mode: str,
+    bits: int,
+    K: int,
+    N: int,
+    M: int,
+    B: int,
+    cuda_exact: bool = False,
 ) -> str:
     """The kernel an MLX built from ``patches/`` (upstream flavour) takes for the same call.
 
     - Metal: what stock sends to ``qmv_wide`` goes to the streamed kernel of the
       M = 1 path's flavour (``qmv_fast_streamed`` / ``qmv_streamed``).
-    - CUDA: ``qmv`` streams every M >= 2 that reaches it (affine; ``fp_qmv`` is stock).
+    - CUDA: ``qmv`` streams the M >= 2 that reach it where that was measured faster
+      (``cuda_streams``), otherwise it runs stock's per-vector ``qmv``, which is just as
+      exact (affine; ``fp_qmv`` is stock). With ``cuda_exact``
+      (``MLX_CUDA_QMV_EXACT=1``), affine ``2 <= M <= 16`` with ``B < 8`` reaches ``qmv``
+      too, where stock would run ``qmm``.
     - Everything else is stock's routing.
     """
     stock = kernel_path(dev, mode, bits, K, N, M, B)
     if dev.backend == "metal" and stock.endswith("qmv_wide"):
         fast = "qmv_fast_streamed" if uses_qmv_fast(K, N, bits) else "qmv_streamed"
         return ("fp_" if mode != "affine" else "") + fast
-    if dev.backend == "cuda" and stock == "qmv" and M >= 2:
-        return "qmv_streamed"
+    if dev.backend == "cuda":
+        exact_range = 2 <= M <= CUDA_QMV_EXACT_MAX_ROWS and B < CUDA_QMV_MAX_ROWS
+        if stock == "qmv" or (cuda_exact and mode == "affine" and exact_range):
+            return "qmv_streamed" if cuda_streams(M, bits) else "qmv"
     return stock

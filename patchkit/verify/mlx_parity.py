@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -54,11 +55,15 @@ class Config:
     K: int
     N: int
     B: int
+    # B > 1 with one weight matrix for every batch: MLX broadcasts it (the
+    # ``broadcast_w`` case of CUDA's qmv, batch strides of 0 on Metal).
+    shared_w: bool = False
 
     def label(self) -> str:
+        shared = " shared-w" if self.shared_w else ""
         return (
             f"{self.mode} b{self.bits} g{self.group_size} {self.dtype} "
-            f"K{self.K} N{self.N} B{self.B}"
+            f"K{self.K} N{self.N} B{self.B}{shared}"
         )
 
 
@@ -82,8 +87,21 @@ def kernel_path(dev: DeviceInfo, cfg: Config, M: int, patched: bool = False) -> 
     says which it imported: ``patchkit build`` passes ``patched`` for the MLX it
     built from ``patches/``; otherwise the path is stock's.
     """
-    pick = dispatch.patched_kernel_path if patched else dispatch.kernel_path
-    return pick(dev, cfg.mode, cfg.bits, cfg.K, cfg.N, M, cfg.B)
+    args = (dev, cfg.mode, cfg.bits, cfg.K, cfg.N, M, cfg.B)
+    if not patched:
+        return dispatch.kernel_path(*args)
+    return dispatch.patched_kernel_path(*args, cuda_exact=cuda_exact_enabled())
+
+
+def cuda_exact_enabled() -> bool:
+    """Whether ``MLX_CUDA_QMV_EXACT`` asks a patched CUDA build for the exact M <= 16 route.
+
+    Read the way MLX's ``env::get_var(name, 0)`` reads it: an integer, non-zero is on.
+    """
+    try:
+        return int(os.environ.get("MLX_CUDA_QMV_EXACT", "0")) != 0
+    except ValueError:
+        return False
 
 
 def configs(
@@ -125,6 +143,11 @@ def _all_configs(full: bool) -> list[Config]:
     ]
     if not full:  # the other group sizes on the most used bits
         out += [Config("affine", 4, gs, "float16", *shapes[0], 1) for gs in (32, 128)]
+    # One weight matrix for a batch of inputs (broadcast weights), every affine bits.
+    out += [
+        Config("affine", bits, 64, "float16", K, N, BATCHES[-1], shared_w=True)
+        for (K, N), bits in itertools.product(shapes, AFFINE_BITS)
+    ]
     fp_dtypes = DTYPES if full else ("float16",)
     for (mode, (gs, bits)), dtype, B in itertools.product(FP_MODES.items(), fp_dtypes, BATCHES):
         out.append(Config(mode, bits, gs, dtype, *shapes[0], B))
@@ -153,9 +176,10 @@ class _Operands:
 
     def __init__(self, mx: Any, cfg: Config, m_max: int, seed: int):
         rng = np.random.default_rng(seed)
-        lead = (cfg.B,) if cfg.B > 1 else ()  # B > 1: batched weights, batch_1 kernels
+        lead = (cfg.B,) if cfg.B > 1 else ()  # B > 1: batched inputs
+        w_lead = () if cfg.shared_w else lead  # ... and batched or shared weights
         dtype = getattr(mx, cfg.dtype)
-        w = mx.array(rng.standard_normal((*lead, cfg.N, cfg.K), dtype=np.float32)).astype(dtype)
+        w = mx.array(rng.standard_normal((*w_lead, cfg.N, cfg.K), dtype=np.float32)).astype(dtype)
         self.mx, self.cfg, self.dtype = mx, cfg, dtype
         self.x = rng.standard_normal((*lead, m_max, cfg.K), dtype=np.float32)
         q = mx.quantize(w, group_size=cfg.group_size, bits=cfg.bits, mode=cfg.mode)
@@ -179,12 +203,16 @@ class _Operands:
         mx.eval(y)
         return y
 
+    def _weights_of(self, b: int) -> int | None:
+        """Which weights batch ``b`` multiplies: its own, or the shared matrix (None)."""
+        return b if self.cfg.B > 1 and not self.cfg.shared_w else None
+
     def reference(self) -> np.ndarray:
         """Every vector alone (M = 1): bits of shape (B, m_max, N)."""
         xs = self.x.reshape(-1, *self.x.shape[-2:])
         rows = [
             [
-                _bits(self.mx, self.matmul(xb[i : i + 1], b if self.cfg.B > 1 else None))[0]
+                _bits(self.mx, self.matmul(xb[i : i + 1], self._weights_of(b)))[0]
                 for i in range(xb.shape[0])
             ]
             for b, xb in enumerate(xs)
@@ -288,6 +316,7 @@ TABLE_COLUMNS = (
     "K",
     "N",
     "B",
+    "shared_w",
     "rows",
     "rows_differing",
     "max_abs_diff",
@@ -297,7 +326,7 @@ TABLE_COLUMNS = (
 
 def table_cells(row: dict[str, Any]) -> list[str]:
     """One printed line's cells, derived only from the JSON row (so the two cannot disagree)."""
-    cells = [str(row[c]) for c in TABLE_COLUMNS[:7]]
+    cells = [str(row[c]) for c in TABLE_COLUMNS[: TABLE_COLUMNS.index("rows")]]
     if row["status"] != "ok":
         return [*cells, "-", "-", "-", f"unsupported: {row['error']}"]
     return [
