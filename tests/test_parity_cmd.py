@@ -60,12 +60,29 @@ def test_kernel_path_routing_rules() -> None:
     assert mlx_parity.kernel_path(mlx_parity.DeviceInfo("cpu", "cpu"), cfg(), 4) == "cpu"
 
 
+def test_patched_cuda_paths_follow_the_streaming_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A patched CUDA build streams 4-bit from M = 2 and other widths only on the exact
+    route (M >= 8); the exact route (MLX_CUDA_QMV_EXACT) keeps qmm's M in qmv."""
+    monkeypatch.delenv("MLX_CUDA_QMV_EXACT", raising=False)
+    assert mlx_parity.kernel_path(CUDA, cfg(), 2, patched=True) == "qmv_streamed"
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 2, patched=True) == "qmv"
+    assert mlx_parity.kernel_path(CUDA, cfg(), 9, patched=True) == "qmm"
+    monkeypatch.setenv("MLX_CUDA_QMV_EXACT", "1")
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 9, patched=True) == "qmv_streamed"
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8, B=3), 3, patched=True) == "qmv"
+    assert mlx_parity.kernel_path(CUDA, cfg(B=3), 3, patched=True) == "qmv_streamed"
+    assert mlx_parity.kernel_path(CUDA, cfg(), 17, patched=True) == "qmm"
+    assert mlx_parity.kernel_path(CUDA, cfg("mxfp4"), 9, patched=True) == "qmm"
+
+
 def test_configs_quick_covers_axes_and_filters() -> None:
     quick = mlx_parity.configs(False)
     assert {c.bits for c in quick if c.mode == "affine"} == set(mlx_parity.AFFINE_BITS)
     assert {c.group_size for c in quick if c.mode == "affine"} == set(mlx_parity.GROUP_SIZES)
     assert {c.mode for c in quick} == {"affine", *mlx_parity.FP_MODES}
     assert {c.B for c in quick} == set(mlx_parity.BATCHES)
+    shared = [c for c in quick if c.shared_w]  # broadcast weights, every affine bits
+    assert {c.bits for c in shared} == set(mlx_parity.AFFINE_BITS) and all(c.B > 1 for c in shared)
     assert len(mlx_parity.configs(True)) > len(quick)
     only = mlx_parity.configs(False, modes=["affine"], bits=[3], dtypes=["bfloat16"])
     assert only and all((c.mode, c.bits, c.dtype) == ("affine", 3, "bfloat16") for c in only)
