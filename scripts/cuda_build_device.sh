@@ -4,9 +4,10 @@
 #   start OUTDIR SECONDS    unpack what was carried, launch the pipeline in its own session,
 #                           follow it for SECONDS
 #   follow OUTDIR SECONDS   follow it again (the next back-to-back call), copying results out
-# The pipeline: build (MLX's test_quantized.py and `parity` run inside it) -> full parity with
+# The pipeline: build (`patchkit build --no-test`: `parity` runs inside it) -> full parity with
 # the exact route on (MLX_CUDA_QMV_EXACT=1) -> optional peer build -> the stock wheel unpacked
-# once the second call has carried it -> scripts/cuda_compiled_bench.py (resumable).
+# once the second call has carried it -> scripts/cuda_compiled_bench.py (resumable) -> MLX's
+# test_quantized.py last, since its gather tests take minutes each on that host.
 # Everything lands in $WORK; results are copied to OUTDIR.
 #
 # Carried beside the checkout (git-ignored; name these paths, not all of .device/):
@@ -60,7 +61,8 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
   [ -f "$WORK/pipeline.rc" ] && echo "pipeline exited $(cat "$WORK/pipeline.rc")"
   tail -5 "$WORK/pipeline.log"
   cp "$WORK"/record/*.json "$WORK"/record/*.md "$out/" 2>/dev/null || true
-  cp "$WORK"/parity-exact.json "$WORK"/bench.json "$WORK"/pipeline.log "$out/" 2>/dev/null || true
+  cp "$WORK"/parity-exact.json "$WORK"/bench.json "$WORK"/pipeline.log "$WORK"/test.log \
+    "$out/" 2>/dev/null || true
   cp "$WORK/cache/builds/cuda-"*/parity.json "$out/parity.json" 2>/dev/null || true
   tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$out/build-log-tail.txt" 2>/dev/null || true
 }
@@ -90,7 +92,7 @@ pipeline() {
   cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])")
   log "build"
   python3 -c 'from patchkit.cli import main; main()' build --backend cuda \
-    --system-site-packages --jobs "$(nproc)" --record-dir "$WORK/record" --json \
+    --system-site-packages --jobs "$(nproc)" --record-dir "$WORK/record" --json --no-test \
     --cmake-arg=-DMLX_CUDA_ARCHITECTURES="$ARCH" --cmake-arg=-DCUDNN_INCLUDE_PATH="$cudnn/include" \
     --cmake-arg=-DCUDNN_LIBRARY_PATH="$cudnn/lib" > "$WORK/build.out" 2> "$WORK/build.err" \
     || { log "build failed"; return 1; }
@@ -118,7 +120,10 @@ pipeline() {
   log "bench: ${arms[*]}"
   python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${arms[@]}" \
     --resume --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
-  log "bench done"
+  log "bench done; MLX's test_quantized.py (its gather tests take minutes each here)"
+  (cd "$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests)" \
+    && "$venv_py" -m unittest -v test_quantized > "$WORK/test.log" 2>&1) || true
+  tail -3 "$WORK/test.log" >> "$WORK/pipeline.log"
 }
 
 case "$cmd" in

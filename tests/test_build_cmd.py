@@ -220,6 +220,12 @@ def test_dry_run_cli_prints_the_commands(
     assert plan["dry_run"] and [s["stage"] for s in plan["steps"]] == [
         "environment", "environment", "build", "test", "parity",
     ]  # fmt: skip
+    quick = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--json",
+                                      "--no-test"])  # fmt: skip
+    assert [s["stage"] for s in json.loads(quick.stdout)["steps"]] == [
+        "environment", "environment", "build", "parity",
+    ]  # fmt: skip
+    assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
     human = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run"])
     assert "FETCHCONTENT_FULLY_DISCONNECTED=ON" in human.stdout
     bad = CliRunner().invoke(main, ["build", "--backend", "cpu", "--deps", "/nonexistent"])

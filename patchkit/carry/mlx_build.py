@@ -201,6 +201,7 @@ def plan(
     cmake_args: tuple[str, ...] = (),
     system_site_packages: bool = False,
     cache: Path | None = None,
+    run_tests: bool = True,
 ) -> BuildPlan:
     """The build's commands; reads the pin, the clone and the dependency folder, writes nothing."""
     backend = backend or detect_backend()
@@ -255,9 +256,14 @@ def plan(
         Step("build", f"MLX's documented Python build, {backend} backend, offline",
              [vpy, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "."],
              where.worktree, build_env),
-        Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included",
-             [vpy, "-m", "unittest", "-v", TEST_FILE], where.worktree / "python" / "tests",
-             ok_codes=(0, 1)),
+    ]  # fmt: skip
+    if run_tests:
+        steps.append(
+            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included",
+                 [vpy, "-m", "unittest", "-v", TEST_FILE], where.worktree / "python" / "tests",
+                 ok_codes=(0, 1))
+        )  # fmt: skip
+    steps += [
         Step("parity", "patchkit parity on the MLX just built (exit 1 = rows differ)",
              parity_argv, where.base, {"PYTHONPATH": str(root)}, ok_codes=(0, 1)),
     ]  # fmt: skip
@@ -361,10 +367,12 @@ def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
     if not build.layout.parity_json.is_file():
         fail(build.steps[-1], 1, outputs["parity"], build.layout.log)
     parity = json.loads(build.layout.parity_json.read_text())
-    try:
-        tests = unittest_counts(outputs["test"])
-    except UserError as exc:
-        raise UserError(f"{exc}; the whole log: {build.layout.log}") from exc
+    tests = None  # --no-test: the record says the tests were not run
+    if "test" in outputs:
+        try:
+            tests = unittest_counts(outputs["test"])
+        except UserError as exc:
+            raise UserError(f"{exc}; the whole log: {build.layout.log}") from exc
     rec = record(build, root, tests, parity, walls)
     return {**rec, "incremental": incremental}
 
@@ -398,7 +406,7 @@ COMPILED_NOTE = {
 def record(
     build: BuildPlan,
     root: Path,
-    tests: dict[str, int],
+    tests: dict[str, int] | None,
     parity: dict[str, Any],
     walls: dict[str, float],
 ) -> dict[str, Any]:
@@ -417,7 +425,7 @@ def record(
         "compiled": COMPILED_NOTE[build.backend],
         "mlx_version": parity.get("mlx_version"),
         "deps": build.deps,
-        "tests": {"file": f"python/tests/{TEST_FILE}.py", **tests},
+        "tests": None if tests is None else {"file": f"python/tests/{TEST_FILE}.py", **tests},
         "parity": {
             "rows": parity["rows_compared"],
             "rows_differing": parity["rows_differing"],
@@ -429,6 +437,16 @@ def record(
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "command": "patchkit build --backend " + build.backend,
     }
+
+
+def tests_line(t: dict[str, Any] | None) -> str:
+    """The record's test result in one line (``None``: built with ``--no-test``)."""
+    if t is None:
+        return f"- `python/tests/{TEST_FILE}.py`: not run (`--no-test`)."
+    return (
+        f"- `{t['file']}`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
+        f"{t['skipped']} skipped (of {t['ran']})."
+    )
 
 
 def markdown(rec: dict[str, Any]) -> str:
@@ -445,8 +463,7 @@ def markdown(rec: dict[str, Any]) -> str:
             f"`{rec['patch']['commit'][:12]}` (`{rec['patch']['series']}`, series sha256 "
             f"`{rec['patch']['series_sha256'][:16]}`), MLX {rec['mlx_version']}",
             f"- What was compiled: {rec['compiled']}.",
-            f"- `{t['file']}`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
-            f"{t['skipped']} skipped (of {t['ran']}).",
+            tests_line(t),
             f"- `patchkit parity` on it: {p['rows_differing']} of {p['rows']} rows differ "
             f"({p['configs']} configurations; kernel paths: {', '.join(p['kernel_paths'])}).",
             f"- Wall time: {walls}.",
