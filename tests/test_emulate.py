@@ -66,6 +66,58 @@ def test_streamed_rows_equal_m1_bitwise(report: suite.Report) -> None:
     assert report.failures() == []
 
 
+def test_simd_sum_inputs_equal_m1_on_every_output(report: suite.Report) -> None:
+    # Every output element of every streamed case: its simd_sum was handed the
+    # same 32 per-lane values as the M = 1 kernel's, and every recorded call's
+    # key was confirmed by the kernel's own store (sums.py).
+    for r in report.streamed():
+        assert r.sum_inputs == r.case.B * r.case.M * r.case.N, r.case.label()
+        assert (r.sum_inputs_differing, r.sum_calls_unconfirmed) == (0, 0), r.case.label()
+    summary = suite.summarize(report)
+    assert summary["sum_inputs_checked"] == sum(r.rows * r.case.N for r in report.streamed())
+
+
+SUM_CASES = [
+    parity.Case.affine(1024, 64, 4, 64, "float32", 5),  # qmv_fast
+    parity.Case.affine(640, 37, 4, 64, "float32", 7, 2),  # qmv, moved-back tile, K tail
+    parity.Case.affine(512, 5, 8, 32, "float16", 3),  # qmv, guarded rows
+]
+STORE = "result[v][row] = simd_sum(result[v][row]);"
+
+
+def test_simd_sum_inputs_catch_what_one_tree_hides(patched: str) -> None:
+    # Mutation: the streamed kernels swap lane l's partial sum with lane
+    # l ^ 16's before simd_sum. The shim's butterfly adds exactly those pairs
+    # first, so every output keeps its bits; a tree that pairs lanes otherwise
+    # would not. The input comparison must fail every output of every case.
+    assert patched.count(STORE) == 2
+    mutated = patched.replace(
+        STORE, "result[v][row] = simd_sum(simd_shuffle_xor(result[v][row], 16));"
+    )
+    mutant = suite.run(mutated, SUM_CASES, build.TOOLCHAINS["gcc"], controls=False)
+    for r in mutant.streamed():
+        assert r.rows_differing == 0, r.case.label()
+        assert r.sum_inputs_differing == r.sum_inputs > 0, r.case.label()
+    assert len(mutant.failures()) == len(SUM_CASES)
+
+
+def test_simd_sum_keys_are_confirmed_by_the_stores(patched: str) -> None:
+    # The key of a streamed call (vector = call // rows, row = call % rows) is
+    # derived from the store loop's order, and checked against the kernel's own
+    # stores. Mutation: the store loops run rows outside vectors, the same
+    # outputs in another call order. Keys derived for the old order no longer
+    # match the stored elements, so the calls count as unconfirmed and the
+    # cases fail instead of comparing the wrong outputs' inputs.
+    v_loop = "for (int v = 0; v < vecs_per_tg; v++) {"
+    row_loop = "for (int row = 0; row < results_per_simdgroup; row++) {"
+    loops = f"  {v_loop}\n    {row_loop}\n      {STORE}"
+    assert patched.count(loops) == 1  # qmv_fast_streamed_impl's store loops
+    swapped = patched.replace(loops, f"  {row_loop}\n    {v_loop}\n      {STORE}")
+    mutant = suite.run(swapped, SUM_CASES[:1], build.TOOLCHAINS["gcc"], controls=False)
+    (r,) = mutant.streamed()
+    assert r.rows_differing == 0 and r.sum_calls_unconfirmed > 0
+
+
 def test_matrix_reaches_every_m1_path_and_tile(report: suite.Report) -> None:
     ran = {(r.m1_kernel, r.V, r.case.B > 1, r.case.dtype) for r in report.streamed()}
     for m1, V, batched, dtype in itertools.product(

@@ -71,6 +71,35 @@ def test_streamed_rows_equal_m1_bitwise(report: suite.Report) -> None:
     assert report.failures() == []
 
 
+def test_simd_sum_inputs_equal_m1_on_every_output(report: suite.Report) -> None:
+    # As for affine: every output element's simd_sum got the M = 1 kernel's 32
+    # per-lane values, every call's key confirmed by the kernel's own store.
+    for r in report.streamed():
+        assert r.sum_inputs == r.case.B * r.case.M * r.case.N, r.case.label()
+        assert (r.sum_inputs_differing, r.sum_calls_unconfirmed) == (0, 0), r.case.label()
+
+
+def test_simd_sum_inputs_catch_what_one_tree_hides(patched: str, types: tuple[str, str]) -> None:
+    # Mutation as for affine: lanes l and l ^ 16 swap their partial sums before
+    # simd_sum, which the shim's butterfly cannot see in the outputs (it adds
+    # those pairs first) and the input comparison must see on every output,
+    # with and without nvfp4's global scale, on both M = 1 paths.
+    store = "result[v][row] = simd_sum(result[v][row]);"
+    assert patched.count(store) == 2
+    mutated = patched.replace(
+        store, "result[v][row] = simd_sum(simd_shuffle_xor(result[v][row], 16));"
+    )
+    cases = [
+        parity.Case("nvfp4", 1024, 64, "float32", 5, 1, True),
+        parity.Case("mxfp4", 544, 37, "float16", 7, 2),
+        parity.Case("mxfp8", 544, 6, "float32", 3),
+    ]
+    mutant = suite.run(mutated, cases, build.TOOLCHAINS["gcc"], types=types, controls=False)
+    for r in mutant.streamed():
+        assert r.rows_differing == 0, r.case.label()
+        assert r.sum_inputs_differing == r.sum_inputs > 0, r.case.label()
+
+
 def test_matrix_reaches_every_path_tile_and_variant(report: suite.Report) -> None:
     ran = {(r.case.mode, r.m1_kernel, r.V) for r in report.streamed()}
     for mode, m1, V in itertools.product(

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import platformdirs
 
 from patchkit.errors import ToolError, UserError
@@ -249,6 +250,7 @@ class Library:
             [ctypes.c_int] * 11
             + [ctypes.c_void_p] * 6
             + [ctypes.c_int] * 2
+            + [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
             + [ctypes.c_char_p, ctypes.c_int]
         )
 
@@ -272,16 +274,21 @@ class Library:
         rps: int = 4,
         batch: tuple[int, ...] = (),
         w_shared: int = 0,
-    ) -> None:
+        record: np.ndarray | None = None,
+    ) -> int:
         """Run kernel ``kind`` with ``dims = (B, M, N, K)`` on numpy ``buffers``.
 
         ``buffers`` are (w, scales, biases or global scale, x, y); ``hgs`` and
         ``rps`` pick nvfp4's global-scale and narrow-tile variants. ``batch``
         (product B) is a multi-dimensional batch shape, ``w_shared`` the bitmask
         of its dimensions along which the weights are shared (stride 0); by
-        default the batch is one dimension of B.
+        default the batch is one dimension of B. ``record`` (an array of
+        :data:`sums.RECORD`) receives every ``simd_sum`` call of the launch;
+        returns how many were recorded.
         """
         err = ctypes.create_string_buffer(512)
+        count = ctypes.c_int(0)
+        where = None if record is None else record.ctypes.data
         ptrs = [buf.ctypes.data for buf in buffers]
         shape = (ctypes.c_int * max(len(batch), 1))(*batch)
         rc = self._run(
@@ -297,6 +304,9 @@ class Library:
             ctypes.cast(shape, ctypes.c_void_p),
             len(batch),
             w_shared,
+            where,
+            0 if record is None else len(record),
+            ctypes.byref(count),
             err,
             len(err),
         )
@@ -306,3 +316,4 @@ class Library:
             raise UserError(
                 f"kernel {kind} for {dtype} gs={gs} bits={bits} hgs={hgs} rps={rps} not built"
             )
+        return count.value

@@ -100,6 +100,11 @@ def case_summary(
     lines = [
         f"{name}: {r.kernel} vs {r.m1_kernel} (V={r.V}): {r.rows_differing}/{r.rows} rows differ, "
         f"max |diff| {r.max_abs_diff:g}"
+        + (
+            ""
+            if r.sum_inputs is None
+            else f"; simd_sum inputs differ for {r.sum_inputs_differing}/{r.sum_inputs} outputs"
+        )
         for name, r in results
     ]
     human = f"{label}: {'identical' if identical else 'DIFFERENT'}\n" + "\n".join(lines)
@@ -123,8 +128,9 @@ def one_case(
         lib = suite.library_for(libs, case)
         inputs = parity.make_inputs(case)
         say(f"running {case.label()} with {name}")
-        ref = parity.run_m1(lib, case, inputs)
-        got = parity.run_batched(lib, case, inputs, batched)
+        record = kernel == "streamed"
+        ref = parity.run_m1(lib, case, inputs, record=record)
+        got = parity.run_batched(lib, case, inputs, batched, record=record)
         results.append((name, parity.compare(case, batched, ref, got)))
     return case_summary(case.label(), kernel, results)
 

@@ -25,6 +25,13 @@
 //   they hand simd_sum identical per-lane values, which is the property the
 //   parity suite checks. Lanes that reach different cross-lane operations are
 //   reported as an error rather than guessed at.
+// - Recording (SumRecorder): while a recorder is installed on the OS thread,
+//   every simd_sum call appends the 32 per-lane values it was handed, its
+//   result, and where it ran: the threadgroup (tid), the simdgroup and the
+//   call's index within that simdgroup. The parity suite turns that into the
+//   (batch, vector, output row) the call produces (sums.py) and compares the
+//   32 inputs of the streamed and the M = 1 kernel bit for bit: equal inputs
+//   give equal results under any reduction tree.
 #pragma once
 
 #include <setjmp.h>
@@ -279,7 +286,22 @@ namespace patchkit {
 constexpr int kSimdSize = 32;
 constexpr size_t kFiberStack = 256 * 1024;
 
-enum class LaneOp { kNone, kSum, kShuffleDown, kDone };
+enum class LaneOp { kNone, kSum, kShuffleDown, kShuffleXor, kDone };
+
+// One simd_sum call as recorded (layout mirrored by sums.RECORD in Python).
+struct SumRecord {
+  int32_t tid[3];  // threadgroup_position_in_grid
+  int32_t simdgroup;  // simdgroup_index_in_threadgroup
+  int32_t call;  // index of this simd_sum call within its simdgroup's run
+  float lanes[32];  // the value each lane handed to simd_sum
+  float out;  // the result every lane received
+};
+
+struct SumRecorder {
+  SumRecord* records;
+  int capacity;
+  int count = 0;
+};
 
 struct Simdgroup {
   // Each lane starts once through swapcontext (to get its own stack), then
@@ -296,6 +318,10 @@ struct Simdgroup {
   float out[kSimdSize];
   int arg[kSimdSize];
   int current = 0;
+  // Where the running simdgroup sits in the grid, and its simd_sum calls so far.
+  uint3 tid = {0, 0, 0};
+  uint gid = 0;
+  int sum_calls = 0;
   const void* body = nullptr;
   void (*trampoline)(const void*, int) = nullptr;
   std::string error;
@@ -305,6 +331,8 @@ struct Simdgroup {
 // are allocated once).
 inline thread_local Simdgroup this_thread_simdgroup;
 inline thread_local Simdgroup* current_simdgroup = nullptr;
+// Installed by the runner for one launch when the caller asks for a recording.
+inline thread_local SumRecorder* sum_recorder = nullptr;
 
 // A lane's fiber lives as long as its OS thread: it runs one simdgroup's body,
 // reports done, and waits to be resumed with the next body.
@@ -364,6 +392,24 @@ inline bool resolve(Simdgroup& sg) {
       std::copy(next, next + kSimdSize, v);
     }
     std::copy(v, v + kSimdSize, sg.out);
+    if (sum_recorder != nullptr) {
+      SumRecorder& rec = *sum_recorder;
+      if (rec.count == rec.capacity) {
+        sg.error = "simd_sum record buffer full";
+        return false;
+      }
+      SumRecord& r = rec.records[rec.count++];
+      r.tid[0] = int32_t(sg.tid.x), r.tid[1] = int32_t(sg.tid.y), r.tid[2] = int32_t(sg.tid.z);
+      r.simdgroup = int32_t(sg.gid);
+      r.call = sg.sum_calls;
+      std::copy(sg.in, sg.in + kSimdSize, r.lanes);
+      r.out = v[0];
+    }
+    sg.sum_calls++;
+  } else if (op == LaneOp::kShuffleXor) {
+    for (int l = 0; l < kSimdSize; l++) {
+      sg.out[l] = sg.in[l ^ (sg.arg[0] & (kSimdSize - 1))];
+    }
   } else {
     int d = sg.arg[0];
     for (int l = 0; l < kSimdSize; l++) {
@@ -383,6 +429,7 @@ void run_simdgroup(const F& body) {
     (*static_cast<const F*>(b))(lane);
   };
   sg.error.clear();
+  sg.sum_calls = 0;
   for (int l = 0; l < kSimdSize; l++) {
     if (!sg.started[l]) {
       sg.stacks[l].resize(kFiberStack);
@@ -477,6 +524,8 @@ void launch_grid(int batches, int gx, int gy, const Kernel& kernel) {
     for (uint ty = 0; ty < uint(gy); ty++) {
       for (uint tx = 0; tx < uint(gx); tx++) {
         for (uint sg = 0; sg < 2; sg++) {
+          this_thread_simdgroup.tid = uint3{tx, ty, z};
+          this_thread_simdgroup.gid = sg;
           run_simdgroup([&](int lane) { kernel(uint3{tx, ty, z}, sg, uint(lane)); });
         }
       }
@@ -492,6 +541,12 @@ inline float simd_sum(float v) {
 
 inline float simd_shuffle_down(float v, ushort delta) {
   return patchkit::cross_lane(patchkit::LaneOp::kShuffleDown, v, delta);
+}
+
+// Lane l receives lane (l ^ mask)'s value. No upstream kernel here uses it; the
+// suite's mutation tests do (a lane permutation that one reduction tree hides).
+inline float simd_shuffle_xor(float v, ushort mask) {
+  return patchkit::cross_lane(patchkit::LaneOp::kShuffleXor, v, mask);
 }
 
 // The batch helpers adjust_matrix_offsets calls when an operand has more than

@@ -20,6 +20,7 @@ import numpy as np
 
 from patchkit.errors import UserError
 from patchkit.verify.dispatch import uses_qmv_fast, vecs_per_tg
+from patchkit.verify.emulate import sums as sums_mod
 from patchkit.verify.emulate.build import Library
 from patchkit.verify.emulate.families import FAMILIES, ROLES, Family, Header
 
@@ -163,10 +164,22 @@ class Result:
     rows_differing: int
     elements_differing: int
     max_abs_diff: float
+    # The simd_sum inputs (sums.py), where both runs recorded them: output
+    # elements compared, those whose 32 per-lane inputs differ, and calls whose
+    # key the kernel's own store did not confirm. None: not recorded (qmv_wide
+    # reduces with simd_shuffle_down and calls no simd_sum).
+    sum_inputs: int | None = None
+    sum_inputs_differing: int | None = None
+    sum_calls_unconfirmed: int | None = None
 
     @property
     def identical(self) -> bool:
-        return self.rows_differing == 0
+        """Every row equal and, where recorded, every simd_sum handed the same values."""
+        return (
+            self.rows_differing == 0
+            and not self.sum_inputs_differing
+            and not (self.sum_calls_unconfirmed)
+        )
 
     def as_dict(self) -> dict[str, object]:
         fields = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "case"}
@@ -194,10 +207,20 @@ def _empty_out(case: Case, M: int, B: int, like: np.ndarray) -> np.ndarray:
     )
 
 
-def _run(lib: Library, case: Case, kernel: str, V: int, dims, buffers, batch=True) -> None:
+@dataclass(frozen=True)
+class Output:
+    """What one kernel run produced: y (B, M, N) and, when recorded, its simd_sum calls."""
+
+    y: np.ndarray
+    sums: sums_mod.Sums | None = None
+
+
+def _run(
+    lib: Library, case: Case, kernel: str, V: int, dims, buffers, batch=True, record=None
+) -> int:
     role = kernel.removeprefix(case.header.kernel_prefix)
     shape = dict(batch=case.batch, w_shared=case.w_shared) if batch else {}
-    lib.run(
+    return lib.run(
         case.dtype,
         case.group_size,
         case.bits,
@@ -208,14 +231,26 @@ def _run(lib: Library, case: Case, kernel: str, V: int, dims, buffers, batch=Tru
         case.hgs,
         case.rps,
         **shape,
+        record=record,
     )
 
 
-def run_m1(lib: Library, case: Case, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+def _recorded(lib: Library, case: Case, kernel: str, V: int, dims, buffers, **kw) -> np.ndarray:
+    """Run with a simd_sum recording; the records."""
+    B, M, N, _ = dims
+    records = np.zeros(sums_mod.capacity(N, M, B, V, case.rps), dtype=sums_mod.RECORD)
+    n = _run(lib, case, kernel, V, dims, buffers, record=records, **kw)
+    return records[:n]
+
+
+def run_m1(
+    lib: Library, case: Case, inputs: tuple[np.ndarray, ...], record: bool = False
+) -> Output:
     """Each vector alone through the M = 1 kernel MLX would choose: y of shape (B, M, N)."""
     w, s, aux, x = inputs
     batched_aux = aux.ndim == 3  # biases are per batch; the global scale is one value
     y = _empty_out(case, case.M, case.B, x)
+    parts = []
     for bi in range(case.B):
         wi = case.w_index(bi)
         for i in range(case.M):
@@ -224,27 +259,48 @@ def run_m1(lib: Library, case: Case, inputs: tuple[np.ndarray, ...]) -> np.ndarr
             # Copies: each buffer its own allocation, so a read past one is a
             # read past an allocation (sanitize.py), not into the next batch.
             bufs = (*(np.array(b) for b in (w[wi], s[wi], a, x[bi, i : i + 1])), one)
-            _run(lib, case, case.m1_kernel, 1, (1, 1, case.N, case.K), bufs, batch=False)
+            dims = (1, 1, case.N, case.K)
+            if record:
+                records = _recorded(lib, case, case.m1_kernel, 1, dims, bufs, batch=False)
+                parts.append(sums_mod.keyed(case, records, one, aux, V=1, vector=(bi, i)))
+            else:
+                _run(lib, case, case.m1_kernel, 1, dims, bufs, batch=False)
             y[bi, i] = one[0, 0]
-    return y
+    return Output(y, sums_mod.Sums.concat(parts) if record else None)
 
 
 def run_batched(
-    lib: Library, case: Case, inputs: tuple[np.ndarray, ...], kernel: str
-) -> np.ndarray:
+    lib: Library, case: Case, inputs: tuple[np.ndarray, ...], kernel: str, record: bool = False
+) -> Output:
     """All M vectors (and B batches) in one launch of ``kernel``: y of shape (B, M, N)."""
     w, s, aux, x = inputs
     y = _empty_out(case, case.M, case.B, x)
-    _run(lib, case, kernel, case.V, (case.B, case.M, case.N, case.K), (w, s, aux, x, y))
-    return y
+    dims = (case.B, case.M, case.N, case.K)
+    if not record:
+        _run(lib, case, kernel, case.V, dims, (w, s, aux, x, y))
+        return Output(y)
+    records = _recorded(lib, case, kernel, case.V, dims, (w, s, aux, x, y))
+    return Output(y, sums_mod.keyed(case, records, y, aux, V=case.V))
 
 
-def compare(case: Case, kernel: str, reference: np.ndarray, candidate: np.ndarray) -> Result:
-    """Bitwise row comparison of ``candidate`` against the M = 1 ``reference``."""
-    ref_bits = reference.view(np.uint16 if reference.itemsize == 2 else np.uint32)
-    cand_bits = candidate.view(ref_bits.dtype)
+def compare(case: Case, kernel: str, reference: Output, candidate: Output) -> Result:
+    """Bitwise row comparison of ``candidate`` against the M = 1 ``reference``.
+
+    Where both runs recorded their simd_sum calls, also the 32 per-lane inputs
+    of every output element's simd_sum (:func:`sums.compare`).
+    """
+    ref_bits = reference.y.view(np.uint16 if reference.y.itemsize == 2 else np.uint32)
+    cand_bits = candidate.y.view(ref_bits.dtype)
     differs = ref_bits != cand_bits
-    diff = np.abs(to_float(reference, case.dtype) - to_float(candidate, case.dtype))
+    diff = np.abs(to_float(reference.y, case.dtype) - to_float(candidate.y, case.dtype))
+    extra: dict[str, int] = {}
+    if reference.sums is not None and candidate.sums is not None:
+        c = sums_mod.compare(reference.sums, candidate.sums, case.B * case.M * case.N)
+        extra = dict(
+            sum_inputs=c.elements,
+            sum_inputs_differing=c.differing,
+            sum_calls_unconfirmed=c.unconfirmed,
+        )
     return Result(
         case=case,
         kernel=kernel,
@@ -254,4 +310,5 @@ def compare(case: Case, kernel: str, reference: np.ndarray, candidate: np.ndarra
         rows_differing=int(differs.any(axis=-1).sum()),
         elements_differing=int(differs.sum()),
         max_abs_diff=float(np.nan_to_num(diff, nan=np.inf).max()),
+        **extra,
     )

@@ -206,16 +206,38 @@ int run_variant(int kind, int V, int hgs, int rps, const Problem& p) {
 }  // namespace patchkit
 
 // batch (batch_ndims ints, product B) and w_shared describe a multi-dimensional
-// batch (BatchLayout); batch_ndims 0 is one dimension of B.
+// batch (BatchLayout); batch_ndims 0 is one dimension of B. With a non-null
+// record (room for record_cap SumRecords) every simd_sum call of the launch is
+// recorded there and *record_count says how many.
 // Returns 0 on success, 1 on a runtime error (message in err), 2 when the
 // requested combination is not compiled into this library.
 extern "C" int pk_run(
     int dtype, int gs, int bits, int kind, int V, int hgs, int rps, int B, int M, int N,
     int K, const void* w, const void* scales, const void* aux, const void* x, void* y,
-    const int* batch, int batch_ndims, int w_shared, char* err, int err_len) {
+    const int* batch, int batch_ndims, int w_shared, void* record, int record_cap,
+    int* record_count, char* err, int err_len) {
   // No batch shape: one batch dimension of B.
   patchkit::Problem p{static_cast<const uint32_t*>(w), scales, aux, x, y, K, N, M, B,
                       batch_ndims ? batch : &B, batch_ndims ? batch_ndims : 1, w_shared};
+  patchkit::SumRecorder recorder{static_cast<patchkit::SumRecord*>(record), record_cap};
+  // Installed for this launch only, and removed however it ends.
+  struct Install {
+    explicit Install(patchkit::SumRecorder* r) {
+      patchkit::sum_recorder = r;
+    }
+    ~Install() {
+      patchkit::sum_recorder = nullptr;
+    }
+  } install(record != nullptr ? &recorder : nullptr);
+  struct Count {
+    patchkit::SumRecorder& r;
+    int* out;
+    ~Count() {
+      if (out != nullptr) {
+        *out = r.count;
+      }
+    }
+  } count{recorder, record_count};
   try {
 #define PATCHKIT_COMBO(T, code, G, BITS)                                                \
   if (dtype == code && gs == G && bits == BITS) {                                       \

@@ -233,7 +233,9 @@ class Report:
 
     def failures(self) -> list[str]:
         return [
-            f"{r.case.label()}: {r.rows_differing}/{r.rows} rows differ"
+            f"{r.case.label()}: {r.rows_differing}/{r.rows} rows differ, simd_sum inputs "
+            f"differ for {r.sum_inputs_differing}/{r.sum_inputs} outputs"
+            + (f", {r.sum_calls_unconfirmed} calls unconfirmed" if r.sum_calls_unconfirmed else "")
             for r in self.streamed()
             if not r.identical
         ]
@@ -286,18 +288,20 @@ def _one_header(cases: list[Case]) -> Header:
 def run_case(lib: build.Library, case: Case, controls: bool) -> list[Result]:
     """Streamed (and, where the plain variant runs, qmv_wide) against M = 1 for one case.
 
-    ``qmv_wide`` has no global-scale or narrow-tile variant, so those cases
-    carry no control.
+    The streamed kernel is compared twice over: its output rows, and the 32
+    per-lane values each of its ``simd_sum`` calls is handed (recorded in both
+    runs, :mod:`.sums`). ``qmv_wide`` reduces with ``simd_shuffle_down``
+    (nothing to record), and has no global-scale or narrow-tile variant, so
+    those cases carry no control.
     """
     inputs = parity.make_inputs(case)
-    reference = parity.run_m1(lib, case, inputs)
-    kernels = [case.streamed_kernel]
+    reference = parity.run_m1(lib, case, inputs, record=True)
+    streamed = parity.run_batched(lib, case, inputs, case.streamed_kernel, record=True)
+    results = [parity.compare(case, case.streamed_kernel, reference, streamed)]
     if controls and (case.hgs, case.rps) == (False, 4):
-        kernels.append(case.wide_kernel)
-    return [
-        parity.compare(case, k, reference, parity.run_batched(lib, case, inputs, k))
-        for k in kernels
-    ]
+        wide = parity.run_batched(lib, case, inputs, case.wide_kernel)
+        results.append(parity.compare(case, case.wide_kernel, reference, wide))
+    return results
 
 
 def run(
@@ -351,6 +355,11 @@ def summarize(report: Report) -> dict[str, object]:
         "streamed_differing": sum(not r.identical for r in streamed),
         "rows_checked": sum(r.rows for r in streamed),
         "rows_differing": sum(r.rows_differing for r in streamed),
+        # Output elements whose simd_sum was handed the same 32 per-lane values
+        # as at M = 1 (sums.py): equal inputs, equal result under any tree.
+        "sum_inputs_checked": sum(r.sum_inputs or 0 for r in streamed),
+        "sum_inputs_differing": sum(r.sum_inputs_differing or 0 for r in streamed),
+        "sum_calls_unconfirmed": sum(r.sum_calls_unconfirmed or 0 for r in streamed),
         "control_cases": len(report.wide()),
         **{divergence_key(g): report.control_divergence(g) for g in header.control_groups},
         "failures": report.failures(),
@@ -363,7 +372,9 @@ def summary_line(report: Report, summary: dict[str, object]) -> str:
         f"{summary[divergence_key(g)]:.0%} of {'/'.join(g)}" for g in report.header.control_groups
     )
     return (
-        f"streamed {summary['streamed_cases']} cases, {summary['streamed_differing']} differing; "
+        f"streamed {summary['streamed_cases']} cases, {summary['streamed_differing']} differing "
+        f"(simd_sum inputs of {summary['sum_inputs_checked']} outputs, "
+        f"{summary['sum_inputs_differing']} differing); "
         f"control {report.header.wide} differs on {groups} cases"
     )
 
