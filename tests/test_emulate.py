@@ -163,12 +163,53 @@ def test_harness_catches_a_reordered_streamed_kernel(patched: str) -> None:
     assert len(mutant.failures()) == len(cases)
 
 
+def test_long_k_shapes_see_a_reassociated_tail(patched: str) -> None:
+    # Mutation: qmv_streamed_impl adds its K tail together with the first
+    # block's contribution, (R - b0) + (t + b0) instead of R + t. With one main
+    # block (K = 512, 4-bit: R = b0) that is 0 + (t + b0), the same bits, so the
+    # K = 512 shapes cannot see it; the long-K shapes (4 blocks before the tail)
+    # must.
+    call = (
+        "result[v][row] +=\n"
+        "            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);"
+    )
+    tail = (
+        "result[v][row] += qdot_safe<U, values_per_thread, bits>(\n"
+        "            wl, x_thread, s[row], b[row], sum, remaining);"
+    )
+    decl = "thread U b[results_per_simdgroup];"
+    assert patched.count(call) == 2 and patched.count(tail) == 1 and patched.count(decl) == 2
+    mutated = (
+        patched.replace(decl, decl + " thread U first[vecs_per_tg][results_per_simdgroup] = {};")
+        .replace(
+            call,
+            "{ U q = qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);"
+            " if (k == 0) first[v][row] = q; result[v][row] += q; }",
+        )
+        .replace(
+            tail,
+            "result[v][row] = (result[v][row] - first[v][row]) + (qdot_safe<U, "
+            "values_per_thread, bits>(wl, x_thread, s[row], b[row], sum, remaining)"
+            " + first[v][row]);",
+        )
+    )
+    short = [suite.AFFINE_SHAPES["n_lt_8"], suite.AFFINE_SHAPES["n_not_mult_8"]]
+    cases = [
+        parity.Case.affine(K, N, 4, 64, "float32", 6, 3)
+        for K, N in [*short, *suite.LONG_K_SHAPES.values()]
+    ]
+    mutant = suite.run(mutated, cases, build.TOOLCHAINS["gcc"], controls=False)
+    failed = {(r.case.K, r.case.N) for r in mutant.streamed() if not r.identical}
+    assert failed == set(suite.LONG_K_SHAPES.values())
+
+
 def test_unwritten_rows_cannot_pass() -> None:
     # Outputs start as NaN/all-ones: a kernel that writes nothing must differ.
     case = parity.Case.affine(512, 16, 4, 64, "float16", 2)
     written = np.zeros((1, 2, 16), dtype=np.float16)
     untouched = parity._empty_out(case, 2, 1, written)
-    assert parity.compare(case, "x", written, untouched).rows_differing == 2
+    result = parity.compare(case, "x", parity.Output(written), parity.Output(untouched))
+    assert result.rows_differing == 2
 
 
 def test_clang_build_fuses_and_gcc_build_does_not(patched: str) -> None:

@@ -56,6 +56,23 @@ FP_SHAPES: dict[str, tuple[int, int]] = {
     "k4096": (4096, 128),
 }
 
+# Long K on qmv's two row tilings (default matrices). At K = 512 a 2- to 5-bit
+# qmv adds one main-loop block and its tail, two summands that commute, so a
+# kernel adding its tail first would pass there. At K = 1152 every bits has at
+# least two main-loop blocks before a tail (2-bit: 2 blocks of 512, then 128
+# values only lanes 0..7 reach; 3/4/5-bit: 4 of 256, then lanes 0..15; 6/8-bit:
+# 8 of 128, then a full block), and 1152 is a multiple of every group size.
+LONG_K_SHAPES: dict[str, tuple[int, int]] = {
+    "n_lt_8_long_k": (1152, 5),
+    "n_not_mult_8_long_k": (1152, 37),
+}
+# (M, B, seed) of the float32 cases the default matrices add where detection
+# power is: float32 outputs show every last-ulp float32 difference (the
+# qmv_wide control differs on all of them). M = 3 (one full tile of V = 3) as a
+# batch of 3; M = 6 (two full tiles of 3), alone and as a batch of 3 with a
+# second seed.
+FLOAT32_MBS = ((3, 3, 0), (6, 1, 0), (6, 3, 1))
+
 # M = 2..16 covers every tile size V = 2..5 and every partial last tile.
 ALL_M = tuple(range(2, 17))
 # The affine default subset: every tile size V = 2..5 (M = 2..5), partial last
@@ -105,8 +122,12 @@ def multi_batch_cases(modes: tuple[str, ...]) -> list[Case]:
 
 
 def _affine_full(modes: tuple[str, ...]) -> list[Case]:
-    """Every shape x bits x group size x dtype x M = 2..16 x B (about 8,100 cases), 2-D batches."""
-    return multi_batch_cases(modes) + [
+    """Every shape x bits x group size x dtype x M = 2..16 x B (about 8,100 cases), 2-D batches.
+
+    Plus every default case the product does not hold (long K, seeds), so the
+    full matrix contains the default one.
+    """
+    full = multi_batch_cases(modes) + [
         Case.affine(K, N, bits, gs, dtype, M, B)
         for (K, N), bits, gs, dtype, M, B in itertools.product(
             AFFINE_SHAPES.values(),  # shapes hitting each M = 1 path
@@ -117,10 +138,22 @@ def _affine_full(modes: tuple[str, ...]) -> list[Case]:
             BATCHES,  # batch count
         )
     ]
+    return _with_default(full, _affine_default(modes))
+
+
+def _with_default(full: list[Case], default: list[Case]) -> list[Case]:
+    have = set(full)
+    return full + [c for c in default if c not in have]
 
 
 def _affine_default(modes: tuple[str, ...]) -> list[Case]:
-    """A subset that runs in seconds: every shape, bits and dtype; group sizes on 4-bit."""
+    """A subset that runs in seconds (1,038 cases).
+
+    Every shape, bits and dtype at group size 64 over M = 2..5, 7, 9, 16;
+    group sizes 32/128 on 4-bit float16; and in float32, where detection power
+    is, every shape (with the long-K ones) x bits x group size at
+    :data:`FLOAT32_MBS` (M = 3 and 6, B = 3, a second seed).
+    """
     cases = []
     for (K, N), bits, dtype, M in itertools.product(
         AFFINE_SHAPES.values(), FAMILIES["affine"].bits, DTYPES, DEFAULT_M
@@ -129,6 +162,14 @@ def _affine_default(modes: tuple[str, ...]) -> list[Case]:
         cases.append(Case.affine(K, N, bits, 64, dtype, M, B))
     for (K, N), gs, dtype in itertools.product(AFFINE_SHAPES.values(), (32, 128), ("float16",)):
         cases += [Case.affine(K, N, 4, gs, dtype, M) for M in (2, 7, 16)]
+    for (K, N), bits, gs, (M, B, seed) in itertools.product(
+        [*AFFINE_SHAPES.values(), *LONG_K_SHAPES.values()],  # every M = 1 path, long K tails
+        FAMILIES["affine"].bits,  # affine bits
+        FAMILIES["affine"].group_sizes,  # group sizes
+        FLOAT32_MBS,  # rows, batch, seed
+    ):
+        case = Case("affine", K, N, "float32", M, B, seed=seed, bits=bits, group_size=gs)
+        cases.append(case)
     return cases
 
 
@@ -147,7 +188,8 @@ def _fp_shape(shape: tuple[int, int], dtype: str) -> tuple[int, int]:
 def _fp_full(modes: tuple[str, ...]) -> list[Case]:
     """Every mode x shape x dtype x M = 2..16 x B in {1, 3} x (global scale, tile) variant.
 
-    Plus :func:`multi_batch_cases`.
+    Plus :func:`multi_batch_cases` and every default case the product does not
+    hold (long K, seeds).
     """
     cases = multi_batch_cases(modes)
     for mode, shape, dtype, M, B in itertools.product(
@@ -155,7 +197,7 @@ def _fp_full(modes: tuple[str, ...]) -> list[Case]:
     ):
         K, N = _fp_shape(shape, dtype)
         cases += [Case(mode, K, N, dtype, M, B, h, r) for h, r in FAMILIES[mode].variants_at(K, N)]
-    return cases
+    return _with_default(cases, _fp_default(modes))
 
 
 def _fp_default(modes: tuple[str, ...]) -> list[Case]:
@@ -164,7 +206,8 @@ def _fp_default(modes: tuple[str, ...]) -> list[Case]:
     On the two fp_qmv branches with a full tile (aligned, n_not_mult_8) M = 2 (as
     a batch of 3), 3, 4, 5 and 7 cover every tile size and a partial last tile;
     the other shapes take M = 2 (B = 3) and 7. The nvfp4 global-scale and r_2
-    variants run on float16 and bfloat16 at M = 5.
+    variants run on float16 and bfloat16 at M = 5. In float32 (N <= 64), every
+    shape with the long-K ones, every variant, at :data:`FLOAT32_MBS`.
     """
     cases = []
     for mode, (name, shape), dtype in itertools.product(modes, FP_SHAPES.items(), DTYPES):
@@ -175,6 +218,12 @@ def _fp_default(modes: tuple[str, ...]) -> list[Case]:
         if dtype != "float32":
             for hgs, rps in FAMILIES[mode].variants_at(K, N)[1:]:
                 cases.append(Case(mode, K, N, dtype, 5, 1, hgs, rps))
+    for mode, shape, (M, B, seed) in itertools.product(
+        modes, [*FP_SHAPES.values(), *LONG_K_SHAPES.values()], FLOAT32_MBS
+    ):
+        K, N = small_shape(*shape)
+        for hgs, rps in FAMILIES[mode].variants_at(K, N):
+            cases.append(Case(mode, K, N, "float32", M, B, hgs, rps, seed))
     return cases
 
 
