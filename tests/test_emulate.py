@@ -351,25 +351,38 @@ def test_two_dim_batches_every_build(patched: str, toolchain: build.Toolchain) -
         assert report.control_divergence() >= AFFINE.min_control, name
 
 
+def _patched_text(header: str) -> str:
+    if header == "affine":
+        return emulate.patched_header(emulate.pinned_header(ROOT))
+    return emulate.patched_fp_header(emulate.pinned_fp_headers(ROOT)[0])
+
+
 @pytest.mark.wide
-def test_sanitizer_build_reports_nothing() -> None:
-    # ASan + UBSan over partial tiles, N < 8, K tails, B 3 and a (2, 3) batch.
-    proc = sanitize.run_child("affine")
+@pytest.mark.parametrize("header", ["affine", "fp"])
+def test_sanitizer_build_reports_nothing(header: str) -> None:
+    # ASan + UBSan over partial tiles, N < 8, K tails, B 3 and (2, 3) batches;
+    # fp: every mode, nvfp4's global-scale and r_2 variants (sanitize.cases).
+    proc = sanitize.run_child(header)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "ERROR: AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
-    assert ", 0 differing;" in proc.stdout
+    ran = sanitize.cases(header)
+    rows = sum(c.B * c.M for c in ran)
+    assert f"streamed {len(ran)} cases, 0 differing" in proc.stdout, proc.stdout
+    assert f"rows {rows}, differing 0" in proc.stdout, proc.stdout
 
 
 @pytest.mark.wide
-def test_sanitizer_build_fails_an_out_of_bounds_read(patched: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("header", ["affine", "fp"])
+def test_sanitizer_build_fails_an_out_of_bounds_read(header: str, tmp_path: Path) -> None:
     # Mutation: the streamed kernels stop clamping a partial last tile's
     # vectors to M - 1, so they read the rows after x's last one. Those rows'
     # results are never stored, so output parity cannot see it; ASan must.
-    clamp = "x + min(vec0 + v, M - 1) * in_vec_size"
-    assert clamp in patched
-    mutated = tmp_path / "quantized.h"
-    mutated.write_text(patched.replace(clamp, "x + (vec0 + v) * in_vec_size"))
-    proc = sanitize.run_child("affine", mutated)
+    patched = _patched_text(header)
+    clamp = "min(vec0 + v, M - 1) * in_vec_size + simd_lid"
+    assert patched.count(clamp) == 2  # the two streamed kernels, not qmv_wide
+    mutated = tmp_path / "header.h"
+    mutated.write_text(patched.replace(clamp, "(vec0 + v) * in_vec_size + simd_lid"))
+    proc = sanitize.run_child(header, mutated)
     assert proc.returncode == sanitize.REPORTED, proc.stdout + proc.stderr[-2000:]
     assert "ERROR: AddressSanitizer: heap-buffer-overflow" in proc.stderr
     assert "READ of size" in proc.stderr and "_streamed" in proc.stderr

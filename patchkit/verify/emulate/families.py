@@ -47,10 +47,6 @@ class Header:
     control_groups: tuple[tuple[str, ...], ...]
     min_control: float
     case_keys: tuple[str, ...]  # the case fields JSON carries for this header
-    # Whether build.check_address_spaces runs on this header's kernels before
-    # every build (fp: fp4.h/fp8.h return half by value, which clang's
-    # storage-only __fp16 cannot stand in for).
-    address_spaces: bool = False
 
     def kernel(self, role: str) -> str:
         return self.kernel_prefix + role
@@ -195,7 +191,6 @@ AFFINE = Header(
     control_groups=(("float32", "float16"), ("bfloat16",)),
     min_control=0.5,
     case_keys=("K", "N", "bits", "group_size", "dtype", "M", "B", "seed"),
-    address_spaces=True,
 )
 
 FP = Header(

@@ -51,6 +51,9 @@
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 // ---- Metal words -----------------------------------------------------------
 #if defined(PATCHKIT_ADDRESS_SPACES)
@@ -219,10 +222,16 @@ PATCHKIT_NARROW_OP(/)
 #undef PATCHKIT_NARROW_OP
 
 #if defined(PATCHKIT_ADDRESS_SPACES)
-// Only types are checked here: clang's builtin __fp16 (loadable from any
-// address space, as Metal's half is) stands in for both 16-bit types.
+// Only address spaces are checked here, so the 16-bit types are builtin
+// arithmetic types: a class's conversion operator cannot be called on an
+// object in another address space (clang allows address-space-qualified
+// methods only in OpenCL), while a builtin loads from any address space, as
+// Metal's half does. half is clang's __fp16, which the check lets fp4.h/fp8.h
+// return by value (-fallow-half-arguments-and-returns, as ARM targets have
+// it); bfloat16_t must be a distinct type (fp4.h/fp8.h convert to both), and
+// clang 14 on x86 has no second 16-bit float, so a 16-bit integer stands in.
 typedef __fp16 half;
-typedef __fp16 bfloat16_t;
+typedef short bfloat16_t;
 #else
 typedef narrow_float<half_traits> half;
 typedef narrow_float<bfloat_traits> bfloat16_t;
@@ -274,6 +283,12 @@ struct float4 {
   template <typename T>
   explicit float4(const vec<T, 4>& o)
       : x(float(o.v[0])), y(float(o.v[1])), z(float(o.v[2])), w(float(o.v[3])) {}
+#if defined(PATCHKIT_ADDRESS_SPACES)
+  // fp_qmv_wide_impl converts a vector read in place from device memory.
+  template <typename T>
+  explicit float4(const device vec<T, 4>& o)
+      : x(float(o.v[0])), y(float(o.v[1])), z(float(o.v[2])), w(float(o.v[3])) {}
+#endif
 };
 
 inline float dot(float4 a, float4 b) {
@@ -325,7 +340,41 @@ struct Simdgroup {
   const void* body = nullptr;
   void (*trampoline)(const void*, int) = nullptr;
   std::string error;
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer's fiber annotations (sanitizer/common_interface_defs.h):
+  // each fiber's fake-stack slot (the scheduler's last) and the scheduler's
+  // stack, as ASan reports it when a lane is entered.
+  void* fake[kSimdSize + 1] = {};
+  const void* scheduler_bottom = nullptr;
+  size_t scheduler_size = 0;
+#endif
 };
+
+// Switch announcements for AddressSanitizer (no-ops otherwise). Without them
+// ASan takes a lane's heap-allocated stack for the thread's and, at every
+// _longjmp, clears the shadow of the whole range between the two stacks: the
+// sanitizer build spent its time in the kernel doing that, and warned that it
+// did not support the fibers.
+inline void switching_to_lane(Simdgroup& sg, int lane) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(&sg.fake[kSimdSize], sg.stacks[lane].data(), kFiberStack);
+#endif
+}
+inline void arrived_in_lane(Simdgroup& sg, int lane) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(sg.fake[lane], &sg.scheduler_bottom, &sg.scheduler_size);
+#endif
+}
+inline void switching_to_scheduler(Simdgroup& sg, int lane) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(&sg.fake[lane], sg.scheduler_bottom, sg.scheduler_size);
+#endif
+}
+inline void arrived_in_scheduler(Simdgroup& sg) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(sg.fake[kSimdSize], nullptr, nullptr);
+#endif
+}
 
 // One per OS thread, shared by every kernel instantiation (its fibers' stacks
 // are allocated once).
@@ -339,6 +388,7 @@ inline thread_local SumRecorder* sum_recorder = nullptr;
 inline void lane_entry() {
   Simdgroup& sg = *current_simdgroup;
   int lane = sg.current;
+  arrived_in_lane(sg, lane);
   for (;;) {
     try {
       sg.trampoline(sg.body, lane);
@@ -349,8 +399,10 @@ inline void lane_entry() {
     }
     sg.op[lane] = LaneOp::kDone;
     if (!_setjmp(sg.lanes[lane])) {
+      switching_to_scheduler(sg, lane);
       _longjmp(sg.scheduler, 1);
     }
+    arrived_in_lane(sg, lane);
   }
 }
 
@@ -361,8 +413,10 @@ inline float cross_lane(LaneOp op, float v, int arg) {
   sg.in[lane] = v;
   sg.arg[lane] = arg;
   if (!_setjmp(sg.lanes[lane])) {
+    switching_to_scheduler(sg, lane);
     _longjmp(sg.scheduler, 1);
   }
+  arrived_in_lane(sg, lane);
   return sg.out[lane];
 }
 
@@ -445,12 +499,14 @@ void run_simdgroup(const F& body) {
     for (int l = 0; l < kSimdSize; l++) {
       sg.current = l;
       if (!_setjmp(sg.scheduler)) {
+        switching_to_lane(sg, l);
         if (sg.started[l]) {
           _longjmp(sg.lanes[l], 1);
         }
         sg.started[l] = true;
         swapcontext(&sg.boot, &sg.lane_start[l]);
       }
+      arrived_in_scheduler(sg);
     }
   } while (resolve(sg));
   current_simdgroup = nullptr;

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from patchkit.verify.emulate import build, suite
-from patchkit.verify.emulate.families import FP_MODES
+from patchkit.verify.emulate.families import FAMILIES, FP_MODES
 from patchkit.verify.emulate.parity import Case
 
 # Exit status of a child whose sanitizer reported (build.sanitizer_env).
@@ -33,7 +33,13 @@ REPORTED = 23
 
 
 def cases(header: str) -> list[Case]:
-    """Partial tiles (M 3, 7), N < 8, N % 8 != 0, K tails and B 3 and (2, 3), per header."""
+    """Partial tiles (M 3, 7), N < 8, N % 8 != 0, K tails, B 3 and (2, 3) batches, per header.
+
+    fp: every mode on every shape at N <= 64, float32, M 7, B 3, with nvfp4's
+    global-scale and r_2 variants wherever MLX has them; and a (2, 3) batch
+    with weights shared along its first dimension on both M = 1 paths of each
+    mode (nvfp4 with its global scale).
+    """
     if header == "affine":
         out = [
             Case.affine(K, N, bits, 64, dtype, M, 3)
@@ -49,7 +55,12 @@ def cases(header: str) -> list[Case]:
     out = []
     for mode, (K, N) in itertools.product(FP_MODES, suite.FP_SHAPES.values()):
         K, N = suite.small_shape(K, N)
-        out.append(Case(mode, K, N, "float32", 7, 3))
+        variants = FAMILIES[mode].variants_at(K, N)
+        out += [Case(mode, K, N, "float32", 7, 3, h, r) for h, r in variants]
+    for mode, name in itertools.product(FP_MODES, ("aligned", "k_tail")):
+        K, N = suite.small_shape(*suite.FP_SHAPES[name])
+        hgs = (True, 4) in FAMILIES[mode].variants
+        out.append(Case(mode, K, N, "float32", 7, hgs=hgs, batch=(2, 3), w_shared=1))
     return out
 
 

@@ -315,8 +315,8 @@ def build_libraries(
     for c in cases:
         dtypes = DTYPES if header.library_per_mode else (c.dtype,)
         groups.setdefault(_library_key(c), set()).update((d, c.group_size, c.bits) for d in dtypes)
-    if header.address_spaces:
-        build.check_address_spaces(source, sorted(set().union(*groups.values())))
+    # Metal's address spaces checked by clang before any build, every header.
+    build.check_address_spaces(source, sorted(set().union(*groups.values())))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         paths = pool.map(lambda g: build.build(source, sorted(g), toolchain), groups.values())
         return {key: build.Library(path) for key, path in zip(groups, paths, strict=True)}
