@@ -280,7 +280,7 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
 @click.option(
     "--full",
     is_flag=True,
-    help="Run the full matrix (~8,100 affine, ~2,500 fp cases) instead of the default subset.",
+    help="Run the full matrix (~8,400 affine, ~2,900 fp cases) instead of the default subset.",
 )
 @click.option(
     "--header",
