@@ -68,7 +68,7 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
 }
 
 peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of the peer arm
-  local src=$1 name wt tdir venv_site site stamp rel
+  local src=$1 name wt tdir venv_site site stamp rel lib libroot
   name=$(basename "$src")
   wt=$(echo "$WORK"/cache/builds/cuda-*/mlx)
   tdir=$(dirname "$(find "$wt/build" -maxdepth 3 -name CMakeCache.txt | head -1)")
@@ -77,9 +77,12 @@ peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of t
   stamp="$WORK/peer-$name.stamp"; touch "$stamp"; sleep 1
   (cd "$src" && find mlx -type f) | while read -r rel; do cp "$src/$rel" "$wt/$rel"; done
   log "peer $name: rebuilding $(cd "$src" && find mlx -type f | tr '\n' ' ')"
-  cmake --build "$tdir" -j "$(nproc)" >> "$WORK/peer-$name.log" 2>&1 || return 1
+  cmake --build "$tdir" --target install -j "$(nproc)" >> "$WORK/peer-$name.log" 2>&1 \
+    || { git -C "$wt" checkout -- mlx; return 1; }
   rm -rf "$site" && mkdir -p "$site" && cp -a "$venv_site/mlx" "$site/"
-  libroot=$(dirname "$(find "$wt/build" -path '*/mlx/lib/libmlx.so' -newer "$stamp" | head -1)")/..
+  lib=$(find "$wt/build" -path '*/mlx/lib/libmlx.so' -newer "$stamp" | head -1)
+  [ -n "$lib" ] || { log "peer $name: no relinked libmlx.so"; git -C "$wt" checkout -- mlx; return 1; }
+  libroot=$(dirname "$lib")/..
   (cd "$libroot" && find . -name '*.so*' -newer "$stamp") | while read -r rel; do
     cp "$libroot/$rel" "$site/mlx/$rel"; log "peer $name: $rel"
   done
