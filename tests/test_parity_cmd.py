@@ -60,6 +60,20 @@ def test_kernel_path_routing_rules() -> None:
     assert mlx_parity.kernel_path(mlx_parity.DeviceInfo("cpu", "cpu"), cfg(), 4) == "cpu"
 
 
+def test_shared_weights_fold_into_m_on_metal_only() -> None:
+    """Metal's dispatch folds a batch over one weight matrix into M; the compared M stop
+    where the folded M reaches the batch limit. CUDA keeps M and B apart."""
+    shared = mlx_parity.Config("affine", 4, 64, "float16", 512, 64, 3, shared_w=True)
+    assert mlx_parity.folded(METAL_G15, shared, 4) == (12, 1)
+    assert mlx_parity.folded(CUDA, shared, 4) == (4, 3)
+    limit = mlx_parity.batch_limit(512, 64, METAL_G15)
+    stop = mlx_parity.m_stop(METAL_G15, shared, limit)
+    assert (stop - 1) * 3 < limit <= stop * 3
+    assert mlx_parity.kernel_path(METAL_G15, shared, stop - 1) == "qmv_wide"
+    assert mlx_parity.kernel_path(METAL_G15, shared, stop) == "qmm_splitk"
+    assert mlx_parity.m_stop(CUDA, shared, limit) == limit
+
+
 def test_patched_cuda_paths_follow_the_streaming_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A patched CUDA build streams 4-bit from M = 2 and other widths only on the exact
     route (M >= 8); the exact route (MLX_CUDA_QMV_EXACT) keeps qmm's M in qmv."""

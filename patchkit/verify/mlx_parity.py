@@ -87,10 +87,30 @@ def kernel_path(dev: DeviceInfo, cfg: Config, M: int, patched: bool = False) -> 
     says which it imported: ``patchkit build`` passes ``patched`` for the MLX it
     built from ``patches/``; otherwise the path is stock's.
     """
-    args = (dev, cfg.mode, cfg.bits, cfg.K, cfg.N, M, cfg.B)
+    M, B = folded(dev, cfg, M)
+    args = (dev, cfg.mode, cfg.bits, cfg.K, cfg.N, M, B)
     if not patched:
         return dispatch.kernel_path(*args)
     return dispatch.patched_kernel_path(*args, cuda_exact=cuda_exact_enabled())
+
+
+def folded(dev: DeviceInfo, cfg: Config, M: int) -> tuple[int, int]:
+    """(M, B) as the backend's dispatch sees them.
+
+    Metal folds a batch of inputs over one 2-D weight matrix into M
+    (``non_batched``: M = x.size() / K, B = 1); CUDA keeps M = x.shape(-2).
+    """
+    if cfg.shared_w and dev.backend == "metal":
+        return M * cfg.B, 1
+    return M, cfg.B
+
+
+def m_stop(dev: DeviceInfo, cfg: Config, limit: int) -> int:
+    """One past the largest M compared: the folded M stays below the batch limit on Metal,
+    so every call stays on the vector kernels whose order is the claim."""
+    if cfg.shared_w and dev.backend == "metal":
+        return (limit - 1) // cfg.B + 1
+    return limit
 
 
 def cuda_exact_enabled() -> bool:
@@ -239,7 +259,7 @@ def run_config(
             "max_abs_diff": 0.0,
             "paths": "",
         }
-    for M in range(2, limit):
+    for M in range(2, m_stop(dev, cfg, limit)):
         y = ops.matmul(ops.x[..., :M, :])
         got = _bits(mx, y).reshape(ref.shape[0], M, -1)
         want = ref[:, :M]
