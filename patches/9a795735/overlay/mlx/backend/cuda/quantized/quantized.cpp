@@ -111,11 +111,11 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   int K = x.shape(-1);
   int B = out.size() / (M * N);
 
-  // Order-preserving streamed qmv for 2 <= M <= 16 where the M = 1 call of the
-  // same rows runs qmv: qmv streams V vectors through M = 1's exact summation
-  // order, so every row is bit-identical to M = 1. Stock sends these M to qmm,
-  // which is faster at M >= 8 but sums in another order, so the extension is
-  // opt-in: exactness at that price is the caller's choice.
+  // Order-preserving qmv for 2 <= M <= 16 where the M = 1 call of the same
+  // rows runs qmv: qmv (streamed, or one vector at a time) keeps M = 1's exact
+  // summation order, so every row is bit-identical to M = 1. Stock sends these
+  // M to qmm, which is faster at M >= 8 but sums in another order, so the
+  // extension is opt-in: exactness at that price is the caller's choice.
   // fp modes served by fp_qmv keep their stock routing.
   static bool qmv_streamed_exact = env::get_var("MLX_CUDA_QMV_EXACT", 0);
   bool m1_runs_qmv = qmv_streamed_exact &&
