@@ -50,8 +50,8 @@ MIN_US = 14.0  # below this per call, the M = 1 ratio (same kernel) strays past 
 def summary(ps: list[tuple[dict, dict]], arm: str, base: str) -> list[str]:
     """Noise from the M = 1 column, then per default-route M the ratio range, large shapes."""
     large = [(r, o) for r, o in ps if o["by_m"][0]["us"] >= MIN_US]
-    m1 = [r["by_m"][0]["us"] / o["by_m"][0]["us"] for r, o in ps]
-    m1_large = [r["by_m"][0]["us"] / o["by_m"][0]["us"] for r, o in large]
+    m1 = [readings(r, o)[0]["ratio"] for r, o in ps]
+    m1_large = [readings(r, o)[0]["ratio"] for r, o in large]
     out = [
         "## Summary",
         "",
@@ -69,8 +69,7 @@ def summary(ps: list[tuple[dict, dict]], arm: str, base: str) -> list[str]:
     for bits in sorted({r["bits"] for r, _ in large}):
         cells = []
         for m in DEFAULT_ROUTE:
-            xs = [r["by_m"][m - 1]["us"] / o["by_m"][m - 1]["us"] for r, o in large
-                  if r["bits"] == bits]  # fmt: skip
+            xs = [readings(r, o)[m - 1]["ratio"] for r, o in large if r["bits"] == bits]
             cells.append(f"{min(xs):.2f}-{max(xs):.2f} ({sum(x > 1 for x in xs)}/{len(xs)})")
         out.append(f"| {bits} | " + " | ".join(cells) + " |")
     return out
@@ -86,7 +85,12 @@ def markdown(data: dict[str, Any], arm: str, base: str, source: str) -> str:
         f"Data: `{source}` ({state}, {len(ps)} configurations). "
         f"GPU: {data['host'].get('gpu', '?')}.",
         "",
-        f"Command: `{data['command']}`",
+        f"Command: `{data['command']}`"
+        + (
+            " (`$WORK`: `scripts/cuda_build_device.sh`'s work folder on the GPU host)"
+            if "$WORK" in data["command"]
+            else ""
+        ),
         "",
         "Arms:",
     ]
