@@ -106,11 +106,10 @@ def folded(dev: DeviceInfo, cfg: Config, M: int) -> tuple[int, int]:
 
 
 def m_stop(dev: DeviceInfo, cfg: Config, limit: int) -> int:
-    """One past the largest M compared: the folded M stays below the batch limit on Metal,
-    so every call stays on the vector kernels whose order is the claim."""
-    if cfg.shared_w and dev.backend == "metal":
-        return (limit - 1) // cfg.B + 1
-    return limit
+    """One past the largest M compared: the folded M (:func:`folded`) stays below the batch
+    limit, so on Metal every call stays on the vector kernels whose order is the claim."""
+    per_m = folded(dev, cfg, 1)[0]  # how many dispatch rows one M makes
+    return (limit - 1) // per_m + 1
 
 
 def cuda_exact_enabled() -> bool:
