@@ -4,10 +4,12 @@
 #   start OUTDIR SECONDS    unpack what was carried, launch the pipeline in its own session,
 #                           follow it for SECONDS
 #   follow OUTDIR SECONDS   follow it again (the next back-to-back call), copying results out
-# The pipeline: build (`patchkit build --no-test`: `parity` runs inside it) -> full parity with
-# the exact route on (MLX_CUDA_QMV_EXACT=1) -> optional peer build -> the stock wheel unpacked
-# once the second call has carried it -> scripts/cuda_compiled_bench.py (resumable) -> MLX's
-# test_quantized.py last, since its gather tests take minutes each on that host.
+# The pipeline: build (`patchkit build --no-test`: `parity` runs inside it) -> MLX's
+# test_quantized.py in the background (gather tests in one process, the rest in another) ->
+# full parity with the exact route on (MLX_CUDA_QMV_EXACT=1) -> quick parity with the default
+# routing -> optional peer builds -> the stock wheel unpacked once the second call has carried
+# it -> the tests waited for (TEST_WAIT s at most; what is left is stopped and run again last)
+# -> scripts/cuda_compiled_bench.py (resumable; BENCH_DEADLINE s) -> the stopped tests.
 # Everything lands in $WORK; results are copied to OUTDIR.
 #
 # Carried beside the checkout (git-ignored; name these paths, not all of .device/):
@@ -17,8 +19,10 @@
 #                         gitdb, smmap, unidiff, tomlkit, platformdirs: `pip download`)
 #   .mlxpack/{a,b}        the stock CUDA wheels (shared/tools/pack-mlx-cuda.sh), one per call
 #   .peer/<name>/mlx/...  optional: another version of some MLX source files (a peer's
-#                         kernel), built into a third arm by swapping them into the build
-#                         worktree and rebuilding incrementally
+#                         kernel), built into another arm by swapping them into the build
+#                         worktree and rebuilding incrementally; with .peer/<name>/arms
+#                         (lines "NAME KEY=VALUE..."), one arm per line on that build
+#                         (scripts/cuda_bench_variants.py writes one for tilings)
 # `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`.
 # Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
 set -euo pipefail
@@ -90,8 +94,23 @@ peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of t
   echo "$site"
 }
 
+tests_run() {  # $1: log name, then unittest names; run in the test folder of the build
+  local name=$1; shift
+  (cd "$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests)" \
+    && exec "$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)" -m unittest -v "$@") \
+    > "$WORK/test-$name.log" 2>&1
+  echo $? > "$WORK/test-$name.rc"
+}
+
+tests_unfinished() {  # the names in file $1 without a verdict line in any test-*.log
+  local t
+  while read -r t; do
+    grep -qE "^${t##*.} \(.*\.\.\. (ok|FAIL|ERROR|skipped)" "$WORK"/test-*.log || echo "$t"
+  done < "$1"
+}
+
 pipeline() {
-  local cudnn venv_py stock arms=()
+  local cudnn venv_py stock tests names arms=() waited=0
   cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])")
   log "build"
   python3 -c 'from patchkit.cli import main; main()' build --backend cuda \
@@ -100,15 +119,35 @@ pipeline() {
     --cmake-arg=-DCUDNN_LIBRARY_PATH="$cudnn/lib" > "$WORK/build.out" 2> "$WORK/build.err" \
     || { log "build failed"; return 1; }
   venv_py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
+  tests=$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests/test_quantized.py)
+  # MLX's test_quantized.py now, beside parity and the peer builds (the GPU is only checked
+  # for correctness until the timing): its gather tests in one process, the rest in another.
+  names="$WORK/test-names"
+  grep -oP '^    def \Ktest_\w+' "$tests" | sed 's/^/test_quantized.TestQuantized./' > "$names"
+  log "MLX's test_quantized.py: $(wc -l < "$names") tests, two processes"
+  tests_run rest $(grep -v gather "$names") &
+  tests_run gather $(grep gather "$names") &
   log "parity, full matrix, MLX_CUDA_QMV_EXACT=1"
   MLX_CUDA_QMV_EXACT=1 "$venv_py" -m patchkit.verify.mlx_parity --patched --full \
     --out "$WORK/parity-exact.json" > "$WORK/parity-exact.log" 2>&1 || log "parity-exact: rows differ"
   tail -2 "$WORK/parity-exact.log" >> "$WORK/pipeline.log"
+  log "parity, quick matrix, default routing (stock qmm at M >= 8)"
+  timeout 300 "$venv_py" -m patchkit.verify.mlx_parity --patched \
+    --out "$WORK/parity-default.json" > "$WORK/parity-default.log" 2>&1 \
+    || log "parity-default: exit $? (124: its 300 s limit)"
+  tail -2 "$WORK/parity-default.log" >> "$WORK/pipeline.log"
   arms+=(--arm "patched=$venv_py" --arm-env patched:MLX_CUDA_QMV_EXACT=1)
   for src in "$repo"/.peer/*/; do
     [ -d "$src/mlx" ] || continue
     if site=$(peer_build "${src%/}"); then
-      arms+=(--arm "$(basename "$src")=$venv_py:$site")
+      if [ -f "$src/arms" ]; then  # lines "NAME KEY=VALUE...": one arm each on this build
+        while read -r arm kvs; do
+          arms+=(--arm "$arm=$venv_py:$site" --arm-env "$arm:MLX_CUDA_QMV_EXACT=1")
+          for kv in $kvs; do arms+=(--arm-env "$arm:$kv"); done
+        done < "$src/arms"
+      else
+        arms+=(--arm "$(basename "$src")=$venv_py:$site" --arm-env "$(basename "$src"):MLX_CUDA_QMV_EXACT=1")
+      fi
     else
       log "peer $(basename "$src") failed to build; see peer-$(basename "$src").log"
       tail -20 "$WORK/peer-$(basename "$src").log" >> "$WORK/pipeline.log"
@@ -120,13 +159,22 @@ pipeline() {
   mkdir -p "$stock"
   cat "$repo"/.mlxpack/a/part_* "$repo"/.mlxpack/b/part_* | xz -d | tar xf - -C "$stock"
   python3 -c "import zipfile,glob; zipfile.ZipFile(glob.glob('$repo/.mlxpack/b/mlx-*.whl')[0]).extractall('$stock')"
+  # The timing runs alone on the GPU: wait for the tests (up to TEST_WAIT s), then stop
+  # what is left and run it again after the timing.
+  while [ $waited -lt "${TEST_WAIT:-240}" ] && ! { [ -f "$WORK/test-rest.rc" ] && [ -f "$WORK/test-gather.rc" ]; }; do
+    sleep 5; waited=$((waited + 5))
+  done
+  pkill -f "m unittest -v test_quantized" || true
   log "bench: ${arms[*]}"
   python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${arms[@]}" \
-    --resume --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
-  log "bench done; MLX's test_quantized.py (its gather tests take minutes each here)"
-  (cd "$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests)" \
-    && "$venv_py" -m unittest -v test_quantized > "$WORK/test.log" 2>&1) || true
-  tail -3 "$WORK/test.log" >> "$WORK/pipeline.log"
+    --resume --deadline "${BENCH_DEADLINE:-0}" --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
+  tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
+  tests_unfinished "$names" > "$WORK/test-names-left"
+  if [ -s "$WORK/test-names-left" ]; then
+    log "tests stopped for the timing, run again: $(tr '\n' ' ' < "$WORK/test-names-left")"
+    tests_run again $(cat "$WORK/test-names-left")
+  fi
+  tail -4 "$WORK"/test-*.log >> "$WORK/pipeline.log"
 }
 
 case "$cmd" in

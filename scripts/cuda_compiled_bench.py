@@ -41,6 +41,7 @@ BITS = (4, 8)
 GROUPS = (32, 64, 128)
 DTYPES = ("bfloat16", "float16")
 HEADLINE = {"group_size": 64, "dtype": "bfloat16"}
+MAX_CALLS = 400  # calls per repeat, at most (each builds a graph node before the eval)
 
 
 def grid(quick: bool) -> list[dict[str, Any]]:
@@ -63,7 +64,7 @@ def grid(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def measure(cfg: dict[str, Any], iters: int, repeats: int) -> dict[str, Any]:
+def measure(cfg: dict[str, Any], iters: int, repeats: int, min_repeat_us: float) -> dict[str, Any]:
     """Time quantized_matmul at every M for one configuration, after a bitwise row check."""
     import mlx.core as mx
     import numpy as np
@@ -88,23 +89,26 @@ def measure(cfg: dict[str, Any], iters: int, repeats: int) -> dict[str, Any]:
         x = mx.contiguous(xs[:M])
         got = np.array(qmm(x).view(mx.uint16))
         differing = sum(int((got[i] != single[i][0]).any()) for i in range(M))
-        for _ in range(2):  # warm-up
-            mx.eval([qmm(x) for _ in range(iters)])
-        mx.synchronize()
-        times = []
-        for _ in range(repeats):
+
+        def per_call_us(calls: int, x: Any = x) -> float:
             start = time.perf_counter()
-            mx.eval([qmm(x) for _ in range(iters)])
+            mx.eval([qmm(x) for _ in range(calls)])
             mx.synchronize()
-            times.append((time.perf_counter() - start) / iters * 1e6)
+            return (time.perf_counter() - start) / calls * 1e6
+
+        # Warm-up, which also sizes a repeat: at least `iters` calls and about
+        # min_repeat_us of them, so a short call is not read off a few microseconds.
+        warm_us = min(per_call_us(iters) for _ in range(2))
+        calls = max(iters, min(MAX_CALLS, int(min_repeat_us / warm_us)))
+        times = [per_call_us(calls) for _ in range(repeats)]
         rows.append(
             {"M": M, "us": sorted(times)[len(times) // 2], "us_min": min(times),
-             "rows_differing": differing}
+             "calls": calls, "rows_differing": differing}
         )  # fmt: skip
     return {**cfg, "by_m": rows}
 
 
-def serve(iters: int, repeats: int) -> int:
+def serve(iters: int, repeats: int, min_repeat_us: float) -> int:
     """Worker: one configuration per stdin line, one JSON result per stdout line."""
     import mlx.core as mx
 
@@ -114,7 +118,7 @@ def serve(iters: int, repeats: int) -> int:
     for line in sys.stdin:
         cfg = json.loads(line)
         try:
-            result = measure(cfg, iters, repeats)
+            result = measure(cfg, iters, repeats, min_repeat_us)
         except Exception as exc:  # reported per configuration; the run goes on
             result = {**cfg, "error": f"{type(exc).__name__}: {exc}"}
         mx.clear_cache()  # the configuration's buffers are gone with measure()'s frame
@@ -130,7 +134,8 @@ class Worker:
         full_env = {**os.environ, **env}
         if site:
             full_env["PYTHONPATH"] = site + os.pathsep + full_env.get("PYTHONPATH", "")
-        cmd = [python, __file__, "--serve", "--iters", str(a.iters), "--repeats", str(a.repeats)]
+        cmd = [python, __file__, "--serve", "--iters", str(a.iters), "--repeats", str(a.repeats),
+               "--min-repeat-ms", str(a.min_repeat_ms)]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -178,12 +183,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--resume", action="store_true", help="keep the finished configs in --out")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--min-repeat-ms", type=float, default=4.0, help="a repeat's least duration")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=0, help="stop starting configs after N s")
     a = ap.parse_args()
     if a.serve:
-        return serve(a.iters, a.repeats)
+        return serve(a.iters, a.repeats, a.min_repeat_ms * 1e3)
     arms = parse_arms(a)
     results: dict[str, list[Any]] = {name: [] for name in arms}
     if a.resume and a.out and a.out.is_file():
@@ -202,8 +208,9 @@ def main() -> int:
             "gpu": gpu_name(),
         },
         "arms": {name: w.hello for name, w in workers.items()},
-        "method": f"per M: median of {a.repeats} repeats of {a.iters} back-to-back calls, one "
-        "eval per repeat, after 2 warm-up repeats; rows checked bitwise against M = 1 first; "
+        "method": f"per M: median of {a.repeats} repeats, each of back-to-back calls (at least "
+        f"{a.iters}, and at least {a.min_repeat_ms:g} ms of them, up to {MAX_CALLS}) and one "
+        "eval, after 2 warm-up repeats; rows checked bitwise against M = 1 first; "
         "one long-lived process per arm, arms in alternating order per configuration",
         "complete": False,
         "results": results,
