@@ -1,4 +1,5 @@
-"""The compiled-build timing report: its tables come from the committed JSON and nothing else."""
+"""The compiled-build timing report: its tables come from the committed JSON and nothing else,
+and with more than two arms each comparison reads only the arms that finished a configuration."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "benchmark_results" / "cuda-compiled-h200-2026-12-01.json"
@@ -25,11 +29,59 @@ def _row(K: int, bits: int, us: list[float], differing: int = 0) -> dict:
     return {"K": K, "N": 4096, "bits": bits, "group_size": 64, "dtype": "bfloat16", "by_m": by_m}
 
 
+def _failed(K: int, bits: int) -> dict:
+    cfg = _row(K, bits, [])
+    del cfg["by_m"]
+    return {**cfg, "error": "RuntimeError: no kernel image\nmore detail"}
+
+
+def _four_arms() -> dict[str, Any]:
+    """Two readable 8-bit shapes and one tiny one; `mlxcel` wins some cells, `patched` others,
+    `v8-rows4` failed on the first shape, and stock's M = 8 (its qmm) is not exact."""
+    stock = _row(4096, 8, [20.0] * 8)
+    stock["by_m"][7]["rows_differing"] = 8
+    return {
+        "command": "scripts/cuda_compiled_bench.py --arm stock=python3:$WORK/stock-site",
+        "host": {"gpu": "test GPU"},
+        "method": "per M: median",
+        "complete": True,
+        "arms": {
+            "stock": {"mlx_version": "0.32.1", "env": {}},
+            "patched": {"mlx_version": "dev", "env": {"MLX_CUDA_QMV_EXACT": "1"}},
+            "mlxcel": {"mlx_version": "dev", "env": {}},
+            "v8-rows4": {"mlx_version": "dev", "env": {}},
+        },
+        "results": {
+            "stock": [stock, _row(8192, 8, [40.0] * 8), _row(1024, 8, [5.0] * 8)],
+            "patched": [
+                _row(4096, 8, [20.0, 10, 10, 10, 30, 10, 10, 10]),
+                _row(8192, 8, [40.0] * 8),
+                _row(1024, 8, [9.0] * 8),
+            ],
+            "mlxcel": [
+                _row(4096, 8, [20.0, 8, 12, 8, 8, 12, 8, 40]),
+                _row(8192, 8, [40.0] * 8),
+                _row(1024, 8, [4.0] * 8),
+            ],
+            "v8-rows4": [
+                _failed(4096, 8),
+                _row(8192, 8, [40.0, 20, 20, 20, 20, 20, 20, 20]),
+                _row(1024, 8, [5.0] * 8),
+            ],
+        },
+    }
+
+
+def _cells(lines: list[str], start: str) -> list[str]:
+    row = next(line for line in lines if line.startswith(start))
+    return [c.strip() for c in row.strip("|").split("|")][1:]
+
+
 def test_committed_markdown_is_the_json_rendered() -> None:
     """Regenerating the committed page from the committed JSON changes nothing."""
     report = _report()
     data = json.loads(RESULTS.read_text())
-    assert report.markdown(data, "patched", "stock", RESULTS.name) == (
+    assert report.markdown(data, ["patched"], "stock", RESULTS.name) == (
         RESULTS.with_suffix(".md").read_text()
     )
 
@@ -41,8 +93,87 @@ def test_summary_counts_cells_above_one_on_readable_shapes_only() -> None:
     patched = [_row(4096, 8, [20.0, 10, 10, 10, 30, 10, 10, 10]), _row(1024, 8, [9.0] * 8)]
     data = {"results": {"stock": stock, "patched": patched}}
     lines = report.summary(report.pairs(data, "patched", "stock"), "patched", "stock")
-    row = next(line for line in lines if line.startswith("| 8 |"))
-    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    cells = _cells(lines, "| 8 |")
     assert cells[3] == "1.50-1.50 (1/1)"  # M = 5
     assert all(c == "0.50-0.50 (0/1)" for i, c in enumerate(cells) if i != 3)
-    assert "spans 1.00-1.80 over all configurations" in lines[2]
+    assert "spans 1.00-1.80 over all 2 configurations and 1.00-1.00 over the 1" in lines[2]
+
+
+def test_fastest_per_cell_names_the_winner_its_ratio_and_margin() -> None:
+    report = _report()
+    lines, wins = report.fastest(_four_arms(), ["patched", "mlxcel", "v8-rows4"], "stock")
+    assert not any(line.startswith("| 1024x4096") for line in lines)  # stock M = 1 < MIN_US
+    first = _cells(lines, "| 4096x4096 8-bit")
+    # M = 2: mlxcel 8 us, then patched 10; M = 3: patched 10, then mlxcel 12;
+    # M = 5: mlxcel 8, then stock 20; M = 8: patched 10, then stock 20 (whose qmm is inexact).
+    assert first[0] == "mlxcel 0.40 (0.80)"
+    assert first[1] == "patched 0.50 (0.83)"
+    assert first[3] == "mlxcel 0.40 (0.40)"
+    assert first[6] == "patched 0.50 (0.50)"
+    # v8-rows4 failed on 4096: it is never a candidate there; on 8192 it wins every cell.
+    assert all(c == "v8-rows4 0.50 (0.50)" for c in _cells(lines, "| 8192x4096 8-bit"))
+    assert wins == {"stock": 0, "patched": 3, "mlxcel": 4, "v8-rows4": 7}
+
+
+def test_fastest_per_cell_flags_an_inexact_winner() -> None:
+    report = _report()
+    lines, wins = report.fastest(_four_arms(), [], "stock")
+    assert _cells(lines, "| 4096x4096 8-bit")[6] == "stock* 1.00 (-)"
+    assert wins == {"stock": 14}
+
+
+def test_versus_counts_cells_where_a_is_faster() -> None:
+    report = _report()
+    lines = report.versus(_four_arms(), "patched", "mlxcel", "stock")
+    cells = _cells(lines, "| 4096x4096 8-bit")
+    assert cells == ["1.25", "0.83", "1.25", "3.75", "0.83", "1.25", "0.25"]
+    # 7 cells per configuration, 3 configurations; the tiny one (9 / 4 = 2.25) is in "all" only.
+    assert lines[-1] == (
+        "`patched` faster (ratio < 1.00) in 3 of 21 cells, ratios 0.25-3.75; on the 2 "
+        "configurations whose `stock` M = 1 call takes >= 14 us: 3 of 14, 0.25-3.75."
+    )
+
+
+def test_a_failed_arm_is_skipped_and_reported() -> None:
+    report = _report()
+    data = _four_arms()
+    labels = [report.label(r) for r, _ in report.pairs(data, "v8-rows4", "stock")]
+    assert labels == ["8192x4096 8-bit g64 bfloat16", "1024x4096 8-bit g64 bfloat16"]
+    page = report.markdown(data, ["patched", "mlxcel", "v8-rows4"], "stock", "x.json")
+    assert "| 4096x4096 8-bit g64 bfloat16 | 8 / 36 | 0 / 36 | 0 / 36 | failed |" in page
+    assert (
+        "- `v8-rows4`: MLX dev, default environment; failed on 1 configuration(s), "
+        "first: RuntimeError: no kernel image\n"
+    ) in page
+    assert "over all 2 configurations" in page  # v8-rows4's summary: only what it finished
+    assert "## Head to head" not in page  # no --versus, no section
+
+
+def test_cli_defaults_to_every_arm_but_the_base_in_json_order(tmp_path: Path) -> None:
+    report = _report()
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(_four_arms()))
+    assert report.main([str(path), "--no-plot", "--versus", "patched", "mlxcel"]) == 0
+    page = path.with_suffix(".md").read_text()
+    assert page.startswith(
+        "# Compiled MLX on CUDA: `patched`, `mlxcel`, `v8-rows4` against `stock`, side by side"
+    )
+    headings = [line for line in page.splitlines() if line.startswith("#")]
+    assert headings.index("### t(`patched`) / t(`mlxcel`)") > headings.index("## Head to head")
+    assert [h for h in headings if h.endswith("against `stock`")] == [
+        "### `patched` against `stock`",
+        "### `mlxcel` against `stock`",
+        "### `v8-rows4` against `stock`",
+    ]
+    assert report.main([str(path), "--no-plot", "--arm", "mlxcel"]) == 0
+    assert "`patched`" not in path.with_suffix(".md").read_text().split("## Rows")[1]
+    with pytest.raises(SystemExit):
+        report.main([str(path), "--no-plot", "--versus", "patched", "peer"])
+
+
+def test_plot_draws_one_panel_per_bits_and_arm(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    report = _report()
+    out = tmp_path / "bench.png"
+    report.plot(_four_arms(), ["patched", "mlxcel", "v8-rows4"], "stock", out)
+    assert out.stat().st_size > 0
