@@ -1,16 +1,16 @@
 """Tiling variants of the patched CUDA qmv.cu, for timing arms (never for a patch).
 
 The streamed kernel's tiling (how many vectors V one weight pass serves, how many
-rows a block owns) changes no row's summation order, only the speed; which tiling
-to ship is decided from timings. Building MLX once per tiling costs a rebuild
-each, so this writes ONE extra qmv.cu whose launcher picks the tiling at run time
-from ``PATCHKIT_QMV_VARIANT`` (read once), and an ``arms`` file naming one timing
-arm per value. ``scripts/cuda_build_device.sh`` builds it like a peer (swapped
-into the build tree, rebuilt incrementally) and times every arm it names.
+rows a warp and a block own) changes no row's summation order, only the speed;
+which tiling ships is decided from timings. Building MLX once per tiling costs a
+rebuild each, so this writes ONE extra qmv.cu whose launcher picks the tiling at
+run time from ``PATCHKIT_QMV_VARIANT`` (read once), and an ``arms`` file naming
+one timing arm per value. ``scripts/cuda_build_device.sh`` builds it like a peer
+(swapped into the build tree, rebuilt incrementally) and times every arm it names.
 
-  0  the patch's tiling (V in {2, 4, 8}; V = 8 with 1 row per warp, 8 rows a block)
-  1  V in {2, 4}: M = 5..8 in two weight passes (the tiling before V = 8)
-  2  V = 8 in blocks of 4 rows (4 warps): more blocks per SM, more x staging
+  0  the patch's tiling: V in {2, 4}, 2 rows per warp, 8 rows a block
+  1  adds V = 8 for M = 5..8 (one weight pass), 1 row per warp, 8 rows a block
+  2  the same V = 8 in blocks of 4 rows: more blocks per SM, more x staging
 
 Usage: python scripts/cuda_bench_variants.py PATCHED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
@@ -24,11 +24,13 @@ import sys
 from pathlib import Path
 
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
-ARMS = {"v2-4": 1, "v8-rows4": 2}  # arm name -> PATCHKIT_QMV_VARIANT (0 is `patched`)
+ARMS = {"v8": 1, "v8-rows4": 2}  # arm name -> PATCHKIT_QMV_VARIANT (0 is `patched`)
 
+ROWS = """  constexpr int rows_per_warp = 2;
+  constexpr int rows_per_block = 8;
+"""
 LAUNCH_HEAD = """  auto launch = [&](auto vecs) {
     constexpr int V = decltype(vecs)::value;
-    constexpr int rows_per_warp = V <= 4 ? 2 : 1;
 """
 LAUNCH_HEAD_VARIANT = """  auto launch = [&](auto vecs, auto rows) {
     constexpr int V = decltype(vecs)::value;
@@ -39,11 +41,7 @@ DISPATCH = """  if (m <= 2) {
     launch(cuda::std::integral_constant<int, 2>{});
     return;
   }
-  if (m <= 4) {
-    launch(cuda::std::integral_constant<int, 4>{});
-    return;
-  }
-  launch(cuda::std::integral_constant<int, 8>{});
+  launch(cuda::std::integral_constant<int, 4>{});
 }
 """
 DISPATCH_VARIANT = """  static int variant = [] {
@@ -55,7 +53,7 @@ DISPATCH_VARIANT = """  static int variant = [] {
   using v8 = cuda::std::integral_constant<int, 8>;
   if (m <= 2) {
     launch(v2{}, v8{});
-  } else if (m <= 4 || variant == 1) {
+  } else if (m <= 4 || variant == 0) {
     launch(v4{}, v8{});
   } else if (variant == 2) {
     launch(v8{}, v4{});
@@ -72,7 +70,7 @@ def variant_source(patched: str) -> str:
     end = patched.index(DISPATCH, start) + len(DISPATCH)
     launcher = patched[start:end]
     edits = [
-        ("  constexpr int rows_per_block = 8;\n", ""),
+        (ROWS, ""),
         (LAUNCH_HEAD, LAUNCH_HEAD_VARIANT),
         (DISPATCH, DISPATCH_VARIANT),
     ]

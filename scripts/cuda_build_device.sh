@@ -64,12 +64,13 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
   done
   [ -f "$WORK/pipeline.rc" ] && echo "pipeline exited $(cat "$WORK/pipeline.rc")"
   tail -5 "$WORK/pipeline.log"
-  cp "$WORK"/record/*.json "$WORK"/record/*.md "$out/" 2>/dev/null || true
-  cp "$WORK"/parity-exact.json "$WORK"/parity-default.json "$WORK"/parity-default.log \
-    "$WORK"/bench.json "$WORK"/bench.log "$WORK"/pipeline.log "$WORK"/test-*.log "$WORK"/peer-*.log \
-    "$out/" 2>/dev/null || true
-  cp "$WORK/cache/builds/cuda-"*/parity.json "$out/parity.json" 2>/dev/null || true
-  tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$out/build-log-tail.txt" 2>/dev/null || true
+  # A call brings back at most 8 files: the JSON results and the log one by one, every
+  # other log and the build record in one tarball.
+  cp "$WORK"/pipeline.log "$WORK"/parity-exact.json "$WORK"/parity-default.json \
+    "$WORK"/bench.json "$out/" 2>/dev/null || true
+  tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$WORK/build-log-tail.txt" 2>/dev/null || true
+  (cd "$WORK" && tar czf "$out/logs.tar.gz" --ignore-failed-read record build-log-tail.txt \
+    parity-*.log bench.log test-*.log peer-*.log 2>/dev/null) || true
 }
 
 peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of the peer arm
@@ -113,8 +114,11 @@ tests_unfinished() {  # the names in file $1 without a verdict line in any test-
 pipeline() {
   local cudnn venv_py stock tests names arms=() waited=0
   cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])")
+  # The host's numpy, for the build's venv where its .pth does not reach it.
+  PYTHONPATH="$PYTHONPATH:$(python3 -c 'import numpy, os; print(os.path.dirname(os.path.dirname(numpy.__file__)))')"
+  export PYTHONPATH
   log "build"
-  python3 -c 'from patchkit.cli import main; main()' build --backend cuda \
+  [ -n "${SKIP_BUILD:-}" ] || python3 -c 'from patchkit.cli import main; main()' build --backend cuda \
     --system-site-packages --jobs "$(nproc)" --record-dir "$WORK/record" --json --no-test \
     --cmake-arg=-DMLX_CUDA_ARCHITECTURES="$ARCH" --cmake-arg=-DCUDNN_INCLUDE_PATH="$cudnn/include" \
     --cmake-arg=-DCUDNN_LIBRARY_PATH="$cudnn/lib" > "$WORK/build.out" 2> "$WORK/build.err" \

@@ -110,7 +110,7 @@ def first_error(data: dict[str, Any], arm: str) -> str:
 
 def header(data: dict[str, Any], arms: list[str], base: str, source: str) -> list[str]:
     """What was run, where, with which builds and how it was timed."""
-    state = "complete" if data.get("complete") else "partial: stopped by its deadline"
+    state = "complete" if data.get("complete") else "partial: stopped before the end of its grid"
     n = len(configurations(data, [base, *arms]))
     title = ", ".join(f"`{a}`" for a in arms) or "nothing"
     lines = [
@@ -131,8 +131,11 @@ def header(data: dict[str, Any], arms: list[str], base: str, source: str) -> lis
         hello = data.get("arms", {}).get(name, {})
         env = " ".join(f"{k}={v}" for k, v in hello.get("env", {}).items()) or "default environment"
         note = "" if name == base or name in arms else " (not reported here)"
+        # What an arm turned out to be, written into the JSON after the run ("annotations").
+        said = data.get("annotations", {}).get(name)
         lines.append(
             f"- `{name}`: MLX {hello.get('mlx_version', '?')}, {env}{first_error(data, name)}{note}"
+            + (f". {said}" if said else "")
         )
     return [*lines, "", f"Method: {data['method']}."]
 

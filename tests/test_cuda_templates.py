@@ -187,16 +187,14 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     assert "/* l2_prefetch */ true,\n      /* x_async */ true>(" in wrapper
     assert "cuda::std::min(max_stage_steps, 6144 / (V * tile_words));" in impl
     launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem"))
-    # V = 2, 4 or 8 (M <= 8 in one weight pass); 2 rows per warp up to V = 4, 1 at V = 8.
-    assert "constexpr int rows_per_block = 8;" in launch
-    assert "constexpr int rows_per_warp = V <= 4 ? 2 : 1;" in launch
+    assert "constexpr int rows_per_warp = 2;\n  constexpr int rows_per_block = 8;" in launch
     assert "dim3 block_dims{WARP_SIZE, rows_per_block / rows_per_warp};" in launch
-    assert re.findall(r"if \(m <= (\d+)\)", launch) == ["2", "4"]
-    assert "integral_constant<int, 8>" in launch.rstrip().rsplit("launch(", 1)[1]
+    assert re.findall(r"if \(m <= (\d+)\)", launch) == ["2"]
+    assert "integral_constant<int, 4>" in launch.rstrip().rsplit("launch(", 1)[1]
     # The harness's shipped arm is what the wrapper and the launcher say.
     k = cuda.SHIPPED_KNOBS
     assert f"ENABLED)\n  constexpr int max_stage_steps = {k.stage_steps};" in wrapper
-    assert f"constexpr int rows_per_warp = V <= 4 ? {k.rows_per_warp} : 1;" in launch
+    assert f"constexpr int rows_per_warp = {k.rows_per_warp};" in launch
     assert f"/* l2_prefetch */ {str(k.l2_prefetch).lower()}," in wrapper
     assert f"/* x_async */ {str(k.x_async).lower()}>(" in wrapper
 

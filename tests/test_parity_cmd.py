@@ -75,11 +75,13 @@ def test_shared_weights_fold_into_m_on_metal_only() -> None:
 
 
 def test_patched_cuda_paths_follow_the_streaming_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A patched CUDA build streams 4- and 8-bit from M = 2 and other widths only on the
-    exact route (M >= 8); the exact route (MLX_CUDA_QMV_EXACT) keeps qmm's M in qmv."""
+    """A patched CUDA build streams 4-bit from M = 2, 8-bit at M = 2..4, and the rest only
+    on the exact route (M >= 8); the exact route (MLX_CUDA_QMV_EXACT) keeps qmm's M in qmv."""
     monkeypatch.delenv("MLX_CUDA_QMV_EXACT", raising=False)
     assert mlx_parity.kernel_path(CUDA, cfg(), 2, patched=True) == "qmv_streamed"
     assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 2, patched=True) == "qmv_streamed"
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 4, patched=True) == "qmv_streamed"
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 5, patched=True) == "qmv"
     assert mlx_parity.kernel_path(CUDA, cfg(bits=6), 2, patched=True) == "qmv"
     assert mlx_parity.kernel_path(CUDA, cfg(), 9, patched=True) == "qmm"
     monkeypatch.setenv("MLX_CUDA_QMV_EXACT", "1")

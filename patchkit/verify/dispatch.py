@@ -124,10 +124,11 @@ CUDA_QMV_EXACT_MAX_ROWS = 16  # the opt-in exact range of the patched quantized.
 def cuda_streams(M: int, bits: int) -> bool:
     """``cu::use_qmv_streamed(m, bits)`` of the patched qmv.cu (default routing).
 
-    4- and 8-bit stream from M = 2 (timed against stock's per-vector qmv on an
-    H200); other widths stream only at M >= 8, which only the exact route reaches.
+    Where the compiled kernel was timed no slower than stock's per-vector qmv on an
+    H200: 4-bit from M = 2, 8-bit for M = 2..4 (one weight pass). Other widths, and
+    8-bit at M = 5..7, stream only at M >= 8, which only the exact route reaches.
     """
-    return M >= 8 or (M >= 2 and bits in (4, 8))
+    return M >= 8 or (M >= 2 and (bits == 4 or (bits == 8 and M <= 4)))
 
 
 def patched_kernel_path(

@@ -6,8 +6,8 @@
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -8,6 +8,8 @@
 //   @@ -208,6 +210,494 @@ __global__ void qmv_kernel(
-//   @@ -293,6 +783,92 @@ void qmv(
-//   @@ -439,6 +1015,28 @@ void qmv(
+//   @@ -293,6 +783,87 @@ void qmv(
+//   @@ -439,6 +1010,28 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -795,13 +795,14 @@ void qmv(
 }
 
 // Which M >= 2 stream. Streamed or per-vector, every row equals M = 1's bit for
-// bit; this is only about speed. 4- and 8-bit stream at every M: on an H200
-// the streamed kernel was measured against the per-vector qmv stock runs for
-// M * B < 8 (docs/cuda.md). The other widths were not measured, so they keep
-// the per-vector kernel below M = 8. M >= 8 only arrives through the opt-in
-// exact route of quantized.cpp: there one weight pass replaces M of them.
+// bit; this is only about speed. Timed on an H200 against the per-vector qmv
+// stock runs for M * B < 8 (docs/cuda.md): 4-bit streams at every M; 8-bit
+// streams where one weight pass serves every vector (M <= 4: V = 4), and was
+// slower than stock at M = 5 and 6 (a second pass); the other widths were not
+// timed. Those keep the per-vector kernel. M >= 8 only arrives through the
+// opt-in exact route of quantized.cpp: there one weight pass replaces M.
 inline bool use_qmv_streamed(int m, int bits) {
-  return m >= 8 || (m >= 2 && (bits == 4 || bits == 8));
+  return m >= 8 || (m >= 2 && (bits == 4 || (bits == 8 && m <= 4)));
 }
 
 template <
@@ -826,17 +827,15 @@ void qmv_streamed(
     F&& launch_kernel) {
   // The same tiling as qmv, so each vector's per-thread order is qmv's.
   // Which warp computes a row, where x is read from and when the weights are
-  // fetched do not change any row's order; the shape below (x staged in shared
-  // memory, L2 prefetch, V in {2, 4, 8} so that M <= 8 reads the weights once,
-  // and 2 rows per warp up to V = 4, 1 at V = 8 so that the V * rows
-  // accumulator rows stay in registers) only sets the speed.
+  // fetched do not change any row's order; the shape below (4 warps of 2 rows,
+  // V <= 4, x staged in shared memory, L2 prefetch) only sets the speed.
+  constexpr int rows_per_warp = 2;
   constexpr int rows_per_block = 8;
   constexpr int elems_per_thread =
       (cute::sizeof_bits_v<T> <= 16 && cute::sizeof_bits_v<Q> <= 4) ? 16 : 8;
 
   auto launch = [&](auto vecs) {
     constexpr int V = decltype(vecs)::value;
-    constexpr int rows_per_warp = V <= 4 ? 2 : 1;
     int m_tiles = cuda::ceil_div(m, V);
     dim3 num_blocks{
         uint32_t(cuda::ceil_div(n, rows_per_block) * m_tiles), 1, uint32_t(l)};
@@ -873,11 +872,7 @@ void qmv_streamed(
     launch(cuda::std::integral_constant<int, 2>{});
     return;
   }
-  if (m <= 4) {
-    launch(cuda::std::integral_constant<int, 4>{});
-    return;
-  }
-  launch(cuda::std::integral_constant<int, 8>{});
+  launch(cuda::std::integral_constant<int, 4>{});
 }
 
 template <
