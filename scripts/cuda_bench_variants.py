@@ -4,9 +4,10 @@ The streamed kernel's tiling (how many vectors V one weight pass serves, how man
 rows a warp and a block own) changes no row's summation order, only the speed;
 which tiling ships is decided from timings. Building MLX once per tiling costs a
 rebuild each, so this writes ONE extra qmv.cu whose launcher picks the tiling at
-run time from ``PATCHKIT_QMV_VARIANT`` (read once), and an ``arms`` file naming
-one timing arm per value. ``scripts/cuda_build_device.sh`` builds it like a peer
-(swapped into the build tree, rebuilt incrementally) and times every arm it names.
+run time from ``PATCHKIT_QMV_VARIANT`` (read once), with one ``// bench-arm: NAME
+KEY=VALUE`` line per timing arm at its top: the arms travel inside the source they
+describe. ``scripts/cuda_build_device.sh`` builds it like a peer (swapped into the
+build tree, rebuilt incrementally) and times every arm it names.
 
   0  the patch's tiling: V in {2, 4}, 2 rows per warp, 8 rows a block
   1  adds V = 8 for M = 5..8 (one weight pass), 1 row per warp, 8 rows a block
@@ -15,7 +16,7 @@ one timing arm per value. ``scripts/cuda_build_device.sh`` builds it like a peer
 Usage: python scripts/cuda_bench_variants.py PATCHED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
-  OUT_DIR: e.g. .peer/tilings (git-ignored); gets mlx/.../qmv.cu and arms
+  OUT_DIR: e.g. .peer/tilings (git-ignored); gets mlx/backend/.../qmv.cu
 """
 
 from __future__ import annotations
@@ -66,7 +67,11 @@ DISPATCH_VARIANT = """  static int variant = [] {
 
 def variant_source(patched: str) -> str:
     """The patched qmv.cu with a launcher that reads PATCHKIT_QMV_VARIANT."""
-    start = patched.index("void qmv_streamed(")
+    start = patched.find("void qmv_streamed(")
+    if start < 0 or DISPATCH not in patched[start:]:
+        raise SystemExit(
+            f"the patched qmv_streamed launcher no longer has exactly one:\n{DISPATCH}"
+        )
     end = patched.index(DISPATCH, start) + len(DISPATCH)
     launcher = patched[start:end]
     edits = [
@@ -80,7 +85,8 @@ def variant_source(patched: str) -> str:
         launcher = launcher.replace(old, new)
     include = "#include <cooperative_groups.h>\n"
     head = patched[:start].replace(include, include + "#include <cstdlib>\n", 1)
-    return head + launcher + patched[end:]
+    arms = "".join(f"// bench-arm: {name} PATCHKIT_QMV_VARIANT={v}\n" for name, v in ARMS.items())
+    return arms + head + launcher + patched[end:]
 
 
 def main() -> int:
@@ -88,8 +94,6 @@ def main() -> int:
     target = out / QMV
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(variant_source(src.read_text()))
-    lines = [f"{name} PATCHKIT_QMV_VARIANT={value}" for name, value in ARMS.items()]
-    (out / "arms").write_text("\n".join(lines) + "\n")
     print(f"{target}: arms {', '.join(ARMS)}")
     return 0
 

@@ -20,9 +20,9 @@
 #   .mlxpack/{a,b}        the stock CUDA wheels (shared/tools/pack-mlx-cuda.sh), one per call
 #   .peer/<name>/mlx/...  optional: another version of some MLX source files (a peer's
 #                         kernel), built into another arm by swapping them into the build
-#                         worktree and rebuilding incrementally; with .peer/<name>/arms
-#                         (lines "NAME KEY=VALUE..."), one arm per line on that build
-#                         (scripts/cuda_bench_variants.py writes one for tilings)
+#                         worktree and rebuilding incrementally; "// bench-arm: NAME
+#                         KEY=VALUE..." lines in those sources make one arm each on that
+#                         build (scripts/cuda_bench_variants.py writes them for tilings)
 # `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`.
 # Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
 set -euo pipefail
@@ -144,11 +144,14 @@ pipeline() {
   for src in "$repo"/.peer/*/; do
     [ -d "$src/mlx" ] || continue
     if site=$(peer_build "${src%/}"); then
-      if [ -f "$src/arms" ]; then  # lines "NAME KEY=VALUE...": one arm each on this build
+      # "// bench-arm: NAME KEY=VALUE..." lines in its sources: one arm each on this build.
+      grep -rh '^// bench-arm: ' "$src/mlx" | cut -d' ' -f3- > "$WORK/arms-$(basename "$src")" || true
+      if [ -s "$WORK/arms-$(basename "$src")" ]; then
         while read -r arm kvs; do
+          log "arm $arm on $(basename "$src"): $kvs"
           arms+=(--arm "$arm=$venv_py:$site" --arm-env "$arm:MLX_CUDA_QMV_EXACT=1")
           for kv in $kvs; do arms+=(--arm-env "$arm:$kv"); done
-        done < "$src/arms"
+        done < "$WORK/arms-$(basename "$src")"
       else  # a peer as it ships: M >= 8 goes to qmm, as stock sends it
         arms+=(--arm "$(basename "$src")=$venv_py:$site")
       fi

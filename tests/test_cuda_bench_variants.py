@@ -1,0 +1,56 @@
+"""The tiling-variant source for timing arms: derived from the patched qmv.cu, loudly.
+
+The variant file is never part of a patch; it lets one incremental rebuild time
+several tilings (``PATCHKIT_QMV_VARIANT``). What must hold: variant 0 is the patch's
+own tiling, the arms travel in the source, and a launcher that no longer looks
+like the one the edits expect stops the script instead of producing a silent
+copy of the patch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERLAY_QMV = ROOT / "patches" / "9a795735" / "overlay" / "mlx/backend/cuda/quantized/qmm/qmv.cu"
+
+
+def _variants():
+    spec = importlib.util.spec_from_file_location(
+        "cuda_bench_variants", ROOT / "scripts" / "cuda_bench_variants.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_variant_source_switches_tilings_at_run_time() -> None:
+    variants = _variants()
+    patched = OVERLAY_QMV.read_text()
+    out = variants.variant_source(patched)
+    arms = re.findall(r"^// bench-arm: (\S+) PATCHKIT_QMV_VARIANT=(\d+)$", out, re.M)
+    assert arms == [(name, str(v)) for name, v in variants.ARMS.items()]
+    assert "0" not in {v for _, v in arms}  # 0 is the patch's tiling, the `patched` arm
+    launcher = out[out.index("void qmv_streamed(") :]
+    assert 'std::getenv("PATCHKIT_QMV_VARIANT")' in launcher
+    # Variant 0 keeps the patch's V <= 4 tiles; the others add V = 8 at M = 5..8.
+    assert "} else if (m <= 4 || variant == 0) {\n    launch(v4{}, v8{});" in launcher
+    assert "} else if (variant == 2) {\n    launch(v8{}, v4{});" in launcher
+    assert "constexpr int rows_per_warp = V <= 4 ? 2 : 1;" in launcher
+    # Everything before the launcher is the patch's text (plus <cstdlib> and the arms).
+    body = out.split("\n", len(arms))[-1].replace("#include <cstdlib>\n", "", 1)
+    assert (
+        body[: body.index("void qmv_streamed(")] == patched[: patched.index("void qmv_streamed(")]
+    )
+
+
+def test_a_changed_launcher_stops_the_script() -> None:
+    variants = _variants()
+    patched = OVERLAY_QMV.read_text().replace("launch(cuda::std::integral_constant<int, 4>{});", "")
+    with pytest.raises(SystemExit, match="no longer has exactly one"):
+        variants.variant_source(patched)
