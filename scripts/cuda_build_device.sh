@@ -114,7 +114,8 @@ tests_unfinished() {  # the names in file $1 without a verdict line in any test-
 pipeline() {
   local cudnn venv_py stock tests names arms=() waited=0
   cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])")
-  # The host's numpy, for the build's venv where its .pth does not reach it.
+  # The host's numpy for the steps run here with the build's venv (patchkit build lends it
+  # to that venv by a .pth too; this covers a build made before it did).
   PYTHONPATH="$PYTHONPATH:$(python3 -c 'import numpy, os; print(os.path.dirname(os.path.dirname(numpy.__file__)))')"
   export PYTHONPATH
   log "build"

@@ -8,6 +8,7 @@ declaring the same FetchContent sources as MLX); the real build is behind
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -188,9 +189,12 @@ def test_a_base_interpreter_in_a_venv_lends_its_packages(
     parent = tmp_path / "parent"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True)
     parent_py = str(parent / "bin" / "python")
-    sites = mlx_build._parent_venv_sites(parent_py)
+    sites = mlx_build._lent_sites(parent_py)
     assert sites and all(s.startswith(str(parent)) for s in sites)
-    assert mlx_build._parent_venv_sites(sys.base_prefix + "/bin/python3") == []  # not a venv
+    # Not a venv: at most the folder its numpy comes from.
+    base_py = sys.base_prefix + "/bin/python3"
+    has_numpy = subprocess.run([base_py, "-c", "import numpy"], check=False).returncode == 0
+    assert len(mlx_build._lent_sites(base_py)) == int(has_numpy)
     build = mlx_build.plan(
         project["root"], backend="cpu", deps_dir=project["deps"], python=parent_py,
         system_site_packages=True, cache=tmp_path / "cache",
@@ -204,6 +208,38 @@ def test_a_base_interpreter_in_a_venv_lends_its_packages(
         capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
     assert set(sites) <= set(seen)
+
+
+def test_a_numpy_found_another_way_is_lent_too(
+    project: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interpreter that imports numpy from a folder ``venv --system-site-packages``
+    does not expose (here: through PYTHONPATH) lends that folder, so the build's venv
+    imports it without that variable (the parity step runs with PYTHONPATH=<checkout>)."""
+    import subprocess
+
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    parent = tmp_path / "plain"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True)
+    lib = tmp_path / "elsewhere"
+    (lib / "numpy").mkdir(parents=True)
+    (lib / "numpy" / "__init__.py").write_text("WHERE = 'elsewhere'\n")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    build = mlx_build.plan(
+        project["root"], backend="cpu", deps_dir=project["deps"],
+        python=str(parent / "bin" / "python"), system_site_packages=True,
+        cache=tmp_path / "cache",
+    )  # fmt: skip
+    env_steps = [s for s in build.steps if s.stage == "environment"]
+    assert str(lib) in env_steps[1].argv[-1].splitlines()
+    for step in env_steps:
+        subprocess.run([str(a) for a in step.argv], cwd=step.cwd, check=True)
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    got = subprocess.run(
+        [str(build.layout.python), "-c", "import numpy; print(numpy.WHERE)"],
+        capture_output=True, text=True, check=True, env=clean,
+    ).stdout.strip()  # fmt: skip
+    assert got == "elsewhere"
 
 
 def test_dry_run_cli_prints_the_commands(

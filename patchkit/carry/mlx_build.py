@@ -168,16 +168,24 @@ def _base_has_mlx(python: str) -> bool:
     return subprocess.run([python, "-c", probe], capture_output=True, check=False).returncode == 0
 
 
-def _parent_venv_sites(python: str) -> list[str]:
-    """The site folders of ``python`` when it runs in a virtual environment itself.
+def _lent_sites(python: str) -> list[str]:
+    """Folders the build's venv is pointed at by a .pth, so that parity finds numpy.
 
     ``venv --system-site-packages`` exposes the *base* installation's packages, not
-    those of a venv the interpreter lives in (GPU hosts often ship PyTorch, numpy
-    and cuDNN in such a venv), so the build's venv is pointed at them with a .pth.
+    those of a venv ``python`` runs in itself (GPU hosts often ship PyTorch, numpy
+    and cuDNN in such a venv), so those site folders are lent. So is the folder
+    ``python`` imports numpy from: a host whose venv still could not import numpy
+    after that stopped the build only at its parity step, after the whole compile.
     """
     probe = (
-        "import site, sys; sys.prefix != sys.base_prefix and "
-        "print('\\n'.join(site.getsitepackages()))"
+        "import os, site, sys\n"
+        "dirs = site.getsitepackages() if sys.prefix != sys.base_prefix else []\n"
+        "try:\n"
+        "    import numpy\n"
+        "    dirs.append(os.path.dirname(os.path.dirname(numpy.__file__)))\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "print('\\n'.join(dict.fromkeys(dirs)))"
     )
     out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
     return [line for line in out.stdout.splitlines() if line.strip()]
@@ -233,9 +241,9 @@ def plan(
         Step("environment", "patchkit's own virtual environment (yours is not touched)",
              [*venv_argv, str(where.venv)], root),
     ]  # fmt: skip
-    if system_site_packages and (sites := _parent_venv_sites(python)):
+    if system_site_packages and (sites := _lent_sites(python)):
         steps.append(
-            Step("environment", f"the packages of the venv {python} runs in, by a .pth",
+            Step("environment", f"the site folders {python} imports numpy from, by a .pth",
                  [vpy, "-c", PTH_WRITER, "\n".join(sites)], root)
         )  # fmt: skip
     if not system_site_packages:
