@@ -200,8 +200,8 @@ def test_a_base_interpreter_in_a_venv_lends_its_packages(
         system_site_packages=True, cache=tmp_path / "cache",
     )  # fmt: skip
     env_steps = [s for s in build.steps if s.stage == "environment"]
-    assert len(env_steps) == 2 and "--system-site-packages" in env_steps[0].argv
-    for step in env_steps:  # run them: the child venv must see the parent's site folder
+    assert len(env_steps) == 3 and "--system-site-packages" in env_steps[0].argv
+    for step in env_steps[:2]:  # run them: the child venv must see the parent's site folder
         subprocess.run([str(a) for a in step.argv], cwd=step.cwd, check=True)
     seen = subprocess.run(
         [str(build.layout.python), "-c", "import sys; print('\\n'.join(sys.path))"],
@@ -232,7 +232,7 @@ def test_a_numpy_found_another_way_is_lent_too(
     )  # fmt: skip
     env_steps = [s for s in build.steps if s.stage == "environment"]
     assert str(lib) in env_steps[1].argv[-1].splitlines()
-    for step in env_steps:
+    for step in env_steps[:2]:
         subprocess.run([str(a) for a in step.argv], cwd=step.cwd, check=True)
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     got = subprocess.run(
@@ -240,6 +240,18 @@ def test_a_numpy_found_another_way_is_lent_too(
         capture_output=True, text=True, check=True, env=clean,
     ).stdout.strip()  # fmt: skip
     assert got == "elsewhere"
+    # The last environment step checks parity's imports before the compile, with the
+    # PYTHONPATH parity itself gets; without numpy it fails, in seconds.
+    check = env_steps[-1]
+    assert check.argv[1:] == ["-c", "import patchkit.verify.mlx_parity"]
+    assert check.env == {"PYTHONPATH": str(project["root"])}
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    refused = subprocess.run(
+        [str(bare / "bin" / "python"), *check.argv[1:]], capture_output=True, text=True,
+        env={**clean, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert refused.returncode != 0 and "numpy" in refused.stderr
 
 
 def test_dry_run_cli_prints_the_commands(
@@ -254,12 +266,12 @@ def test_dry_run_cli_prints_the_commands(
     assert r.exit_code == 0, r.output
     plan = json.loads(r.stdout)
     assert plan["dry_run"] and [s["stage"] for s in plan["steps"]] == [
-        "environment", "environment", "build", "test", "parity",
+        "environment", "environment", "environment", "build", "test", "parity",
     ]  # fmt: skip
     quick = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--json",
                                       "--no-test"])  # fmt: skip
     assert [s["stage"] for s in json.loads(quick.stdout)["steps"]] == [
-        "environment", "environment", "build", "parity",
+        "environment", "environment", "environment", "build", "parity",
     ]  # fmt: skip
     assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
     human = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run"])

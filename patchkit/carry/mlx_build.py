@@ -251,6 +251,11 @@ def plan(
             Step("environment", "MLX's build requirements, into that environment",
                  [vpy, "-m", "pip", "install", "--quiet", *BUILD_REQUIREMENTS], root)
         )  # fmt: skip
+    # Parity runs after the compile: find out now, not minutes later, that it could not start.
+    steps.append(
+        Step("environment", "the parity step's imports (numpy), checked before the compile",
+             [vpy, "-c", "import patchkit.verify.mlx_parity"], root, {"PYTHONPATH": str(root)})
+    )  # fmt: skip
     cmake = [*CMAKE_ARGS[backend], *mlx_deps.cmake_args(deps, folders), *cmake_args]
     build_env = {
         "CMAKE_ARGS": " ".join(cmake),
