@@ -174,8 +174,8 @@ def _lent_sites(python: str) -> list[str]:
     ``venv --system-site-packages`` exposes the *base* installation's packages, not
     those of a venv ``python`` runs in itself (GPU hosts often ship PyTorch, numpy
     and cuDNN in such a venv), so those site folders are lent. So is the folder
-    ``python`` imports numpy from: a host whose venv still could not import numpy
-    after that stopped the build only at its parity step, after the whole compile.
+    ``python`` imports numpy from, wherever that is: on one GPU host the build's
+    venv could not import numpy even so, and parity failed after the whole compile.
     """
     probe = (
         "import os, site, sys\n"
@@ -243,7 +243,7 @@ def plan(
     ]  # fmt: skip
     if system_site_packages and (sites := _lent_sites(python)):
         steps.append(
-            Step("environment", f"the site folders {python} imports numpy from, by a .pth",
+            Step("environment", f"the site folders of {python}'s venv and of its numpy, by a .pth",
                  [vpy, "-c", PTH_WRITER, "\n".join(sites)], root)
         )  # fmt: skip
     if not system_site_packages:
