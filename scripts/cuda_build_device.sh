@@ -9,7 +9,8 @@
 # full parity with the exact route on (MLX_CUDA_QMV_EXACT=1) -> quick parity with the default
 # routing -> optional peer builds -> the stock wheel unpacked once the second call has carried
 # it -> the tests waited for (TEST_WAIT s at most; what is left is stopped and run again last)
-# -> scripts/cuda_compiled_bench.py (resumable; BENCH_DEADLINE s) -> the stopped tests.
+# -> scripts/cuda_compiled_bench.py (resumable; BENCH_DEADLINE s) -> MLX's test_qmm on the
+# stock wheel (the base for the build's) -> the stopped tests.
 # Everything lands in $WORK; results are copied to OUTDIR.
 #
 # Carried beside the checkout (git-ignored; name these paths, not all of .device/):
@@ -70,7 +71,7 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
     "$WORK"/bench.json "$out/" 2>/dev/null || true
   tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$WORK/build-log-tail.txt" 2>/dev/null || true
   (cd "$WORK" && tar czf "$out/logs.tar.gz" --ignore-failed-read record build-log-tail.txt \
-    parity-*.log bench.log test-*.log peer-*.log 2>/dev/null) || true
+    parity-*.log bench.log test-*.log stock-test-*.log peer-*.log 2>/dev/null) || true
 }
 
 peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of the peer arm
@@ -180,6 +181,11 @@ pipeline() {
   python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${arms[@]}" \
     --resume --deadline "${BENCH_DEADLINE:-540}" --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
   tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
+  # MLX's test_qmm on the stock wheel: the base to read the patched build's test_qmm against.
+  log "test_qmm on the stock wheel"
+  (cd "$(dirname "$tests")" && PYTHONPATH="$stock:$PYTHONPATH" \
+    python3 -m unittest -v test_quantized.TestQuantized.test_qmm) > "$WORK/stock-test-qmm.log" 2>&1 || true
+  tail -3 "$WORK/stock-test-qmm.log" >> "$WORK/pipeline.log"
   tests_unfinished "$names" > "$WORK/test-names-left"
   if [ -s "$WORK/test-names-left" ]; then
     log "tests stopped for the timing, run again: $(tr '\n' ' ' < "$WORK/test-names-left")"
