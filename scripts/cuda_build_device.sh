@@ -113,7 +113,7 @@ tests_unfinished() {  # the names in file $1 without a verdict line in any test-
 }
 
 pipeline() {
-  local cudnn venv_py stock tests names arms=() waited=0
+  local cudnn venv_py stock tests names peer site arms=() waited=0
   cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])")
   # The host's numpy for the steps run here with the build's venv (patchkit build lends it
   # to that venv by a .pth too; this covers a build made before it did).
@@ -145,21 +145,22 @@ pipeline() {
   arms+=(--arm "patched=$venv_py" --arm-env patched:MLX_CUDA_QMV_EXACT=1)
   for src in "$repo"/.peer/*/; do
     [ -d "$src/mlx" ] || continue
+    peer=$(basename "$src")
     if site=$(peer_build "${src%/}"); then
       # "// bench-arm: NAME KEY=VALUE..." lines in its sources: one arm each on this build.
-      grep -rh '^// bench-arm: ' "$src/mlx" | cut -d' ' -f3- > "$WORK/arms-$(basename "$src")" || true
-      if [ -s "$WORK/arms-$(basename "$src")" ]; then
+      grep -rh '^// bench-arm: ' "$src/mlx" | cut -d' ' -f3- > "$WORK/arms-$peer" || true
+      if [ -s "$WORK/arms-$peer" ]; then
         while read -r arm kvs; do
-          log "arm $arm on $(basename "$src"): $kvs"
+          log "arm $arm on $peer: $kvs"
           arms+=(--arm "$arm=$venv_py:$site" --arm-env "$arm:MLX_CUDA_QMV_EXACT=1")
           for kv in $kvs; do arms+=(--arm-env "$arm:$kv"); done
-        done < "$WORK/arms-$(basename "$src")"
+        done < "$WORK/arms-$peer"
       else  # a peer as it ships: M >= 8 goes to qmm, as stock sends it
-        arms+=(--arm "$(basename "$src")=$venv_py:$site")
+        arms+=(--arm "$peer=$venv_py:$site")
       fi
     else
-      log "peer $(basename "$src") failed to build; see peer-$(basename "$src").log"
-      tail -20 "$WORK/peer-$(basename "$src").log" >> "$WORK/pipeline.log"
+      log "peer $peer failed to build; see peer-$peer.log"
+      tail -20 "$WORK/peer-$peer.log" >> "$WORK/pipeline.log"
     fi
   done
   log "waiting for the stock wheel (.mlxpack/b)"

@@ -224,9 +224,10 @@ def versus(data: dict[str, Any], a: str, b: str, base: str) -> list[str]:
 def summary(ps: list[tuple[Row, Row]], arm: str, base: str) -> list[str]:
     """One arm against the base: the M = 1 spread (noise, where the arm leaves M = 1 to
     stock's kernel), then per default-route M the ratio range on the readable shapes."""
-    large = [(r, o) for r, o in ps if readable(o)]
-    m1 = [ratios(r, o)[1] for r, o in ps if 1 in ratios(r, o)]
-    m1_large = [ratios(r, o)[1] for r, o in large if 1 in ratios(r, o)]
+    by_pair = [(r, ratios(r, o), readable(o)) for r, o in ps]  # (arm row, per-M ratio, readable)
+    large = [(r, x) for r, x, ok in by_pair if ok]
+    m1 = [x[1] for _, x, _ in by_pair if 1 in x]
+    m1_large = [x[1] for _, x in large if 1 in x]
     out = [
         f"### `{arm}` against `{base}`",
         "",
@@ -248,7 +249,7 @@ def summary(ps: list[tuple[Row, Row]], arm: str, base: str) -> list[str]:
     for bits in sorted({r["bits"] for r, _ in large}):
         cells = []
         for m in DEFAULT_ROUTE:
-            xs = [x[m] for r, o in large if r["bits"] == bits and m in (x := ratios(r, o))]
+            xs = [x[m] for r, x in large if r["bits"] == bits and m in x]
             cells.append(f"{span(xs)} ({sum(x > 1 for x in xs)}/{len(xs)})" if xs else "-")
         out.append(f"| {bits} | " + " | ".join(cells) + " |")
     return out
