@@ -1,22 +1,37 @@
-"""Tiling variants of the patched CUDA qmv.cu, for timing arms (never for a patch).
+"""Variants of the patched CUDA qmv.cu, for timing arms (never for a patch).
+
+Two kinds, each one extra qmv.cu built like a peer (swapped into the build tree and
+rebuilt incrementally by ``scripts/cuda_build_device.sh``), with one ``// bench-arm:
+NAME KEY=VALUE`` line per timing arm at its top: the arms travel inside the source
+they describe.
+
+``tilings`` (from the patched file):
 
 The streamed kernel's tiling (how many vectors V one weight pass serves, how many
 rows a warp and a block own) changes no row's summation order, only the speed;
 which tiling ships is decided from timings. Building MLX once per tiling costs a
 rebuild each, so this writes ONE extra qmv.cu whose launcher picks the tiling at
-run time from ``PATCHKIT_QMV_VARIANT`` (read once), with one ``// bench-arm: NAME
-KEY=VALUE`` line per timing arm at its top: the arms travel inside the source they
-describe. ``scripts/cuda_build_device.sh`` builds it like a peer (swapped into the
-build tree, rebuilt incrementally) and times every arm it names.
+run time from ``PATCHKIT_QMV_VARIANT`` (read once).
 
   0  the patch's tiling: V in {2, 4}, 2 rows per warp, 8 rows a block
   1  adds V = 8 for M = 5..8 (one weight pass), 1 row per warp, 8 rows a block
   2  the same V = 8 in blocks of 4 rows: more blocks per SM, more x staging
 
-Usage: python scripts/cuda_bench_variants.py PATCHED_QMV_CU OUT_DIR
+``registers`` (from the pinned, unpatched file): the streamed kernel that reads x
+from global memory into registers (``cuda_x_staging = "global"``: one warp per
+row, no shared memory), with V in {2, 4, 8} so that M = 5..8 take one weight
+pass, rendered with the opt-in routing; its arm sets MLX_CUDA_QMV_STREAMED=1, so
+every M >= 2 of the timing grid runs it. The same per-thread order as qmv, so the
+arm's rows are checked bitwise like the others. It is the layout of the 8-bit
+peer (registers only, V up to 8), written with this project's templates.
+
+Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
+       python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
-  OUT_DIR: e.g. .peer/tilings (git-ignored); gets mlx/backend/.../qmv.cu
+  PINNED_QMV_CU: the same path at the pin itself (`show <pin>:...`)
+  OUT_DIR: e.g. .peer/tilings or .peer/registers (git-ignored); gets
+  mlx/backend/.../qmv.cu
 """
 
 from __future__ import annotations
@@ -26,6 +41,9 @@ from pathlib import Path
 
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 ARMS = {"v8": 1, "v8-rows4": 2}  # arm name -> PATCHKIT_QMV_VARIANT (0 is `patched`)
+# The registers kind: V per launch, and its arm's environment.
+REGISTERS_VECS = (2, 4, 8)
+REGISTERS_ARM = "// bench-arm: registers MLX_CUDA_QMV_STREAMED=1\n"
 
 ROWS = """  constexpr int rows_per_warp = 2;
   constexpr int rows_per_block = 8;
@@ -89,12 +107,35 @@ def variant_source(patched: str) -> str:
     return arms + head + launcher + patched[end:]
 
 
+def registers_source(pinned: str) -> str:
+    """The pinned qmv.cu rendered with the register-only streamed kernel, V in REGISTERS_VECS."""
+    from patchkit.carry import render
+
+    plan = next(p for p in render.load_plans() if p.path == QMV)
+    options = render.RenderOptions(backends=("cuda",), routing="opt_in", cuda_x_staging="global")
+    # The launcher's V list is a render constant (Metal's tiles); this arm alone
+    # swaps in its own, and puts the constant back.
+    saved = render.STREAMED_VECS
+    render.STREAMED_VECS = REGISTERS_VECS
+    try:
+        rendered = render.render_file(plan, pinned, options)
+    finally:
+        render.STREAMED_VECS = saved
+    return REGISTERS_ARM + rendered
+
+
 def main() -> int:
-    src, out = Path(sys.argv[1]), Path(sys.argv[2])
+    if len(sys.argv) != 4 or sys.argv[1] not in ("tilings", "registers"):
+        raise SystemExit("usage: cuda_bench_variants.py tilings|registers QMV_CU OUT_DIR")
+    kind, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     target = out / QMV
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(variant_source(src.read_text()))
-    print(f"{target}: arms {', '.join(ARMS)}")
+    if kind == "tilings":
+        target.write_text(variant_source(src.read_text()))
+        print(f"{target}: arms {', '.join(ARMS)}")
+    else:
+        target.write_text(registers_source(src.read_text()))
+        print(f"{target}: arm registers, V in {REGISTERS_VECS}")
     return 0
 
 

@@ -6,11 +6,13 @@
 #   follow OUTDIR SECONDS   follow it again (the next back-to-back call), copying results out
 # The pipeline: build (`patchkit build --no-test`: `parity` runs inside it) -> MLX's
 # test_quantized.py in the background (gather tests in one process, the rest in another) ->
-# full parity with the exact route on (MLX_CUDA_QMV_EXACT=1) -> quick parity with the default
-# routing -> optional peer builds -> the stock wheel unpacked once the second call has carried
-# it -> the tests waited for (TEST_WAIT s at most; what is left is stopped and run again last)
-# -> scripts/cuda_compiled_bench.py (resumable; BENCH_DEADLINE s) -> MLX's test_qmm on the
-# stock wheel (the base for the build's) -> the stopped tests.
+# quick parity with the default routing, in the background too -> full parity with the exact
+# route on (MLX_CUDA_QMV_EXACT=1) -> optional peer builds -> the stock wheel unpacked once the
+# second call has carried it -> the tests waited for (TEST_WAIT s at most; what is left is
+# stopped and run again last) -> scripts/cuda_compiled_bench.py twice (resumable; each until
+# BENCH_DEADLINE s after the first began): every arm on PEER_BENCH's subset of the grid
+# (default: the 8-bit headline), then stock and patched on the whole grid -> MLX's test_qmm
+# on the stock wheel (the base for the build's) -> the stopped tests and parity.
 # Everything lands in $WORK; results are copied to OUTDIR.
 #
 # Carried beside the checkout (git-ignored; name these paths, not all of .device/):
@@ -20,10 +22,11 @@
 #                         gitdb, smmap, unidiff, tomlkit, platformdirs: `pip download`)
 #   .mlxpack/{a,b}        the stock CUDA wheels (shared/tools/pack-mlx-cuda.sh), one per call
 #   .peer/<name>/mlx/...  optional: another version of some MLX source files (a peer's
-#                         kernel), built into another arm by swapping them into the build
-#                         worktree and rebuilding incrementally; "// bench-arm: NAME
-#                         KEY=VALUE..." lines in those sources make one arm each on that
-#                         build (scripts/cuda_bench_variants.py writes them for tilings)
+#                         kernel), built into another arm: its .cu files compiled beside the
+#                         build with the build's own commands and swapped in as objects
+#                         (other files swapped in as sources and rebuilt); "// bench-arm:
+#                         NAME KEY=VALUE..." lines in those sources make one arm each on that
+#                         build (scripts/cuda_bench_variants.py writes them)
 # `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`.
 # Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
 set -euo pipefail
@@ -68,24 +71,90 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
   # A call brings back at most 8 files: the JSON results and the log one by one, every
   # other log and the build record in one tarball.
   cp "$WORK"/pipeline.log "$WORK"/parity-exact.json "$WORK"/parity-default.json \
-    "$WORK"/bench.json "$out/" 2>/dev/null || true
+    "$WORK"/bench.json "$WORK"/bench-peers.json "$out/" 2>/dev/null || true
   tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$WORK/build-log-tail.txt" 2>/dev/null || true
   (cd "$WORK" && tar czf "$out/logs.tar.gz" --ignore-failed-read record build-log-tail.txt \
-    parity-*.log bench.log test-*.log stock-test-*.log peer-*.log 2>/dev/null) || true
+    parity-*.log bench*.log test-*.log stock-test-*.log peer-*.log 2>/dev/null) || true
+}
+
+peer_objects() {  # compile the peers' .cu files while the build runs (see peer_build)
+  local ninja_file tdir wt src name rel obj cmd peer_src out
+  until ninja_file=$(find "$WORK"/cache/builds/cuda-*/mlx/build -name build.ninja 2>/dev/null \
+      | head -1) && [ -n "$ninja_file" ]; do
+    [ -f "$WORK/build.done" ] && return 0
+    sleep 5
+  done
+  command -v ninja > /dev/null || { log "no ninja here: the peers rebuild after the build"; return 0; }
+  tdir=$(dirname "$ninja_file")
+  wt=$(echo "$WORK"/cache/builds/cuda-*/mlx)
+  for src in "$repo"/.peer/*/; do
+    [ -d "$src/mlx" ] || continue
+    name=$(basename "$src")
+    for rel in $(cd "$src" && find mlx -type f -name '*.cu'); do
+      obj="CMakeFiles/mlx.dir/$rel.o"
+      cmd=$(ninja -C "$tdir" -t commands "$obj" 2>/dev/null | tail -1)
+      if [[ "$cmd" != *"$wt/$rel"* || "$cmd" != *"-o $obj"* || "$cmd" == *.rsp* ]]; then
+        log "peer $name: no build command for $rel here; it rebuilds after the build"
+        continue
+      fi
+      # The file beside the one it replaces (its relative includes resolve the same way),
+      # compiled by the build's own command with only the source and output paths changed.
+      peer_src="${rel%.cu}.peer-$name.cu"
+      out="$WORK/peer-obj/$name/$rel.o"
+      mkdir -p "$(dirname "$out")"
+      cp "$src/$rel" "$wt/$peer_src"
+      cmd=${cmd//"$wt/$rel"/"$wt/$peer_src"}
+      cmd=${cmd//"$obj"/"$out"}
+      log "peer $name: compiling $rel beside the build"
+      (cd "$tdir" && eval "$cmd" >> "$WORK/peer-$name.log" 2>&1 && touch "$out.ok"
+        rm -f "$wt/$peer_src"
+        log "peer $name: $rel $([ -f "$out.ok" ] && echo compiled || echo FAILED to compile)") &
+    done
+  done
+  wait
 }
 
 peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of the peer arm
-  local src=$1 name wt tdir venv_site site stamp rel lib libroot
+  # A peer's .cu files compiled during the build (peer_objects: the build's own nvcc command
+  # for the file each replaces) are swapped in as objects, and the build only relinks; its
+  # other files (and .cu files that did not compile there) are swapped in as sources and
+  # rebuilt incrementally (one nvcc process per .cu file, 5-10 minutes). A swapped object
+  # keeps the patched one's mtime: a newer one would make ninja's deps log stale and
+  # rebuild it from the tree's source; libmlx.so is removed instead, so it is relinked.
+  local src=$1 name wt tdir venv_site site stamp rel lib libroot swapped=()
   name=$(basename "$src")
   wt=$(echo "$WORK"/cache/builds/cuda-*/mlx)
   tdir=$(dirname "$(find "$wt/build" -maxdepth 3 -name CMakeCache.txt | head -1)")
   venv_site=$(echo "$WORK"/cache/builds/cuda-*/venv/lib/python3*/site-packages)
   site="$WORK/peer-$name"
   stamp="$WORK/peer-$name.stamp"; touch "$stamp"; sleep 1
-  (cd "$src" && find mlx -type f) | while read -r rel; do cp "$src/$rel" "$wt/$rel"; done
-  log "peer $name: rebuilding $(cd "$src" && find mlx -type f | tr '\n' ' ')"
-  cmake --build "$tdir" --target install -j "$(nproc)" >> "$WORK/peer-$name.log" 2>&1 \
-    || { git -C "$wt" checkout -- mlx; return 1; }
+  for rel in $(cd "$src" && find mlx -type f); do
+    if [ -f "$WORK/peer-obj/$name/$rel.o.ok" ]; then
+      obj="$tdir/CMakeFiles/mlx.dir/$rel.o"
+      [ -f "$obj.patched" ] || cp -p "$obj" "$obj.patched"
+      cp "$WORK/peer-obj/$name/$rel.o" "$obj" && touch -r "$obj.patched" "$obj"
+      swapped+=("$rel")
+    else
+      cp "$src/$rel" "$wt/$rel"
+    fi
+  done
+  log "peer $name: objects ${swapped[*]:-none}; sources $(cd "$wt" && git status --short mlx | tr '\n' ' ')"
+  rm -f "$tdir"/libmlx.so*
+  echo "--- peer $name: relink/rebuild" >> "$WORK/peer-$name.log"
+  cmake --build "$tdir" --target install -j "$(nproc)" > "$WORK/peer-$name.build.log" 2>&1
+  local rc=$?
+  cat "$WORK/peer-$name.build.log" >> "$WORK/peer-$name.log"
+  for rel in "${swapped[@]}"; do  # the patched objects back, for the next peer's relink
+    obj="$tdir/CMakeFiles/mlx.dir/$rel.o"
+    cp -p "$obj.patched" "$obj"
+    # A swapped object must not have been rebuilt from the patched source.
+    if grep -q "Building CUDA object CMakeFiles/mlx.dir/$rel.o" "$WORK/peer-$name.build.log"; then
+      log "peer $name: $rel was recompiled from the build tree's source: not the peer"
+      rc=1
+    fi
+  done
+  [ ${#swapped[@]} = 0 ] || rm -f "$tdir"/libmlx.so*  # the next build relinks the patched one
+  [ "$rc" = 0 ] || { git -C "$wt" checkout -- mlx; return 1; }
   rm -rf "$site" && mkdir -p "$site" && cp -a "$venv_site/mlx" "$site/"
   lib=$(find "$wt/build" -path '*/mlx/lib/libmlx.so' -newer "$stamp" | head -1)
   [ -n "$lib" ] || { log "peer $name: no relinked libmlx.so"; git -C "$wt" checkout -- mlx; return 1; }
@@ -112,6 +181,13 @@ tests_unfinished() {  # the names in file $1 without a verdict line in any test-
   done < "$1"
 }
 
+parity_default() {  # the quick matrix, default routing (stock qmm at M >= 8)
+  timeout "${PARITY_DEFAULT_LIMIT:-900}" "$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)" \
+    -m patchkit.verify.mlx_parity --patched --out "$WORK/parity-default.json" \
+    > "$WORK/parity-default.log" 2>&1
+  echo $? > "$WORK/parity-default.rc"
+}
+
 pipeline() {
   local cudnn venv_py stock tests names peer site arms=() waited=0
   cudnn=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])")
@@ -120,11 +196,19 @@ pipeline() {
   PYTHONPATH="$PYTHONPATH:$(python3 -c 'import numpy, os; print(os.path.dirname(os.path.dirname(numpy.__file__)))')"
   export PYTHONPATH
   log "build"
+  # Includes on the nvcc command line, not in a response file ninja writes only while it runs
+  # the command: peer_objects reruns that command by itself (same flags, same code).
+  rm -f "$WORK/build.done"
+  peer_objects &
+  local peers_pid=$!
   [ -n "${SKIP_BUILD:-}" ] || python3 -c 'from patchkit.cli import main; main()' build --backend cuda \
     --system-site-packages --jobs "$(nproc)" --record-dir "$WORK/record" --json --no-test \
     --cmake-arg=-DMLX_CUDA_ARCHITECTURES="$ARCH" --cmake-arg=-DCUDNN_INCLUDE_PATH="$cudnn/include" \
-    --cmake-arg=-DCUDNN_LIBRARY_PATH="$cudnn/lib" > "$WORK/build.out" 2> "$WORK/build.err" \
-    || { log "build failed"; return 1; }
+    --cmake-arg=-DCUDNN_LIBRARY_PATH="$cudnn/lib" \
+    --cmake-arg=-DCMAKE_CUDA_USE_RESPONSE_FILE_FOR_INCLUDES=OFF \
+    > "$WORK/build.out" 2> "$WORK/build.err" \
+    || { log "build failed"; touch "$WORK/build.done"; return 1; }
+  touch "$WORK/build.done"
   venv_py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
   tests=$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests/test_quantized.py)
   # MLX's test_quantized.py now, beside parity and the peer builds (the GPU is only checked
@@ -135,14 +219,14 @@ pipeline() {
   tests_run rest $(grep -v gather "$names") &
   tests_run gather $(grep gather "$names") &
   log "parity, quick matrix, default routing (stock qmm at M >= 8), in the background"
-  { timeout 420 "$venv_py" -m patchkit.verify.mlx_parity --patched \
-      --out "$WORK/parity-default.json" > "$WORK/parity-default.log" 2>&1
-    echo $? > "$WORK/parity-default.rc"; } &
+  parity_default &
   log "parity, full matrix, MLX_CUDA_QMV_EXACT=1"
   MLX_CUDA_QMV_EXACT=1 "$venv_py" -m patchkit.verify.mlx_parity --patched --full \
     --out "$WORK/parity-exact.json" > "$WORK/parity-exact.log" 2>&1 || log "parity-exact: rows differ"
   tail -2 "$WORK/parity-exact.log" >> "$WORK/pipeline.log"
   arms+=(--arm "patched=$venv_py" --arm-env patched:MLX_CUDA_QMV_EXACT=1)
+  local base=("${arms[@]}")
+  wait "$peers_pid" || true
   for src in "$repo"/.peer/*/; do
     [ -d "$src/mlx" ] || continue
     peer=$(basename "$src")
@@ -178,9 +262,19 @@ pipeline() {
   pkill -f "m unittest -v test_quantized" || true
   pkill -f "mlx_parity --patched --out $WORK/parity-default.json" || true
   tail -2 "$WORK/parity-default.log" >> "$WORK/pipeline.log"
-  log "bench: ${arms[*]}"
-  python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${arms[@]}" \
-    --resume --deadline "${BENCH_DEADLINE:-540}" --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
+  local bench_start=$SECONDS deadline=${BENCH_DEADLINE:-540}
+  if [ ${#arms[@]} -gt ${#base[@]} ]; then
+    log "bench, every arm on ${PEER_BENCH:---headline --bits 8}: ${arms[*]}"
+    # shellcheck disable=SC2086  # PEER_BENCH is a list of options
+    python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${arms[@]}" \
+      ${PEER_BENCH:---headline --bits 8} --resume --deadline "$deadline" \
+      --out "$WORK/bench-peers.json" > "$WORK/bench-peers.log" 2>&1
+    tail -1 "$WORK/bench-peers.log" >> "$WORK/pipeline.log"
+  fi
+  log "bench, the whole grid: ${base[*]}"
+  python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${base[@]}" \
+    --resume --deadline $((deadline - (SECONDS - bench_start))) --out "$WORK/bench.json" \
+    > "$WORK/bench.log" 2>&1
   tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
   # MLX's test_qmm on the stock wheel: the base to read the patched build's test_qmm against.
   log "test_qmm on the stock wheel"
@@ -191,6 +285,11 @@ pipeline() {
   if [ -s "$WORK/test-names-left" ]; then
     log "tests stopped for the timing, run again: $(tr '\n' ' ' < "$WORK/test-names-left")"
     tests_run again $(cat "$WORK/test-names-left")
+  fi
+  if ! [ -s "$WORK/parity-default.json" ]; then
+    log "parity with the default routing stopped for the timing, run again"
+    parity_default
+    tail -2 "$WORK/parity-default.log" >> "$WORK/pipeline.log"
   fi
   tail -4 "$WORK"/test-*.log >> "$WORK/pipeline.log"
 }

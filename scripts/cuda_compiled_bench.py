@@ -18,7 +18,10 @@ configurations an earlier, interrupted run of the same arms already finished.
 
 Usage (on the GPU host):
   python3 scripts/cuda_compiled_bench.py --arm patched=PYTHON --arm stock=PYTHON:SITE \
-      --arm-env patched:MLX_CUDA_QMV_EXACT=1 --out results.json [--quick] [--deadline S]
+      --arm-env patched:MLX_CUDA_QMV_EXACT=1 --out results.json [--quick] [--deadline S] \
+      [--headline] [--bits 4|8 ...]
+``--headline`` and ``--bits`` keep a subset of the grid (e.g. peers on the 8-bit
+headline configurations only, where the full grid runs with fewer arms).
 """
 
 from __future__ import annotations
@@ -181,6 +184,8 @@ def main() -> int:
     ap.add_argument("--arm-env", action="append", default=[], help="NAME:KEY=VALUE")
     ap.add_argument("--out", type=Path, required=False)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--headline", action="store_true", help="only group 64, bf16 (all shapes)")
+    ap.add_argument("--bits", type=int, action="append", choices=BITS, help="only these widths")
     ap.add_argument("--resume", action="store_true", help="keep the finished configs in --out")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=7)
@@ -215,7 +220,13 @@ def main() -> int:
         "complete": False,
         "results": results,
     }
-    todo = [cfg for cfg in grid(a.quick) if cfg not in done]
+    todo = [
+        cfg
+        for cfg in grid(a.quick)
+        if cfg not in done
+        and cfg["bits"] in (a.bits or BITS)
+        and (not a.headline or all(cfg[k] == v for k, v in HEADLINE.items()))
+    ]
     for i, cfg in enumerate(todo):
         if a.deadline and time.monotonic() - start > a.deadline:
             print(f"deadline: stopped before config {len(done) + i}", flush=True)

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support_git import PIN_SHA, mlx_clone
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAY_QMV = ROOT / "patches" / "9a795735" / "overlay" / "mlx/backend/cuda/quantized/qmm/qmv.cu"
@@ -54,3 +55,30 @@ def test_a_changed_launcher_stops_the_script() -> None:
     patched = OVERLAY_QMV.read_text().replace("launch(cuda::std::integral_constant<int, 4>{});", "")
     with pytest.raises(SystemExit, match="no longer has exactly one"):
         variants.variant_source(patched)
+
+
+needs_clone = pytest.mark.skipif(
+    mlx_clone() is None,
+    reason="needs a full MLX clone with commit 9a795735: set PATCHKIT_MLX_REPO=/path/to/mlx",
+)
+
+
+@needs_clone
+@pytest.mark.clone
+def test_registers_source_is_the_global_kernel_with_v8() -> None:
+    """The registers arm: x from global memory, V in {2, 4, 8}, opt-in routing, one arm line."""
+    from patchkit.carry import render, source
+
+    variants = _variants()
+    pinned = source.reader(source.ensure_clone(mlx_clone()), PIN_SHA)(variants.QMV)
+    out = variants.registers_source(pinned)
+    assert re.findall(r"^// bench-arm: .*$", out, re.M) == [
+        "// bench-arm: registers MLX_CUDA_QMV_STREAMED=1"
+    ]
+    launcher = out[out.index("void qmv_streamed(") :]
+    assert "if (m <= 4) {\n    launch(cuda::std::integral_constant<int, 4>{});" in launcher
+    assert "\n  launch(cuda::std::integral_constant<int, 8>{});\n}" in launcher
+    assert "__shared__" not in out[out.index("qmv_streamed_kernel_impl(") :]
+    assert 'env::get_var("MLX_CUDA_QMV_STREAMED", 0)' in out
+    # The render constant the arm swaps out is back for everything else.
+    assert render.STREAMED_VECS == (2, 3, 4, 5)
