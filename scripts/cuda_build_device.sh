@@ -41,7 +41,12 @@ if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's 
   clone=$(py "from patchkit.carry import source; print(source.clone_dir(source.source_spec(None)))")
   deps=$(py "from patchkit.carry import mlx_deps; print(mlx_deps.deps_root())")
   mkdir -p "$repo/.device"
-  (cd "$deps" && tar cf - .) | xz -T0 -6 > "$repo/.device/deps.tar.xz.tmp"
+  # Without the documentation and test suites no configure step reads (json adds its tests
+  # only as the main project, CCCL's are its own CTest targets): the first call carries this
+  # beside the stock wheel's first half, within the 64 MiB a call carries.
+  (cd "$deps" && tar cf - --exclude=./cccl/docs --exclude=./cccl/libcudacxx/test \
+    --exclude=./json/docs --exclude=./json/tests --exclude=./nvtx3/docs .) \
+    | xz -T0 -6 > "$repo/.device/deps.tar.xz.tmp"
   mv "$repo/.device/deps.tar.xz.tmp" "$repo/.device/deps.tar.xz"
   rm -rf "$repo/.device/mlx-pin.git" && git init -q --bare "$repo/.device/mlx-pin.git"
   git -C "$repo/.device/mlx-pin.git" fetch -q --depth 3 "file://$clone" \
