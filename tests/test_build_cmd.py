@@ -240,11 +240,16 @@ def test_a_numpy_found_another_way_is_lent_too(
         capture_output=True, text=True, check=True, env=clean,
     ).stdout.strip()  # fmt: skip
     assert got == "elsewhere"
-    # The last environment step checks parity's imports before the compile, with the
-    # PYTHONPATH parity itself gets; without numpy it fails, in seconds.
+    # The last environment step checks parity's imports before the compile, in parity's
+    # folder and with the PYTHONPATH parity itself gets (the checkout, then the lent
+    # folders, which the .pth alone did not make importable on one GPU host); without
+    # numpy it fails, in seconds.
     check = env_steps[-1]
+    parity = next(s for s in build.steps if s.stage == "parity")
     assert check.argv[1:] == ["-c", "import patchkit.verify.mlx_parity"]
-    assert check.env == {"PYTHONPATH": str(project["root"])}
+    assert (check.cwd, check.env) == (parity.cwd, parity.env)
+    assert check.env["PYTHONPATH"].split(os.pathsep)[0] == str(project["root"])
+    assert str(lib) in check.env["PYTHONPATH"].split(os.pathsep)
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     refused = subprocess.run(

@@ -241,20 +241,26 @@ def plan(
         Step("environment", "patchkit's own virtual environment (yours is not touched)",
              [*venv_argv, str(where.venv)], root),
     ]  # fmt: skip
-    if system_site_packages and (sites := _lent_sites(python)):
+    sites = _lent_sites(python) if system_site_packages else []
+    if sites:
         steps.append(
             Step("environment", f"the site folders of {python}'s venv and of its numpy, by a .pth",
                  [vpy, "-c", PTH_WRITER, "\n".join(sites)], root)
         )  # fmt: skip
+    # The steps that import numpy also get the lent folders on PYTHONPATH, after patchkit's
+    # checkout: on one GPU host the .pth alone left numpy unimportable after the compile,
+    # while the check before it passed. No lent folder holds an mlx (_base_has_mlx above).
+    python_env = {"PYTHONPATH": os.pathsep.join([str(root), *sites])}
     if not system_site_packages:
         steps.append(
             Step("environment", "MLX's build requirements, into that environment",
                  [vpy, "-m", "pip", "install", "--quiet", *BUILD_REQUIREMENTS], root)
         )  # fmt: skip
-    # Parity runs after the compile: find out now, not minutes later, that it could not start.
+    # Parity runs after the compile: find out now, not minutes later, that it could not start
+    # (the same interpreter, folder and environment as the parity step).
     steps.append(
         Step("environment", "the parity step's imports (numpy), checked before the compile",
-             [vpy, "-c", "import patchkit.verify.mlx_parity"], root, {"PYTHONPATH": str(root)})
+             [vpy, "-c", "import patchkit.verify.mlx_parity"], where.base, python_env)
     )  # fmt: skip
     cmake = [*CMAKE_ARGS[backend], *mlx_deps.cmake_args(deps, folders), *cmake_args]
     build_env = {
@@ -274,11 +280,11 @@ def plan(
         steps.append(
             Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included",
                  [vpy, "-m", "unittest", "-v", TEST_FILE], where.worktree / "python" / "tests",
-                 ok_codes=(0, 1))
+                 python_env, ok_codes=(0, 1))
         )  # fmt: skip
     steps += [
         Step("parity", "patchkit parity on the MLX just built (exit 1 = rows differ)",
-             parity_argv, where.base, {"PYTHONPATH": str(root)}, ok_codes=(0, 1)),
+             parity_argv, where.base, python_env, ok_codes=(0, 1)),
     ]  # fmt: skip
     return BuildPlan(backend, p.commit, head, clone, where, mlx_deps.stamps(folders), steps)
 
