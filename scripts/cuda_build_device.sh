@@ -63,9 +63,21 @@ export PATCHKIT_MLX_REPO="$repo/.device/mlx-pin.git"
 mkdir -p "$out" "$WORK"
 log() { echo "[$(date +%T)] $*" >> "$WORK/pipeline.log"; }
 
+gather_carried() {  # copy what a call carried into $WORK: a path a later call does not name
+  # is not kept on the host (.peer/ was gone in the second call once)
+  local d
+  mkdir -p "$WORK/pack"
+  for d in a b; do
+    [ -d "$repo/.mlxpack/$d" ] && cp -p "$repo/.mlxpack/$d"/* "$WORK/pack/"
+  done
+  if [ -d "$repo/.peer" ] && ! [ -d "$WORK/peer-src" ]; then cp -rp "$repo/.peer" "$WORK/peer-src"; fi
+  if ls "$WORK"/pack/part_aa "$WORK"/pack/mlx-*.whl > /dev/null 2>&1; then touch "$WORK/pack-ready"; fi
+  return 0
+}
+
 follow() {  # print progress until the pipeline ends or $1 seconds pass; copy results out
   local end=$((SECONDS + $1))
-  [ -f "$repo/.mlxpack/b/part_ab" ] && touch "$WORK/pack-ready"
+  gather_carried
   while [ $SECONDS -lt $end ] && ! [ -f "$WORK/pipeline.rc" ]; do
     sleep 15
     tail -c 300 "$WORK/build.err" 2>/dev/null | tr '\r' '\n' | tail -1
@@ -79,7 +91,7 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
     "$WORK"/bench.json "$WORK"/bench-peers.json "$out/" 2>/dev/null || true
   tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$WORK/build-log-tail.txt" 2>/dev/null || true
   (cd "$WORK" && tar czf "$out/logs.tar.gz" --ignore-failed-read record build-log-tail.txt \
-    parity-*.log bench*.log test-*.log stock-test-*.log peer-*.log 2>/dev/null) || true
+    parity-*.log bench*.log test-*.log tests.txt stock-test-*.log peer-*.log 2>/dev/null) || true
 }
 
 peer_objects() {  # compile the peers' .cu files while the build runs (see peer_build)
@@ -92,7 +104,7 @@ peer_objects() {  # compile the peers' .cu files while the build runs (see peer_
   command -v ninja > /dev/null || { log "no ninja here: the peers rebuild after the build"; return 0; }
   tdir=$(dirname "$ninja_file")
   wt=$(echo "$WORK"/cache/builds/cuda-*/mlx)
-  for src in "$repo"/.peer/*/; do
+  for src in "$WORK"/peer-src/*/; do
     [ -d "$src/mlx" ] || continue
     name=$(basename "$src")
     for rel in $(cd "$src" && find mlx -type f -name '*.cu'); do
@@ -171,18 +183,37 @@ peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of t
   echo "$site"
 }
 
-tests_run() {  # $1: log name, then unittest names; run in the test folder of the build
-  local name=$1; shift
-  (cd "$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests)" \
-    && exec "$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)" -m unittest -v "$@") \
-    > "$WORK/test-$name.log" 2>&1
-  echo $? > "$WORK/test-$name.rc"
+tests_run() {  # $1: a name for this batch, $2: a file of unittest names; one process each,
+  # TEST_JOBS at once (MLX's tests spend minutes on the host side, one core each), in the
+  # build's test folder; each test's log is test-<batch>-<name>.log
+  local batch=$1 tdir py
+  tdir=$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests)
+  py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
+  xargs -a "$2" -P "${TEST_JOBS:-6}" -I{} sh -c \
+    "cd '$tdir' && exec '$py' -m unittest -v {} > '$WORK/test-$batch-{}.log' 2>&1" &
+  echo $! > "$WORK/test-$batch.pid"
+  wait "$(cat "$WORK/test-$batch.pid")" || true
+  touch "$WORK/test-$batch.done"
 }
 
-tests_unfinished() {  # the names in file $1 without a verdict line in any test-*.log
+tests_stop() {  # stop a batch: no new test starts, the running ones end
+  kill "$(cat "$WORK/test-$1.pid")" 2>/dev/null || true
+  pkill -f "m unittest -v test_quantized" || true
+}
+
+tests_unfinished() {  # the names in file $1 that no test-*.log reports as run to its end
   local t
   while read -r t; do
-    grep -qE "^${t##*.} \(.*\.\.\. (ok|FAIL|ERROR|skipped)" "$WORK"/test-*.log || echo "$t"
+    grep -qs '^Ran 1 test' "$WORK"/test-*-"$t".log || echo "$t"
+  done < "$1"
+}
+
+tests_summary() {  # one line per test of file $1: its verdict, from the last log that ran it
+  local t log
+  while read -r t; do
+    log=$(grep -ls '^Ran 1 test' "$WORK"/test-*-"$t".log | tail -1)
+    if [ -z "$log" ]; then echo "${t##*.}: unfinished"; continue; fi
+    echo "${t##*.}: $(tail -1 "$log") ($(grep -c '\.\.\. FAIL$' "$log") FAIL lines)"
   done < "$1"
 }
 
@@ -220,9 +251,8 @@ pipeline() {
   # for correctness until the timing): its gather tests in one process, the rest in another.
   names="$WORK/test-names"
   grep -oP '^    def \Ktest_\w+' "$tests" | sed 's/^/test_quantized.TestQuantized./' > "$names"
-  log "MLX's test_quantized.py: $(wc -l < "$names") tests, two processes"
-  tests_run rest $(grep -v gather "$names") &
-  tests_run gather $(grep gather "$names") &
+  log "MLX's test_quantized.py: $(wc -l < "$names") tests, one process each, ${TEST_JOBS:-6} at once"
+  tests_run first "$names" &
   log "parity, quick matrix, default routing (stock qmm at M >= 8), in the background"
   parity_default &
   log "parity, full matrix, MLX_CUDA_QMV_EXACT=1"
@@ -232,7 +262,7 @@ pipeline() {
   arms+=(--arm "patched=$venv_py" --arm-env patched:MLX_CUDA_QMV_EXACT=1)
   local base=("${arms[@]}")
   wait "$peers_pid" || true
-  for src in "$repo"/.peer/*/; do
+  for src in "$WORK"/peer-src/*/; do
     [ -d "$src/mlx" ] || continue
     peer=$(basename "$src")
     if site=$(peer_build "${src%/}"); then
@@ -256,15 +286,15 @@ pipeline() {
   while ! [ -f "$WORK/pack-ready" ]; do sleep 5; done
   stock="$WORK/stock-site"
   mkdir -p "$stock"
-  cat "$repo"/.mlxpack/a/part_* "$repo"/.mlxpack/b/part_* | xz -d | tar xf - -C "$stock"
-  python3 -c "import zipfile,glob; zipfile.ZipFile(glob.glob('$repo/.mlxpack/b/mlx-*.whl')[0]).extractall('$stock')"
+  cat "$WORK"/pack/part_* | xz -d | tar xf - -C "$stock"
+  python3 -c "import zipfile,glob; zipfile.ZipFile(glob.glob('$WORK/pack/mlx-*.whl')[0]).extractall('$stock')"
   # The timing runs alone on the GPU: wait for the tests (up to TEST_WAIT s), then stop
   # what is left and run it again after the timing.
-  while [ $waited -lt "${TEST_WAIT:-60}" ] && ! { [ -f "$WORK/test-rest.rc" ] \
-      && [ -f "$WORK/test-gather.rc" ] && [ -f "$WORK/parity-default.rc" ]; }; do
+  while [ $waited -lt "${TEST_WAIT:-60}" ] && ! { [ -f "$WORK/test-first.done" ] \
+      && [ -f "$WORK/parity-default.rc" ]; }; do
     sleep 5; waited=$((waited + 5))
   done
-  pkill -f "m unittest -v test_quantized" || true
+  tests_stop first
   pkill -f "mlx_parity --patched --out $WORK/parity-default.json" || true
   tail -2 "$WORK/parity-default.log" >> "$WORK/pipeline.log"
   local bench_start=$SECONDS deadline=${BENCH_DEADLINE:-540}
@@ -281,22 +311,24 @@ pipeline() {
     --resume --deadline $((deadline - (SECONDS - bench_start))) --out "$WORK/bench.json" \
     > "$WORK/bench.log" 2>&1
   tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
-  # MLX's test_qmm on the stock wheel: the base to read the patched build's test_qmm against.
-  log "test_qmm on the stock wheel"
-  (cd "$(dirname "$tests")" && PYTHONPATH="$stock:$PYTHONPATH" \
-    python3 -m unittest -v test_quantized.TestQuantized.test_qmm) > "$WORK/stock-test-qmm.log" 2>&1 || true
-  tail -3 "$WORK/stock-test-qmm.log" >> "$WORK/pipeline.log"
+  # What the timing stopped, on the patched build, before the stock base.
   tests_unfinished "$names" > "$WORK/test-names-left"
   if [ -s "$WORK/test-names-left" ]; then
     log "tests stopped for the timing, run again: $(tr '\n' ' ' < "$WORK/test-names-left")"
-    tests_run again $(cat "$WORK/test-names-left")
+    tests_run again "$WORK/test-names-left"
   fi
+  tests_summary "$names" > "$WORK/tests.txt"
+  cat "$WORK/tests.txt" >> "$WORK/pipeline.log"
   if ! [ -s "$WORK/parity-default.json" ]; then
     log "parity with the default routing stopped for the timing, run again"
     parity_default
     tail -2 "$WORK/parity-default.log" >> "$WORK/pipeline.log"
   fi
-  tail -4 "$WORK"/test-*.log >> "$WORK/pipeline.log"
+  # MLX's test_qmm on the stock wheel: the base to read the patched build's test_qmm against.
+  log "test_qmm on the stock wheel (at most ${STOCK_TEST_LIMIT:-600} s)"
+  (cd "$(dirname "$tests")" && PYTHONPATH="$stock:$PYTHONPATH" timeout "${STOCK_TEST_LIMIT:-600}" \
+    python3 -m unittest -v test_quantized.TestQuantized.test_qmm) > "$WORK/stock-test-qmm.log" 2>&1 || true
+  tail -3 "$WORK/stock-test-qmm.log" >> "$WORK/pipeline.log"
 }
 
 case "$cmd" in
@@ -311,7 +343,10 @@ case "$cmd" in
         "$WORK/deps/nanobind/cmake/nanobind-config.cmake"
       log "g++ -flto does not link here: nanobind's LTO turned off for MLX's Python module"
     fi
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$repo"/.whl/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$WORK/site" \
+      "$repo"/.whl/*.whl
+    [ -d "$repo/.peer" ] && rm -rf "$WORK/peer-src"  # this call's .peer/ replaces an earlier one
+    gather_carried
     nvidia-smi -L; nvcc --version | tail -1
     # The carried clone holds the pin and the patchkit/<pin> branch `patchkit apply` made.
     python3 -c "from patchkit.carry import source; print(source.ensure_clone(source.source_spec(None)))"
