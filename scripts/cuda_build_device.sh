@@ -22,13 +22,14 @@
 #                         gitdb, smmap, unidiff, tomlkit, platformdirs: `pip download`)
 #   .mlxpack/{a,b}        the stock CUDA wheels (shared/tools/pack-mlx-cuda.sh), one per call
 #   .peer/<name>/mlx/...  optional: another version of some MLX source files (a peer's
-#                         kernel), built into another arm: its .cu files compiled beside the
+#                         kernel), built into another arm: its .cu/.cpp files compiled beside the
 #                         build with the build's own commands and swapped in as objects
 #                         (other files swapped in as sources and rebuilt); "// bench-arm:
 #                         NAME KEY=VALUE..." lines in those sources make one arm each on that
 #                         build (scripts/cuda_bench_variants.py writes them)
 # `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`.
 # Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
+# (`source scripts/cuda_build_device.sh functions` only defines the steps, for the tests.)
 set -euo pipefail
 cmd=${1:?usage: cuda_build_device.sh prepare|start|follow|pipeline OUTDIR [SECONDS]}
 out=${2:-$PWD}
@@ -94,7 +95,7 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
     parity-*.log bench*.log test-*.log tests.txt stock-test-*.log peer-*.log 2>/dev/null) || true
 }
 
-peer_objects() {  # compile the peers' .cu files while the build runs (see peer_build)
+peer_objects() {  # compile the peers' .cu/.cpp files while the build runs (see peer_build)
   local ninja_file tdir wt src name rel obj cmd peer_src out
   until ninja_file=$(find "$WORK"/cache/builds/cuda-*/mlx/build -name build.ninja 2>/dev/null \
       | head -1) && [ -n "$ninja_file" ]; do
@@ -107,7 +108,7 @@ peer_objects() {  # compile the peers' .cu files while the build runs (see peer_
   for src in "$WORK"/peer-src/*/; do
     [ -d "$src/mlx" ] || continue
     name=$(basename "$src")
-    for rel in $(cd "$src" && find mlx -type f -name '*.cu'); do
+    for rel in $(cd "$src" && find mlx -type f \( -name '*.cu' -o -name '*.cpp' \)); do
       obj="CMakeFiles/mlx.dir/$rel.o"
       cmd=$(ninja -C "$tdir" -t commands "$obj" 2>/dev/null | tail -1)
       if [[ "$cmd" != *"$wt/$rel"* || "$cmd" != *"-o $obj"* || "$cmd" == *.rsp* ]]; then
@@ -116,7 +117,7 @@ peer_objects() {  # compile the peers' .cu files while the build runs (see peer_
       fi
       # The file beside the one it replaces (its relative includes resolve the same way),
       # compiled by the build's own command with only the source and output paths changed.
-      peer_src="${rel%.cu}.peer-$name.cu"
+      peer_src="${rel%.*}.peer-$name.${rel##*.}"
       out="$WORK/peer-obj/$name/$rel.o"
       mkdir -p "$(dirname "$out")"
       cp "$src/$rel" "$wt/$peer_src"
@@ -132,9 +133,9 @@ peer_objects() {  # compile the peers' .cu files while the build runs (see peer_
 }
 
 peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of the peer arm
-  # A peer's .cu files compiled during the build (peer_objects: the build's own nvcc command
+  # A peer's .cu and .cpp files compiled during the build (peer_objects: the build's own nvcc command
   # for the file each replaces) are swapped in as objects, and the build only relinks; its
-  # other files (and .cu files that did not compile there) are swapped in as sources and
+  # other files (and sources that did not compile there) are swapped in as sources and
   # rebuilt incrementally (one nvcc process per .cu file, 5-10 minutes). A swapped object
   # keeps the patched one's mtime: a newer one would make ninja's deps log stale and
   # rebuild it from the tree's source; libmlx.so is removed instead, so it is relinked.
@@ -165,7 +166,7 @@ peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of t
     obj="$tdir/CMakeFiles/mlx.dir/$rel.o"
     cp -p "$obj.patched" "$obj"
     # A swapped object must not have been rebuilt from the patched source.
-    if grep -q "Building CUDA object CMakeFiles/mlx.dir/$rel.o" "$WORK/peer-$name.build.log"; then
+    if grep -Eq "Building [A-Z]+ object CMakeFiles/mlx.dir/$rel.o" "$WORK/peer-$name.build.log"; then
       log "peer $name: $rel was recompiled from the build tree's source: not the peer"
       rc=1
     fi
@@ -332,6 +333,7 @@ pipeline() {
 }
 
 case "$cmd" in
+  functions) return 0 ;;
   start)
     mkdir -p "$WORK/deps" "$WORK/site"
     tar xJf "$repo/.device/deps.tar.xz" -C "$WORK/deps"

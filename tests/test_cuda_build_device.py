@@ -1,0 +1,170 @@
+"""The device pipeline's peer and test steps (``scripts/cuda_build_device.sh``), rehearsed here.
+
+A GPU lease is short and scarce, so the shell logic it runs is checked on a tiny CMake
+project laid out like ``patchkit build``'s worktree: a peer's source compiled beside the
+build with the build's own command, swapped in as an object, relinked only (not rebuilt
+from the tree's source, which would time the patch under the peer's name); and MLX's tests
+one process each, stopped, found unfinished and run again, with one verdict per test.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "cuda_build_device.sh"
+TOOLS = [shutil.which(t) for t in ("cmake", "ninja", "c++", "git")]
+
+needs_tools = pytest.mark.skipif(
+    not all(TOOLS), reason="needs cmake, ninja, a C++ compiler and git on PATH"
+)
+
+
+def _bash(work: Path, repo: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` after sourcing the pipeline's functions, with WORK and REPO set."""
+    prelude = (
+        f"export PATCHKIT_DEVICE_WORK={work} REPO={repo}\n"
+        f"source {SCRIPT} functions {work}/out\n"
+        "set +e\n"
+    )
+    return subprocess.run(
+        ["bash", "-c", prelude + script], capture_output=True, text=True, timeout=300
+    )
+
+
+def _build_tree(work: Path) -> Path:
+    """A worktree with a CMake library ``mlx`` built by ninja; returns its build folder."""
+    wt = work / "cache" / "builds" / "cuda-t" / "mlx"
+    (wt / "mlx" / "k").mkdir(parents=True)
+    (wt / "CMakeLists.txt").write_text(
+        textwrap.dedent(
+            """\
+            cmake_minimum_required(VERSION 3.20)
+            project(t LANGUAGES CXX)
+            add_library(mlx SHARED mlx/k/qmv.cpp mlx/k/other.cpp)
+            target_include_directories(mlx PRIVATE ${CMAKE_SOURCE_DIR})
+            install(TARGETS mlx LIBRARY DESTINATION ${CMAKE_SOURCE_DIR}/build/lib.x/mlx/lib)
+            """
+        )
+    )
+    (wt / "mlx" / "k" / "h.h").write_text("#define VAL 1\n")
+    (wt / "mlx" / "k" / "qmv.cpp").write_text(
+        '#include "h.h"\nextern "C" int which() { return VAL; }\n'
+    )
+    (wt / "mlx" / "k" / "other.cpp").write_text('extern "C" int other() { return 7; }\n')
+    git = ["git", "-C", str(wt), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "tree"], check=True)
+    tdir = wt / "build" / "temp.x" / "mlx.core"
+    subprocess.run(
+        ["cmake", "-S", str(wt), "-B", str(tdir), "-G", "Ninja"], check=True, capture_output=True
+    )
+    subprocess.run(
+        ["cmake", "--build", str(tdir), "--target", "install"], check=True, capture_output=True
+    )
+    site = work / "cache" / "builds" / "cuda-t" / "venv" / "lib" / "python3.x" / "site-packages"
+    shutil.copytree(wt / "build" / "lib.x" / "mlx", site / "mlx")
+    return tdir
+
+
+def _which(lib: Path) -> int:
+    return ctypes.CDLL(str(lib)).which()
+
+
+@needs_tools
+@pytest.mark.skipif(sys.platform != "linux", reason="the pipeline runs on Linux GPU hosts")
+def test_peer_object_is_swapped_in_and_only_relinked(tmp_path: Path) -> None:
+    work, repo = tmp_path / "work", tmp_path / "repo"
+    tdir = _build_tree(work)
+    peer = repo / ".peer" / "px" / "mlx" / "k"
+    peer.mkdir(parents=True)
+    (peer / "qmv.cpp").write_text('#include "h.h"\nextern "C" int which() { return VAL + 41; }\n')
+    touch_done = f"touch {work}/build.done\n"
+    got = _bash(
+        work, repo, touch_done + 'gather_carried\npeer_objects\npeer_build "$WORK/peer-src/px"'
+    )
+    assert got.returncode == 0, got.stderr + (work / "pipeline.log").read_text()
+    site = Path(got.stdout.strip().splitlines()[-1])
+    assert site == work / "peer-px"
+    log = (work / "pipeline.log").read_text()
+    assert "peer px: mlx/k/qmv.cpp compiled" in log
+    relink = (work / "peer-px.build.log").read_text()
+    assert "Building CXX object" not in relink and "Linking CXX shared library" in relink
+    assert _which(site / "mlx" / "lib" / "libmlx.so") == 42  # the peer's code
+    # The tree is the patched one again: the next build relinks its own object.
+    assert not (tdir / "libmlx.so").exists()
+    subprocess.run(["cmake", "--build", str(tdir)], check=True, capture_output=True)
+    assert _which(tdir / "libmlx.so") == 1
+    assert not list((work / "cache").rglob("*.peer-px.cpp"))  # the copy beside it is gone
+
+
+@needs_tools
+@pytest.mark.skipif(sys.platform != "linux", reason="the pipeline runs on Linux GPU hosts")
+def test_a_rebuilt_object_fails_the_peer(tmp_path: Path) -> None:
+    """The control: an object ninja rebuilds from the tree's source is not the peer."""
+    work, repo = tmp_path / "work", tmp_path / "repo"
+    _build_tree(work)
+    peer = repo / ".peer" / "px" / "mlx" / "k"
+    peer.mkdir(parents=True)
+    (peer / "qmv.cpp").write_text('#include "h.h"\nextern "C" int which() { return 42; }\n')
+    # A header newer than every object: ninja must rebuild qmv.cpp.o from the tree.
+    script = (
+        f"touch {work}/build.done\ngather_carried\npeer_objects\n"
+        f"sleep 1; touch {work}/cache/builds/cuda-t/mlx/mlx/k/h.h\n"
+        'peer_build "$WORK/peer-src/px"; echo "rc=$?"'
+    )
+    got = _bash(work, repo, script)
+    assert "rc=1" in got.stdout
+    assert "was recompiled from the build tree's source" in (work / "pipeline.log").read_text()
+
+
+def test_tests_run_stop_rerun_and_summary(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    tests = work / "cache" / "builds" / "cuda-t" / "mlx" / "python" / "tests"
+    tests.mkdir(parents=True)
+    venv_bin = work / "cache" / "builds" / "cuda-t" / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    (tests / "test_quantized.py").write_text(
+        textwrap.dedent(
+            """\
+            import time, unittest
+            class TestQuantized(unittest.TestCase):
+                def test_ok(self):
+                    pass
+                def test_subfail(self):
+                    for i in range(3):
+                        with self.subTest(i=i):
+                            self.assertEqual(i % 2, 0)
+                def test_slow(self):
+                    time.sleep(4)
+            """
+        )
+    )
+    names = "\n".join(
+        f"test_quantized.TestQuantized.{t}" for t in ("test_ok", "test_subfail", "test_slow")
+    )
+    script = (
+        f"printf '%s\\n' {' '.join(names.split())} > $WORK/names\n"
+        'tests_run first "$WORK/names" &\n'
+        "sleep 2; tests_stop first; wait\n"
+        'tests_unfinished "$WORK/names" > "$WORK/left"; cat "$WORK/left"; echo ---\n'
+        'tests_run again "$WORK/left"\n'
+        'tests_summary "$WORK/names"\n'
+    )
+    got = _bash(work, tmp_path, script)
+    left, _, summary = got.stdout.partition("---\n")
+    assert left.split() == ["test_quantized.TestQuantized.test_slow"]
+    assert summary.splitlines() == [
+        "test_ok: OK (0 FAIL lines)",
+        "test_subfail: FAILED (failures=1) (1 FAIL lines)",
+        "test_slow: OK (0 FAIL lines)",
+    ]
