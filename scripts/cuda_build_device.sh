@@ -4,15 +4,15 @@
 #   start OUTDIR SECONDS    unpack what was carried, launch the pipeline in its own session,
 #                           follow it for SECONDS
 #   follow OUTDIR SECONDS   follow it again (the next back-to-back call), copying results out
-# The pipeline: build (`patchkit build --no-test`: `parity` runs inside it) -> MLX's
-# test_quantized.py in the background (gather tests in one process, the rest in another) ->
-# quick parity with the default routing, in the background too -> full parity with the exact
-# route on (MLX_CUDA_QMV_EXACT=1) -> optional peer builds -> the stock wheel unpacked once the
-# second call has carried it -> the tests waited for (TEST_WAIT s at most; what is left is
-# stopped and run again last) -> scripts/cuda_compiled_bench.py twice (resumable; each until
-# BENCH_DEADLINE s after the first began): every arm on PEER_BENCH's subset of the grid
-# (default: the 8-bit headline), then stock and patched on the whole grid -> MLX's test_qmm
-# on the stock wheel (the base for the build's) -> the stopped tests and parity.
+# The pipeline: build (`patchkit build --no-test`: `parity` runs inside it), with the peers'
+# sources compiled beside it -> MLX's test_quantized.py in the background (one process per
+# test) -> quick parity with the default routing, in the background too -> full parity with
+# the exact route on (MLX_CUDA_QMV_EXACT=1) -> the peers swapped in and relinked -> the stock
+# wheel unpacked once a call has carried its second half -> the tests waited for (TEST_WAIT s
+# at most; what is left is stopped) -> scripts/cuda_compiled_bench.py twice (resumable; both
+# within BENCH_DEADLINE s): every arm on PEER_BENCH's subset of the grid (default: the 8-bit
+# headline), then stock and patched on BASE_BENCH's (default: the whole grid) -> the stopped
+# tests and parity again -> MLX's test_qmm on the stock wheel (the base for the build's).
 # Everything lands in $WORK; results are copied to OUTDIR.
 #
 # Carried beside the checkout (git-ignored; name these paths, not all of .device/):
@@ -307,10 +307,11 @@ pipeline() {
       --out "$WORK/bench-peers.json" > "$WORK/bench-peers.log" 2>&1
     tail -1 "$WORK/bench-peers.log" >> "$WORK/pipeline.log"
   fi
-  log "bench, the whole grid: ${base[*]}"
+  log "bench, the grid${BASE_BENCH:+ ($BASE_BENCH)}: ${base[*]}"
+  # shellcheck disable=SC2086  # BASE_BENCH is a list of options
   python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${base[@]}" \
-    --resume --deadline $((deadline - (SECONDS - bench_start))) --out "$WORK/bench.json" \
-    > "$WORK/bench.log" 2>&1
+    ${BASE_BENCH:-} --resume --deadline $((deadline - (SECONDS - bench_start))) \
+    --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
   tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
   # What the timing stopped, on the patched build, before the stock base.
   tests_unfinished "$names" > "$WORK/test-names-left"
