@@ -1,6 +1,6 @@
 """Variants of the patched CUDA qmv.cu, for timing arms (never for a patch).
 
-Two kinds, each one extra qmv.cu built like a peer (swapped into the build tree and
+Three kinds, each one extra qmv.cu built like a peer (swapped into the build tree and
 rebuilt incrementally by ``scripts/cuda_build_device.sh``), with one ``// bench-arm:
 NAME KEY=VALUE`` line per timing arm at its top: the arms travel inside the source
 they describe.
@@ -25,8 +25,18 @@ every M >= 2 of the timing grid runs it. The same per-thread order as qmv, so th
 arm's rows are checked bitwise like the others. It is the layout of the 8-bit
 peer (registers only, V up to 8), written with this project's templates.
 
+``split`` (from the patched file): M = 5..7 of one batch (B = 1) as several launches
+instead of V = 4 tiles: a V = 4 pass, then the rest as a V = 2 pass and/or stock's
+per-vector qmv for the last vector (5 = 4 + 1, 6 = 4 + 2, 7 = 4 + 2 + 1). Each pass
+reads the weights again, so the costs add up; summed from the compiled grid's own cells,
+8-bit M = 5..7 would take some 0.6-0.9 of stock's time, where two V = 4 passes (the tail
+one mostly idle) read 0.8-1.3 (docs/cuda.md, "Next to time"). Its arm streams 8-bit at
+every M as well (PATCHKIT_QMV_VARIANT=1); every row comes from the same two kernels as
+before, so it stays exact and is checked bitwise.
+
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
+       python scripts/cuda_bench_variants.py split PATCHED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
   PINNED_QMV_CU: the same path at the pin itself (`show <pin>:...`)
@@ -41,6 +51,49 @@ from pathlib import Path
 
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 ARMS = {"v8": 1, "v8-rows4": 2}  # arm name -> PATCHKIT_QMV_VARIANT (0 is `patched`)
+# The split kind: the routing it replaces, and the launcher head it adds before DISPATCH.
+ROUTE = """inline bool use_qmv_streamed(int m, int bits) {
+  return m >= 8 || (m >= 2 && (bits == 4 || (bits == 8 && m <= 4)));
+}
+"""
+ROUTE_SPLIT = """inline int patchkit_qmv_variant() {
+  static int variant = [] {
+    const char* v = std::getenv("PATCHKIT_QMV_VARIANT");
+    return v ? std::atoi(v) : 0;
+  }();
+  return variant;
+}
+
+inline bool use_qmv_streamed(int m, int bits) {
+  if (patchkit_qmv_variant() == 1) {
+    return m >= 2 && (bits == 4 || bits == 8);
+  }
+  return m >= 8 || (m >= 2 && (bits == 4 || (bits == 8 && m <= 4)));
+}
+"""
+SPLIT_HEAD = """  if (patchkit_qmv_variant() == 1 && l == 1 && m > 4 && m < 8) {
+    // M = 5..7 of one batch: a V = 4 pass, then a V = 2 pass and/or stock's
+    // per-vector qmv (each launch copies its arguments when it is added).
+    int rest = m - 4;
+    m = 4;
+    launch(cuda::std::integral_constant<int, 4>{});
+    x += 4 * static_cast<int64_t>(k);
+    out += 4 * static_cast<int64_t>(n);
+    if (rest >= 2) {
+      m = 2;
+      launch(cuda::std::integral_constant<int, 2>{});
+      x += 2 * static_cast<int64_t>(k);
+      out += 2 * static_cast<int64_t>(n);
+      rest -= 2;
+    }
+    if (rest == 1) {
+      qmv<group_size, has_bias>(
+          x, w, scales, biases, global_scale, out, 1, n, k, 1, broadcast_w, launch_kernel);
+    }
+    return;
+  }
+"""
+SPLIT_ARM = "// bench-arm: split PATCHKIT_QMV_VARIANT=1\n"
 # The registers kind: V per launch, and its arm's environment.
 REGISTERS_VECS = (2, 4, 8)
 REGISTERS_ARM = "// bench-arm: registers MLX_CUDA_QMV_STREAMED=1\n"
@@ -107,6 +160,19 @@ def variant_source(patched: str) -> str:
     return arms + head + launcher + patched[end:]
 
 
+def split_source(patched: str) -> str:
+    """The patched qmv.cu whose launcher splits M = 5..7 (B = 1) into passes (variant 1)."""
+    start = patched.find("void qmv_streamed(")
+    for old, where in ((ROUTE, patched[:start]), (DISPATCH, patched[start:])):
+        if start < 0 or where.count(old) != 1:
+            raise SystemExit(f"the patched qmv.cu no longer has exactly one:\n{old}")
+    out = patched.replace(ROUTE, ROUTE_SPLIT, 1)
+    start = out.index("void qmv_streamed(")
+    out = out[:start] + out[start:].replace(DISPATCH, SPLIT_HEAD + DISPATCH, 1)
+    include = "#include <cooperative_groups.h>\n"
+    return SPLIT_ARM + out.replace(include, include + "#include <cstdlib>\n", 1)
+
+
 def registers_source(pinned: str) -> str:
     """The pinned qmv.cu rendered with the register-only streamed kernel, V in REGISTERS_VECS."""
     from patchkit.carry import render
@@ -125,14 +191,17 @@ def registers_source(pinned: str) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) != 4 or sys.argv[1] not in ("tilings", "registers"):
-        raise SystemExit("usage: cuda_bench_variants.py tilings|registers QMV_CU OUT_DIR")
+    if len(sys.argv) != 4 or sys.argv[1] not in ("tilings", "registers", "split"):
+        raise SystemExit("usage: cuda_bench_variants.py tilings|registers|split QMV_CU OUT_DIR")
     kind, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     target = out / QMV
     target.parent.mkdir(parents=True, exist_ok=True)
     if kind == "tilings":
         target.write_text(variant_source(src.read_text()))
         print(f"{target}: arms {', '.join(ARMS)}")
+    elif kind == "split":
+        target.write_text(split_source(src.read_text()))
+        print(f"{target}: arm split")
     else:
         target.write_text(registers_source(src.read_text()))
         print(f"{target}: arm registers, V in {REGISTERS_VECS}")

@@ -11,8 +11,9 @@
 # wheel unpacked once a call has carried its second half -> the tests waited for (TEST_WAIT s
 # at most; what is left is stopped) -> scripts/cuda_compiled_bench.py twice (resumable; both
 # within BENCH_DEADLINE s): every arm on PEER_BENCH's subset of the grid (default: the 8-bit
-# headline), then stock and patched on BASE_BENCH's (default: the whole grid) -> the stopped
-# tests and parity again -> MLX's test_qmm on the stock wheel (the base for the build's).
+# headline), then stock and patched on BASE_BENCH's (default: the whole grid; "skip") ->
+# the stopped tests and parity again -> MLX's test_qmm on the stock wheel (the base for
+# the build's).
 # Everything lands in $WORK; results are copied to OUTDIR.
 #
 # Carried beside the checkout (git-ignored; name these paths, not all of .device/):
@@ -133,12 +134,13 @@ peer_objects() {  # compile the peers' .cu/.cpp files while the build runs (see 
 }
 
 peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of the peer arm
-  # A peer's .cu and .cpp files compiled during the build (peer_objects: the build's own nvcc command
-  # for the file each replaces) are swapped in as objects, and the build only relinks; its
-  # other files (and sources that did not compile there) are swapped in as sources and
-  # rebuilt incrementally (one nvcc process per .cu file, 5-10 minutes). A swapped object
-  # keeps the patched one's mtime: a newer one would make ninja's deps log stale and
-  # rebuild it from the tree's source; libmlx.so is removed instead, so it is relinked.
+  # A peer's .cu and .cpp files compiled during the build (peer_objects: the build's own
+  # command for the file each replaces) are swapped in as objects, and the build only
+  # relinks; its other files (and sources that did not compile there) are swapped in as
+  # sources and rebuilt incrementally (one nvcc process per .cu file, 5-10 minutes). A
+  # swapped object keeps the patched one's mtime: a newer one would make ninja's deps log
+  # stale and rebuild it from the tree's source; libmlx.so is removed instead, so it is
+  # relinked.
   local src=$1 name wt tdir venv_site site stamp rel lib libroot swapped=()
   name=$(basename "$src")
   wt=$(echo "$WORK"/cache/builds/cuda-*/mlx)
@@ -307,12 +309,14 @@ pipeline() {
       --out "$WORK/bench-peers.json" > "$WORK/bench-peers.log" 2>&1
     tail -1 "$WORK/bench-peers.log" >> "$WORK/pipeline.log"
   fi
-  log "bench, the grid${BASE_BENCH:+ ($BASE_BENCH)}: ${base[*]}"
-  # shellcheck disable=SC2086  # BASE_BENCH is a list of options
-  python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${base[@]}" \
-    ${BASE_BENCH:-} --resume --deadline $((deadline - (SECONDS - bench_start))) \
-    --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
-  tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
+  if [ "${BASE_BENCH:-}" != skip ]; then
+    log "bench, the grid${BASE_BENCH:+ ($BASE_BENCH)}: ${base[*]}"
+    # shellcheck disable=SC2086  # BASE_BENCH is a list of options
+    python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${base[@]}" \
+      ${BASE_BENCH:-} --resume --deadline $((deadline - (SECONDS - bench_start))) \
+      --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
+    tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
+  fi
   # What the timing stopped, on the patched build, before the stock base.
   tests_unfinished "$names" > "$WORK/test-names-left"
   if [ -s "$WORK/test-names-left" ]; then

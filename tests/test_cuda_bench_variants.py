@@ -82,3 +82,26 @@ def test_registers_source_is_the_global_kernel_with_v8() -> None:
     assert 'env::get_var("MLX_CUDA_QMV_STREAMED", 0)' in out
     # The render constant the arm swaps out is back for everything else.
     assert render.STREAMED_VECS == (2, 3, 4, 5)
+
+
+def test_split_source_splits_m5_to_7_of_one_batch() -> None:
+    """The split arm: variant 1 streams 8-bit too and launches 5..7 as 4 + 2 + 1 passes."""
+    variants = _variants()
+    patched = OVERLAY_QMV.read_text()
+    out = variants.split_source(patched)
+    assert re.findall(r"^// bench-arm: .*$", out, re.M) == [
+        "// bench-arm: split PATCHKIT_QMV_VARIANT=1"
+    ]
+    route = out[out.index("inline bool use_qmv_streamed(") :]
+    assert route.index("patchkit_qmv_variant() == 1") < route.index(variants.ROUTE.splitlines()[1])
+    launcher = out[out.index("void qmv_streamed(") :]
+    split = launcher.index("l == 1 && m > 4 && m < 8")
+    assert split < launcher.index(variants.DISPATCH)  # before the V = 2 / V = 4 tiles
+    body = launcher[split : launcher.index(variants.DISPATCH)]
+    assert body.count("launch(cuda::std::integral_constant<int, 4>{});") == 1
+    assert body.count("launch(cuda::std::integral_constant<int, 2>{});") == 1
+    assert "qmv<group_size, has_bias>(" in body  # stock's per-vector launcher, the last one
+    # Without the variant, the file routes and launches as the patch does.
+    assert out.count(variants.ROUTE.splitlines()[1]) == 1
+    with pytest.raises(SystemExit, match="no longer has exactly one"):
+        variants.split_source(patched.replace("(bits == 8 && m <= 4)", "(bits == 8)"))
