@@ -29,10 +29,10 @@ peer (registers only, V up to 8), written with this project's templates.
 instead of V = 4 tiles: a V = 4 pass, then the rest as a V = 2 pass and/or stock's
 per-vector qmv for the last vector (5 = 4 + 1, 6 = 4 + 2, 7 = 4 + 2 + 1). Each pass
 reads the weights again, so the costs add up; summed from the compiled grid's own cells,
-8-bit M = 5..7 would take some 0.6-0.9 of stock's time, where two V = 4 passes (the tail
-one mostly idle) read 0.8-1.3 (docs/cuda.md, "Next to time"). Its arm streams 8-bit at
-every M as well (PATCHKIT_QMV_VARIANT=1); every row comes from the same two kernels as
-before, so it stays exact and is checked bitwise.
+8-bit M = 5..7 would take some 0.6-0.9 of stock's time, where two V = 4 passes (the
+tail one partly on zero vectors) read 0.8-1.3 (docs/cuda.md, "Next to time"). Its arm
+streams 8-bit at every M as well (PATCHKIT_QMV_VARIANT=1); every row comes from the same
+two kernels as before, so it stays exact and is checked bitwise.
 
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
