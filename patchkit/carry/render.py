@@ -34,9 +34,10 @@ MANIFEST = "edits.toml"
 
 Flavour = Literal["upstream", "overlay"]
 Routing = Literal["stream", "opt_in"]
-# Where the CUDA streamed qmv reads x from: straight from global memory, as the
-# M = 1 kernel does (the default, what patches/ holds), or from a shared-memory
-# copy staged once per block (opt-in, for measurement; see docs/cuda.md).
+# Where the CUDA streamed qmv reads x from: a shared-memory copy staged once per
+# block (the default, what patches/ holds), or straight from global memory, as the
+# M = 1 kernel does (the measured baseline, and the register-only timing arm of
+# scripts/cuda_bench_variants.py; see docs/cuda.md).
 CudaXStaging = Literal["global", "smem"]
 BACKENDS = ("metal", "cuda")
 # The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
