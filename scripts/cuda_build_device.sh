@@ -12,7 +12,8 @@
 # at most; what is left is stopped) -> scripts/cuda_compiled_bench.py twice (resumable; both
 # within BENCH_DEADLINE s): every arm on PEER_BENCH's subset of the grid (default: the 8-bit
 # headline), then stock and patched on BASE_BENCH's (default: the whole grid; "skip") ->
-# the stopped tests and parity again -> MLX's test_qmm on the stock wheel (the base for
+# optional kernel-only times (KERNEL_TIMES: scripts/cuda_kernel_times.py) -> the stopped
+# tests and parity again -> MLX's test_qmm on the stock wheel (the base for
 # the build's).
 # Everything lands in $WORK; results are copied to OUTDIR.
 #
@@ -90,10 +91,11 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
   # A call brings back at most 8 files: the JSON results and the log one by one, every
   # other log and the build record in one tarball.
   cp "$WORK"/pipeline.log "$WORK"/parity-exact.json "$WORK"/parity-default.json \
-    "$WORK"/bench.json "$WORK"/bench-peers.json "$out/" 2>/dev/null || true
+    "$WORK"/bench.json "$WORK"/bench-peers.json "$WORK"/kernel-times.json "$out/" 2>/dev/null || true
   tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$WORK/build-log-tail.txt" 2>/dev/null || true
   (cd "$WORK" && tar czf "$out/logs.tar.gz" --ignore-failed-read record build-log-tail.txt \
-    parity-*.log bench*.log test-*.log tests.txt stock-test-*.log peer-*.log 2>/dev/null) || true
+    parity-*.log bench*.log kernel-times.log test-*.log tests.txt stock-test-*.log peer-*.log \
+    2>/dev/null) || true
 }
 
 peer_objects() {  # compile the peers' .cu/.cpp files while the build runs (see peer_build)
@@ -321,6 +323,17 @@ pipeline() {
       ${BASE_BENCH:-} --resume --deadline $((deadline - (SECONDS - bench_start))) \
       --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
     tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
+  fi
+  # Kernel-only times (Nsight Compute) where wall time reads the host: KERNEL_TIMES holds
+  # scripts/cuda_kernel_times.py's --config options, e.g. the 1024x1024 configurations.
+  if [ -n "${KERNEL_TIMES:-}" ]; then
+    local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1 || true)
+    log "kernel times with ${ncu:-no ncu}: $KERNEL_TIMES"
+    # shellcheck disable=SC2086  # KERNEL_TIMES is a list of options
+    [ -z "$ncu" ] || timeout "${KERNEL_TIMES_LIMIT:-300}" python3 "$repo/scripts/cuda_kernel_times.py" \
+      --ncu "$ncu" --arm "stock=python3:$stock" "${base[@]}" $KERNEL_TIMES \
+      --out "$WORK/kernel-times.json" > "$WORK/kernel-times.log" 2>&1 || log "kernel times stopped"
   fi
   # What the timing stopped, on the patched build, before the stock base.
   tests_unfinished "$names" > "$WORK/test-names-left"

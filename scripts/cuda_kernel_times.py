@@ -1,0 +1,179 @@
+"""Kernel-only times of quantized_matmul per M, read by Nsight Compute, for builds side by side.
+
+`cuda_compiled_bench.py` times wall clock over back-to-back calls. Where a call's kernel
+takes a few microseconds (1024x1024), that clock reads the host's work per call, and two
+builds differ there even on the same kernel. This reads the GPU's own duration of every
+kernel instead: ``ncu --metrics gpu__time_duration.sum`` (one replay per kernel, caches
+flushed before it, clocks left alone), one ncu process per arm and configuration.
+
+Attribution without names: in the profiled process, each M's block of calls is preceded by
+a marker (``mx.arange``, a kernel no quantized_matmul launches), so the kernels between two
+markers are that M's calls, however many kernels a call launches (the streamed route may
+launch more than one). Per M: the summed durations / calls, and the kernels per call.
+
+Usage (on the GPU host; arms as in cuda_compiled_bench.py):
+  python3 scripts/cuda_kernel_times.py --arm stock=PYTHON:SITE --arm patched=PYTHON \\
+      --config 1024,1024,8,128,bfloat16 [--config ...] [--calls 5] --out kernel-times.json
+Here (CPU): `--parse FILE.csv` prints what the parser reads from an ncu CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+MS = tuple(range(1, 8))  # the default route: M * B < 8
+MARKER = "arange"  # the marker op's kernel name contains this
+METRIC = "gpu__time_duration.sum"
+UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+
+
+def launch(cfg: dict[str, Any], ms: tuple[int, ...], calls: int) -> None:
+    """The profiled process: setup, then per M a marker and ``calls`` separate evals."""
+    import mlx.core as mx
+
+    dtype = getattr(mx, cfg["dtype"])
+    kw, kx = mx.random.split(mx.random.key(0))
+    w = mx.random.normal((cfg["N"], cfg["K"]), key=kw).astype(dtype)
+    wq, scales, biases = mx.quantize(w, group_size=cfg["group_size"], bits=cfg["bits"])
+    xs = {m: mx.contiguous(mx.random.normal((m, cfg["K"]), key=kx).astype(dtype)) for m in ms}
+    mx.eval(wq, scales, biases, *xs.values())
+    mx.synchronize()
+    for m in ms:
+        mx.eval(mx.arange(m + 1))  # the marker: the next kernels are this M's
+        mx.synchronize()
+        for _ in range(calls):
+            mx.eval(
+                mx.quantized_matmul(
+                    xs[m], wq, scales, biases, transpose=True,
+                    group_size=cfg["group_size"], bits=cfg["bits"],
+                )
+            )  # fmt: skip
+        mx.synchronize()
+
+
+def parse_ncu_csv(text: str) -> list[tuple[str, float]]:
+    """(kernel name, duration in us) per profiled kernel, in launch order, from ``--page raw``.
+
+    The header row names the columns (``Kernel Name`` and the metric); a row of units
+    follows it; any line before the header (ncu's own ``==PROF==`` lines) is skipped.
+    """
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "Kernel Name" in ln and "," in ln), None)
+    if start is None:
+        raise ValueError("no 'Kernel Name' header in the ncu CSV")
+    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header = rows[0]
+    name_col, metric_col = header.index("Kernel Name"), header.index(METRIC)
+    id_col = header.index("ID")
+    scale = None
+    out: list[tuple[int, str, float]] = []
+    for row in rows[1:]:
+        if len(row) <= max(name_col, metric_col):
+            continue
+        if not row[id_col].strip().isdigit():  # the units row
+            scale = UNIT_US.get(row[metric_col].strip(), scale)
+            continue
+        if scale is None:
+            raise ValueError(f"no unit for {METRIC} in the ncu CSV")
+        value = float(row[metric_col].replace(",", ""))
+        out.append((int(row[id_col]), row[name_col], value * scale))
+    return [(name, us) for _, name, us in sorted(out)]
+
+
+def per_m(kernels: list[tuple[str, float]], ms: tuple[int, ...], calls: int) -> dict[int, Any]:
+    """Split the launch-ordered kernels at the markers: per M, us per call and kernels per call."""
+    blocks: list[list[tuple[str, float]]] = []
+    for name, us in kernels:
+        if MARKER in name:
+            blocks.append([])
+        elif blocks:
+            blocks[-1].append((name, us))
+    if len(blocks) != len(ms):
+        raise ValueError(f"{len(blocks)} marker blocks for {len(ms)} values of M")
+    out = {}
+    for m, block in zip(ms, blocks, strict=True):
+        if not block or len(block) % calls:
+            raise ValueError(f"M = {m}: {len(block)} kernels for {calls} calls")
+        out[m] = {
+            "us_per_call": sum(us for _, us in block) / calls,
+            "kernels_per_call": len(block) // calls,
+            "kernels": sorted({name for name, _ in block}),
+        }
+    return out
+
+
+def profile(arm: tuple[str, str, dict[str, str]], cfg: dict[str, Any], a: Any) -> dict[int, Any]:
+    """One ncu process for one arm and configuration."""
+    python, site, env = arm
+    full_env = {**os.environ, **env}
+    if site:
+        full_env["PYTHONPATH"] = site + os.pathsep + full_env.get("PYTHONPATH", "")
+    cmd = [
+        a.ncu, "--clock-control", "none", "--metrics", METRIC, "--csv", "--page", "raw",
+        python, __file__, "--launch", json.dumps(cfg), "--calls", str(a.calls),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"ncu exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    return per_m(parse_ncu_csv(proc.stdout), MS, a.calls)
+
+
+def config(text: str) -> dict[str, Any]:
+    """``K,N,bits,group_size,dtype`` into the bench's configuration dict."""
+    K, N, bits, gs, dtype = text.split(",")
+    return {"K": int(K), "N": int(N), "bits": int(bits), "group_size": int(gs), "dtype": dtype}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arm", action="append", default=[], help="NAME=PYTHON[:SITE]")
+    ap.add_argument("--arm-env", action="append", default=[], help="NAME:KEY=VALUE")
+    ap.add_argument("--config", action="append", type=config, default=[])
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--ncu", default="ncu")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--launch", help=argparse.SUPPRESS)
+    ap.add_argument("--parse", type=Path, help="print what an ncu CSV parses to")
+    a = ap.parse_args()
+    if a.launch:
+        launch(json.loads(a.launch), MS, a.calls)
+        return 0
+    if a.parse:
+        for name, us in parse_ncu_csv(a.parse.read_text()):
+            print(f"{us:10.2f} us  {name}")
+        return 0
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cuda_compiled_bench import parse_arms
+
+    arms = parse_arms(a)
+    payload: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "method": f"ncu --clock-control none --metrics {METRIC}: each kernel replayed once, "
+        f"caches flushed; per M, {a.calls} calls after a marker kernel",
+        "arm_env": {name: env for name, (_, _, env) in arms.items()},
+        "results": [],
+    }
+    for cfg in a.config:
+        row: dict[str, Any] = {**cfg, "arms": {}}
+        for name, arm in arms.items():
+            try:
+                row["arms"][name] = profile(arm, cfg, a)
+            except (RuntimeError, ValueError) as exc:  # per arm and configuration
+                row["arms"][name] = {"error": str(exc)}
+        payload["results"].append(row)
+        print(json.dumps(row), flush=True)
+        if a.out:  # after every configuration: a stopped run keeps what it finished
+            a.out.write_text(json.dumps(payload, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""The kernel-time reader: ncu's raw CSV, and the marker attribution of kernels to M."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "cuda_kernel_times.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("cuda_kernel_times", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def _csv(rows: list[tuple[int, str, str]], unit: str = "nsecond") -> str:
+    """A CSV shaped like ``ncu --csv --page raw``: ==PROF== lines, header, units, rows."""
+    head = '"ID","Process ID","Kernel Name","gpu__time_duration.sum"'
+    units = f'"","","","{unit}"'
+    body = [f'"{i}","77","{name}","{value}"' for i, name, value in rows]
+    return "\n".join(["==PROF== Connected to process 77", head, units, *body]) + "\n"
+
+
+def test_parse_reads_names_and_durations_in_launch_order() -> None:
+    kt = _module()
+    text = _csv([(1, "void cu::qmv_kernel<8>(...)", "2,500"), (0, "cu::arange<float>", "1000")])
+    assert kt.parse_ncu_csv(text) == [
+        ("cu::arange<float>", 1.0),
+        ("void cu::qmv_kernel<8>(...)", 2.5),
+    ]
+    assert kt.parse_ncu_csv(_csv([(0, "k", "3")], "usecond")) == [("k", 3.0)]
+    with pytest.raises(ValueError, match="Kernel Name"):
+        kt.parse_ncu_csv("==PROF== nothing profiled\n")
+
+
+def test_kernels_between_markers_are_that_ms_calls() -> None:
+    kt = _module()
+    setup = [("random_bits", 9.0), ("affine_quantize", 9.0)]
+    kernels = [
+        *setup,
+        ("cu::arange<int>", 1.0), ("qmv_kernel", 2.0), ("qmv_kernel", 4.0),  # M = 1, 2 calls
+        ("cu::arange<int>", 1.0), ("qmv_streamed_kernel", 3.0), ("qmv_kernel", 1.0),
+        ("qmv_streamed_kernel", 3.0), ("qmv_kernel", 1.0),  # M = 2: two kernels a call
+    ]  # fmt: skip
+    got = kt.per_m(kernels, (1, 2), calls=2)
+    assert got[1] == {"us_per_call": 3.0, "kernels_per_call": 1, "kernels": ["qmv_kernel"]}
+    assert got[2]["us_per_call"] == 4.0 and got[2]["kernels_per_call"] == 2
+    with pytest.raises(ValueError, match="marker blocks"):
+        kt.per_m(kernels, (1, 2, 3), calls=2)
+    with pytest.raises(ValueError, match="kernels for 3 calls"):
+        kt.per_m(kernels, (1, 2), calls=3)
+
+
+def test_launch_runs_on_any_mlx() -> None:
+    """The profiled process itself, on whatever device this MLX has (no ncu here)."""
+    pytest.importorskip("mlx.core")
+    cfg = '{"K": 256, "N": 64, "bits": 4, "group_size": 64, "dtype": "float16"}'
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--launch", cfg, "--calls", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
