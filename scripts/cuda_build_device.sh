@@ -73,7 +73,10 @@ gather_carried() {  # copy what a call carried into $WORK: a path a later call d
   for d in a b; do
     [ -d "$repo/.mlxpack/$d" ] && cp -p "$repo/.mlxpack/$d"/* "$WORK/pack/"
   done
-  if [ -d "$repo/.peer" ] && ! [ -d "$WORK/peer-src" ]; then cp -rp "$repo/.peer" "$WORK/peer-src"; fi
+  if [ -d "$repo/.peer" ] && ! [ -d "$WORK/peer-src" ]; then  # whole, or not at all
+    rm -rf "$WORK/peer-src.tmp" && cp -rp "$repo/.peer" "$WORK/peer-src.tmp" \
+      && mv "$WORK/peer-src.tmp" "$WORK/peer-src"
+  fi
   if ls "$WORK"/pack/part_aa "$WORK"/pack/mlx-*.whl > /dev/null 2>&1; then touch "$WORK/pack-ready"; fi
   return 0
 }
@@ -83,19 +86,19 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
   gather_carried
   while [ $SECONDS -lt $end ] && ! [ -f "$WORK/pipeline.rc" ]; do
     sleep 15
-    tail -c 300 "$WORK/build.err" 2>/dev/null | tr '\r' '\n' | tail -1
+    { tail -c 300 "$WORK/build.err" 2>/dev/null | tr '\r' '\n' | tail -1; } || true
     tail -1 "$WORK/bench.log" 2>/dev/null || true
   done
   [ -f "$WORK/pipeline.rc" ] && echo "pipeline exited $(cat "$WORK/pipeline.rc")"
-  tail -5 "$WORK/pipeline.log"
+  tail -5 "$WORK/pipeline.log" 2>/dev/null || true
   # A call brings back at most 8 files: the JSON results and the log one by one, every
   # other log and the build record in one tarball.
   cp "$WORK"/pipeline.log "$WORK"/parity-exact.json "$WORK"/parity-default.json \
     "$WORK"/bench.json "$WORK"/bench-peers.json "$WORK"/kernel-times.json "$out/" 2>/dev/null || true
   tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$WORK/build-log-tail.txt" 2>/dev/null || true
   (cd "$WORK" && tar czf "$out/logs.tar.gz" --ignore-failed-read record build-log-tail.txt \
-    parity-*.log bench*.log kernel-times.log test-*.log tests.txt stock-test-*.log peer-*.log \
-    2>/dev/null) || true
+    pipeline.out build.out build.err parity-*.log bench*.log kernel-times.log test-*.log \
+    tests.txt stock-test-*.log peer-*.log 2>/dev/null) || true
 }
 
 peer_objects() {  # compile the peers' .cu/.cpp files while the build runs (see peer_build)
@@ -111,9 +114,13 @@ peer_objects() {  # compile the peers' .cu/.cpp files while the build runs (see 
   for src in "$WORK"/peer-src/*/; do
     [ -d "$src/mlx" ] || continue
     name=$(basename "$src")
+    if [ -n "$(cd "$src" && find mlx -type f ! -name '*.cu' ! -name '*.cpp')" ]; then
+      log "peer $name: carries headers too (its objects would need them): rebuilt after the build"
+      continue
+    fi
     for rel in $(cd "$src" && find mlx -type f \( -name '*.cu' -o -name '*.cpp' \)); do
       obj="CMakeFiles/mlx.dir/$rel.o"
-      cmd=$(ninja -C "$tdir" -t commands "$obj" 2>/dev/null | tail -1)
+      cmd=$(ninja -C "$tdir" -t commands "$obj" 2>/dev/null | tail -1) || cmd=
       if [[ "$cmd" != *"$wt/$rel"* || "$cmd" != *"-o $obj"* || "$cmd" == *.rsp* ]]; then
         log "peer $name: no build command for $rel here; it rebuilds after the build"
         continue
@@ -194,8 +201,8 @@ tests_run() {  # $1: a name for this batch, $2: a file of unittest names; one pr
   local batch=$1 tdir py
   tdir=$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests)
   py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
-  xargs -a "$2" -P "${TEST_JOBS:-6}" -I{} sh -c \
-    "cd '$tdir' && exec '$py' -m unittest -v {} > '$WORK/test-$batch-{}.log' 2>&1" &
+  xargs -a "$2" -P "${TEST_JOBS:-6}" -I{} sh -c "cd '$tdir' && exec timeout ${TEST_LIMIT:-1200} \
+    '$py' -m unittest -v {} > '$WORK/test-$batch-{}.log' 2>&1" &
   echo $! > "$WORK/test-$batch.pid"
   wait "$(cat "$WORK/test-$batch.pid")" || true
   touch "$WORK/test-$batch.done"
@@ -216,17 +223,34 @@ tests_unfinished() {  # the names in file $1 that no test-*.log reports as run t
 tests_summary() {  # one line per test of file $1: its verdict, from the last log that ran it
   local t log
   while read -r t; do
-    log=$(grep -ls '^Ran 1 test' "$WORK"/test-*-"$t".log | tail -1)
+    log=$(grep -ls '^Ran 1 test' "$WORK"/test-*-"$t".log | tail -1) || true
     if [ -z "$log" ]; then echo "${t##*.}: unfinished"; continue; fi
     echo "${t##*.}: $(tail -1 "$log") ($(grep -c '\.\.\. FAIL$' "$log") FAIL lines)"
   done < "$1"
 }
 
 parity_default() {  # the quick matrix, default routing (stock qmm at M >= 8)
+  local rc=0
   timeout "${PARITY_DEFAULT_LIMIT:-900}" "$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)" \
     -m patchkit.verify.mlx_parity --patched --out "$WORK/parity-default.json" \
-    > "$WORK/parity-default.log" 2>&1
-  echo $? > "$WORK/parity-default.rc"
+    > "$WORK/parity-default.log" 2>&1 || rc=$?
+  echo "$rc" > "$WORK/parity-default.rc"
+}
+
+tests_wait_and_rerun() {  # the patched build's tests and parity, to the end
+  [ -f "$WORK/test-first.done" ] || wait  # a batch still running (no timing stopped it)
+  tests_unfinished "$WORK/test-names" > "$WORK/test-names-left"
+  if [ -s "$WORK/test-names-left" ]; then
+    log "tests stopped for the timing, run again: $(tr '\n' ' ' < "$WORK/test-names-left")"
+    tests_run again "$WORK/test-names-left"
+  fi
+  tests_summary "$WORK/test-names" > "$WORK/tests.txt"
+  cat "$WORK/tests.txt" >> "$WORK/pipeline.log"
+  if ! [ -s "$WORK/parity-default.json" ]; then
+    log "parity with the default routing stopped for the timing, run again"
+    parity_default
+    tail -2 "$WORK/parity-default.log" >> "$WORK/pipeline.log"
+  fi
 }
 
 pipeline() {
@@ -250,6 +274,9 @@ pipeline() {
     > "$WORK/build.out" 2> "$WORK/build.err" || build_failed=1
   touch "$WORK/build.done"
   venv_py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
+  # Objects peer_build kept aside belong to an earlier build of this tree, not to this one.
+  [ -n "${SKIP_BUILD:-}" ] || find "$WORK"/cache/builds/cuda-*/mlx/build -name '*.o.patched' -delete \
+    2>/dev/null || true
   if [ -n "${build_failed:-}" ]; then
     log "build failed: $(tail -1 "$WORK/build.err")"
     # Failed after MLX was installed (its own parity step): the rest runs on that install.
@@ -293,7 +320,15 @@ pipeline() {
     fi
   done
   log "waiting for the stock wheel (.mlxpack/b)"
-  while ! [ -f "$WORK/pack-ready" ]; do sleep 5; done
+  while ! [ -f "$WORK/pack-ready" ] && [ $waited -lt "${PACK_WAIT:-1800}" ]; do
+    sleep 5; waited=$((waited + 5))
+  done
+  waited=0
+  if ! [ -f "$WORK/pack-ready" ]; then
+    log "no stock wheel after ${PACK_WAIT:-1800} s: no timing, no stock test_qmm"
+    tests_wait_and_rerun
+    return 0
+  fi
   stock="$WORK/stock-site"
   mkdir -p "$stock"
   cat "$WORK"/pack/part_* | xz -d | tar xf - -C "$stock"
@@ -313,15 +348,16 @@ pipeline() {
     # shellcheck disable=SC2086  # PEER_BENCH is a list of options
     python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${arms[@]}" \
       ${PEER_BENCH:---headline --bits 8} --resume --deadline "$deadline" \
-      --out "$WORK/bench-peers.json" > "$WORK/bench-peers.log" 2>&1
+      --out "$WORK/bench-peers.json" > "$WORK/bench-peers.log" 2>&1 || log "bench exited $?"
     tail -1 "$WORK/bench-peers.log" >> "$WORK/pipeline.log"
   fi
   if [ "${BASE_BENCH:-}" != skip ]; then
     log "bench, the grid${BASE_BENCH:+ ($BASE_BENCH)}: ${base[*]}"
     # shellcheck disable=SC2086  # BASE_BENCH is a list of options
+    local left=$((deadline - (SECONDS - bench_start)))
     python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${base[@]}" \
-      ${BASE_BENCH:-} --resume --deadline $((deadline - (SECONDS - bench_start))) \
-      --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1
+      ${BASE_BENCH:-} --resume --deadline $((left > 1 ? left : 1)) \
+      --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1 || log "bench exited $?"
     tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
   fi
   # Kernel-only times (Nsight Compute) where wall time reads the host: KERNEL_TIMES holds
@@ -336,18 +372,7 @@ pipeline() {
       --out "$WORK/kernel-times.json" > "$WORK/kernel-times.log" 2>&1 || log "kernel times stopped"
   fi
   # What the timing stopped, on the patched build, before the stock base.
-  tests_unfinished "$names" > "$WORK/test-names-left"
-  if [ -s "$WORK/test-names-left" ]; then
-    log "tests stopped for the timing, run again: $(tr '\n' ' ' < "$WORK/test-names-left")"
-    tests_run again "$WORK/test-names-left"
-  fi
-  tests_summary "$names" > "$WORK/tests.txt"
-  cat "$WORK/tests.txt" >> "$WORK/pipeline.log"
-  if ! [ -s "$WORK/parity-default.json" ]; then
-    log "parity with the default routing stopped for the timing, run again"
-    parity_default
-    tail -2 "$WORK/parity-default.log" >> "$WORK/pipeline.log"
-  fi
+  tests_wait_and_rerun
   # MLX's test_qmm on the stock wheel: the base to read the patched build's test_qmm against.
   log "test_qmm on the stock wheel (at most ${STOCK_TEST_LIMIT:-600} s)"
   (cd "$(dirname "$tests")" && PYTHONPATH="$stock:$PYTHONPATH" timeout "${STOCK_TEST_LIMIT:-600}" \
@@ -358,6 +383,17 @@ pipeline() {
 case "$cmd" in
   functions) return 0 ;;
   start)
+    if [ -f "$WORK/pipeline.pid" ] && kill -0 "$(cat "$WORK/pipeline.pid")" 2>/dev/null; then
+      echo "a pipeline is running in $WORK (pid $(cat "$WORK/pipeline.pid")): follow it" >&2
+      exit 1
+    fi
+    # This run's results only: an earlier run's in the same $WORK (SKIP_BUILD=1) would be
+    # resumed, counted as finished, or copied back as this one's. The build and the stock
+    # wheel's parts stay; the peers' objects stay only for SKIP_BUILD (the same build).
+    (cd "$WORK" 2>/dev/null && rm -rf ./*.json ./*.done ./*.rc ./*.pid ./test-* ./arms-* \
+      ./pack-ready ./tests.txt ./bench*.log ./parity-*.log ./kernel-times.log ./stock-test-*.log \
+      ./peer-*.log ./peer-*.build.log ./stock-site) || true
+    [ -n "${SKIP_BUILD:-}" ] || rm -rf "$WORK/peer-obj"
     mkdir -p "$WORK/deps" "$WORK/site"
     tar xJf "$repo/.device/deps.tar.xz" -C "$WORK/deps"
     # MLX links its Python module with LTO (nanobind's LTO option). A host whose compiler
@@ -380,6 +416,7 @@ case "$cmd" in
     cp "$0" "$WORK/pipeline.sh"
     setsid bash -c "REPO='$repo' bash '$WORK/pipeline.sh' pipeline '$out'; \
       echo \$? > '$WORK/pipeline.rc'" < /dev/null > "$WORK/pipeline.out" 2>&1 &
+    echo $! > "$WORK/pipeline.pid"
     follow "$secs"
     ;;
   follow) follow "$secs" ;;
