@@ -17,7 +17,8 @@ launch more than one). Per M: the summed durations / calls, and the kernels per 
 Usage (on the GPU host; arms as in cuda_compiled_bench.py):
   python3 scripts/cuda_kernel_times.py --arm stock=PYTHON:SITE --arm patched=PYTHON \\
       --config 1024,1024,8,128,bfloat16 [--config ...] [--calls 5] --out kernel-times.json
-Here (CPU): `--parse FILE.csv` prints what the parser reads from an ncu CSV.
+Here (CPU): `--parse FILE.csv` prints what the parser reads from an ncu CSV, and
+`--report kernel-times.json [--against stock]` prints a markdown table of ratios per M.
 """
 
 from __future__ import annotations
@@ -113,6 +114,17 @@ def per_m(kernels: list[tuple[str, float]], ms: tuple[int, ...], calls: int) -> 
     return out
 
 
+def median_per_m(rounds: list[dict[Any, Any]]) -> dict[int, float]:
+    """Per M, the median over the rounds that finished of the us per call."""
+    done = [r for r in rounds if "error" not in r]
+    out = {}
+    for m in done[0] if done else {}:
+        values = sorted(r[m]["us_per_call"] for r in done)
+        mid = len(values) // 2
+        out[m] = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return out
+
+
 def profile(arm: tuple[str, str, dict[str, str]], cfg: dict[str, Any], a: Any) -> dict[int, Any]:
     """One ncu process for one arm and configuration."""
     python, site, env = arm
@@ -140,6 +152,31 @@ def profile(arm: tuple[str, str, dict[str, str]], cfg: dict[str, Any], a: Any) -
         raise ValueError(f"{exc}; ncu said {said}") from exc
 
 
+def report(payload: dict[str, Any], against: str) -> str:
+    """Markdown: per configuration and arm, median kernel us per call / the base arm's, per M."""
+    lines = [f"Kernel-only time per call, t(arm) / t(`{against}`), median of the rounds "
+             f"({payload['method']}).", ""]  # fmt: skip
+    for row in payload["results"]:
+        base = {int(m): us for m, us in row["median_us"].get(against, {}).items()}
+        name = f"{row['K']}x{row['N']} {row['bits']}-bit g{row['group_size']} {row['dtype']}"
+        ms = sorted(base)
+        lines += [
+            f"### {name}",
+            "",
+            "| arm | " + " | ".join(f"M={m}" for m in ms) + " |",
+            "|---|" + "---|" * len(ms),
+            f"| `{against}`, us | " + " | ".join(f"{base[m]:.2f}" for m in ms) + " |",
+        ]
+        for arm, med in row["median_us"].items():
+            if arm == against:
+                continue
+            med = {int(m): us for m, us in med.items()}
+            cells = [f"{med[m] / base[m]:.2f}" if m in med and base[m] else "-" for m in ms]
+            lines.append(f"| `{arm}` | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def config(text: str) -> dict[str, Any]:
     """``K,N,bits,group_size,dtype`` into the bench's configuration dict."""
     K, N, bits, gs, dtype = text.split(",")
@@ -152,14 +189,20 @@ def main() -> int:
     ap.add_argument("--arm-env", action="append", default=[], help="NAME:KEY=VALUE")
     ap.add_argument("--config", action="append", type=config, default=[])
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2, help="ncu runs per arm, alternating")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--timeout", type=float, default=120, help="seconds per ncu process")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--launch", help=argparse.SUPPRESS)
     ap.add_argument("--parse", type=Path, help="print what an ncu CSV parses to")
+    ap.add_argument("--report", type=Path, help="a kernel-times JSON: ratio tables")
+    ap.add_argument("--against", default="stock", help="--report's base arm")
     a = ap.parse_args()
     if a.launch:
         launch(json.loads(a.launch), MS, a.calls)
+        return 0
+    if a.report:
+        print(report(json.loads(a.report.read_text()), a.against))
         return 0
     if a.parse:
         for name, us in parse_ncu_csv(a.parse.read_text()):
@@ -177,12 +220,16 @@ def main() -> int:
         "results": [],
     }
     for cfg in a.config:
-        row: dict[str, Any] = {**cfg, "arms": {}}
-        for name, arm in arms.items():
-            try:
-                row["arms"][name] = profile(arm, cfg, a)
-            except (RuntimeError, ValueError) as exc:  # per arm and configuration
-                row["arms"][name] = {"error": str(exc)}
+        row: dict[str, Any] = {**cfg, "arms": {name: [] for name in arms}}
+        # Rounds in alternating arm order: drift in clocks or temperature between the
+        # sequential ncu processes lands on every arm.
+        for r in range(a.rounds):
+            for name in list(arms) if r % 2 == 0 else list(reversed(arms)):
+                try:
+                    row["arms"][name].append(profile(arms[name], cfg, a))
+                except (RuntimeError, ValueError) as exc:  # per arm, round and configuration
+                    row["arms"][name].append({"error": str(exc)})
+        row["median_us"] = {name: median_per_m(rounds) for name, rounds in row["arms"].items()}
         payload["results"].append(row)
         print(json.dumps(row), flush=True)
         if a.out:  # after every configuration: a stopped run keeps what it finished

@@ -68,3 +68,29 @@ def test_launch_runs_on_any_mlx() -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+
+
+def test_median_per_m_skips_failed_rounds() -> None:
+    kt = _module()
+    rounds = [
+        {1: {"us_per_call": 3.0}, 2: {"us_per_call": 5.0}},
+        {"error": "ncu exited 1"},
+        {1: {"us_per_call": 1.0}, 2: {"us_per_call": 7.0}},
+    ]
+    assert kt.median_per_m(rounds) == {1: 2.0, 2: 6.0}
+    assert kt.median_per_m([{"error": "x"}]) == {}
+
+
+def test_report_is_ratios_to_the_base_arm() -> None:
+    kt = _module()
+    payload = {
+        "method": "m",
+        "results": [
+            {"K": 1024, "N": 1024, "bits": 8, "group_size": 128, "dtype": "bfloat16",
+             "median_us": {"stock": {"1": 2.0, "2": 4.0}, "patched": {"1": 2.0, "2": 3.0}}}
+        ],
+    }  # fmt: skip
+    text = kt.report(payload, "stock")
+    assert "### 1024x1024 8-bit g128 bfloat16" in text
+    assert "| `stock`, us | 2.00 | 4.00 |" in text
+    assert "| `patched` | 1.00 | 0.75 |" in text
