@@ -367,7 +367,7 @@ pipeline() {
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1 || true)
     log "kernel times with ${ncu:-no ncu}: $KERNEL_TIMES"
     # shellcheck disable=SC2086  # KERNEL_TIMES is a list of options
-    [ -z "$ncu" ] || timeout "${KERNEL_TIMES_LIMIT:-300}" python3 "$repo/scripts/cuda_kernel_times.py" \
+    [ -z "$ncu" ] || timeout "${KERNEL_TIMES_LIMIT:-420}" python3 "$repo/scripts/cuda_kernel_times.py" \
       --ncu "$ncu" --arm "stock=python3:$stock" "${base[@]}" $KERNEL_TIMES \
       --out "$WORK/kernel-times.json" > "$WORK/kernel-times.log" 2>&1 || log "kernel times stopped"
   fi
