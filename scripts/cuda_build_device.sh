@@ -29,7 +29,8 @@
 #                         (other files swapped in as sources and rebuilt); "// bench-arm:
 #                         NAME KEY=VALUE..." lines in those sources make one arm each on that
 #                         build (scripts/cuda_bench_variants.py writes them)
-# `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`.
+# `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`, and the
+# `registers` and `split` peers (scripts/cuda_bench_variants.py; PEERS= for none).
 # Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
 # (`source scripts/cuda_build_device.sh functions` only defines the steps, for the tests.)
 set -euo pipefail
@@ -54,7 +55,18 @@ if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's 
   rm -rf "$repo/.device/mlx-pin.git" && git init -q --bare "$repo/.device/mlx-pin.git"
   git -C "$repo/.device/mlx-pin.git" fetch -q --depth 3 "file://$clone" \
     "+refs/heads/patchkit/$short:refs/heads/patchkit/$short"
-  du -sh "$repo/.device/deps.tar.xz" "$repo/.device/mlx-pin.git"
+  # Our own timing variants as peers (PEERS, default both; a peer of another project, such
+  # as mlxcel's qmv.cu, is placed in .peer/<name>/ by hand).
+  qmv=mlx/backend/cuda/quantized/qmm/qmv.cu
+  for kind in ${PEERS-registers split}; do
+    base=$( [ "$kind" = registers ] && echo "$short" || echo "patchkit/$short" )
+    git -C "$clone" show "$base:$qmv" > "$repo/.device/$kind-source.cu"
+    rm -rf "$repo/.peer/$kind"
+    python3 "$repo/scripts/cuda_bench_variants.py" "$kind" "$repo/.device/$kind-source.cu" \
+      "$repo/.peer/$kind"
+    rm -f "$repo/.device/$kind-source.cu"
+  done
+  du -sh "$repo/.device/deps.tar.xz" "$repo/.device/mlx-pin.git" "$repo/.peer" 2>/dev/null || true
   exit 0
 fi
 
