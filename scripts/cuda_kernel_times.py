@@ -4,10 +4,11 @@
 takes a few microseconds (1024x1024), that clock reads the host's work per call, and two
 builds differ there even on the same kernel. This reads the GPU's own duration of every
 kernel instead: ``ncu --metrics gpu__time_duration.sum`` (one replay per kernel, clocks
-left alone), one ncu process per arm and configuration. ncu flushes the caches before each
-kernel, so the weights come from HBM, as in decoding, where the other layers' weights have
-evicted them; the wall-clock grid reuses one weight set, which a 1024x1024 layer keeps in
-L2. Both arms are read the same way; compare ratios, not the two tools' absolute times.
+left alone), one ncu process per arm, round and configuration. ncu flushes the caches
+before each kernel, so the weights come from HBM, as in decoding, where the other layers'
+weights have evicted them; the wall-clock grid reuses one weight set, which a 1024x1024
+layer keeps in L2. Both arms are read the same way; compare ratios, not the two tools'
+absolute times.
 
 Attribution without names: in the profiled process, each M's block of calls is preceded by
 a marker (``mx.arange``, a kernel no quantized_matmul launches), so the kernels between two
