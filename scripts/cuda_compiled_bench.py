@@ -34,6 +34,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,10 @@ def grid(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def measure(cfg: dict[str, Any], iters: int, repeats: int, min_repeat_us: float) -> dict[str, Any]:
-    """Time quantized_matmul at every M for one configuration, after a bitwise row check."""
+def problem(cfg: dict[str, Any]) -> tuple[Callable[[Any], Any], Any]:
+    """quantized_matmul on the configuration's quantized weights, and max(MS) input vectors,
+    evaluated; seeded, so every arm and every tool (cuda_kernel_times.py) sees one problem."""
     import mlx.core as mx
-    import numpy as np
 
     dtype = getattr(mx, cfg["dtype"])
     K, N = cfg["K"], cfg["N"]
@@ -86,6 +87,15 @@ def measure(cfg: dict[str, Any], iters: int, repeats: int, min_repeat_us: float)
             x, wq, scales, biases, transpose=True, group_size=cfg["group_size"], bits=cfg["bits"]
         )
 
+    return qmm, xs
+
+
+def measure(cfg: dict[str, Any], iters: int, repeats: int, min_repeat_us: float) -> dict[str, Any]:
+    """Time quantized_matmul at every M for one configuration, after a bitwise row check."""
+    import mlx.core as mx
+    import numpy as np
+
+    qmm, xs = problem(cfg)
     single = [np.array(qmm(xs[i : i + 1]).view(mx.uint16)) for i in range(max(MS))]
     rows = []
     for M in MS:

@@ -29,10 +29,15 @@ import csv
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))  # the sibling scripts below
+from cuda_compiled_bench import parse_arms, problem
+from cuda_compiled_report import label, ms_header
 
 MS = tuple(range(1, 8))  # the default route: M * B < 8
 MARKER = "arange"  # the marker op's kernel name contains this
@@ -44,23 +49,15 @@ def launch(cfg: dict[str, Any], ms: tuple[int, ...], calls: int) -> None:
     """The profiled process: setup, then per M a marker and ``calls`` separate evals."""
     import mlx.core as mx
 
-    dtype = getattr(mx, cfg["dtype"])
-    kw, kx = mx.random.split(mx.random.key(0))
-    w = mx.random.normal((cfg["N"], cfg["K"]), key=kw).astype(dtype)
-    wq, scales, biases = mx.quantize(w, group_size=cfg["group_size"], bits=cfg["bits"])
-    xs = {m: mx.contiguous(mx.random.normal((m, cfg["K"]), key=kx).astype(dtype)) for m in ms}
-    mx.eval(wq, scales, biases, *xs.values())
+    qmm, vectors = problem(cfg)  # the wall-clock bench's weights and vectors
+    xs = {m: mx.contiguous(vectors[:m]) for m in ms}
+    mx.eval(*xs.values())
     mx.synchronize()
     for m in ms:
         mx.eval(mx.arange(m + 1))  # the marker: the next kernels are this M's
         mx.synchronize()
         for _ in range(calls):
-            mx.eval(
-                mx.quantized_matmul(
-                    xs[m], wq, scales, biases, transpose=True,
-                    group_size=cfg["group_size"], bits=cfg["bits"],
-                )
-            )  # fmt: skip
+            mx.eval(qmm(xs[m]))
         mx.synchronize()
 
 
@@ -118,12 +115,7 @@ def per_m(kernels: list[tuple[str, float]], ms: tuple[int, ...], calls: int) -> 
 def median_per_m(rounds: list[dict[Any, Any]]) -> dict[int, float]:
     """Per M, the median over the rounds that finished of the us per call."""
     done = [r for r in rounds if "error" not in r]
-    out = {}
-    for m in done[0] if done else {}:
-        values = sorted(r[m]["us_per_call"] for r in done)
-        mid = len(values) // 2
-        out[m] = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-    return out
+    return {m: statistics.median(r[m]["us_per_call"] for r in done) for m in (done or [{}])[0]}
 
 
 def profile(arm: tuple[str, str, dict[str, str]], cfg: dict[str, Any], a: Any) -> dict[int, Any]:
@@ -159,13 +151,13 @@ def report(payload: dict[str, Any], against: str) -> str:
              f"({payload['method']}).", ""]  # fmt: skip
     for row in payload["results"]:
         base = {int(m): us for m, us in row["median_us"].get(against, {}).items()}
-        name = f"{row['K']}x{row['N']} {row['bits']}-bit g{row['group_size']} {row['dtype']}"
         ms = sorted(base)
+        heads, seps = ms_header(ms)
         lines += [
-            f"### {name}",
+            f"### {label(row)}",
             "",
-            "| arm | " + " | ".join(f"M={m}" for m in ms) + " |",
-            "|---|" + "---|" * len(ms),
+            f"| arm | {heads} |",
+            f"|---|{seps}",
             f"| `{against}`, us | " + " | ".join(f"{base[m]:.2f}" for m in ms) + " |",
         ]
         for arm, med in row["median_us"].items():
@@ -209,9 +201,6 @@ def main() -> int:
         for name, us in parse_ncu_csv(a.parse.read_text()):
             print(f"{us:10.2f} us  {name}")
         return 0
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cuda_compiled_bench import parse_arms
-
     arms = parse_arms(a)
     payload: dict[str, Any] = {
         "command": " ".join(sys.argv),
