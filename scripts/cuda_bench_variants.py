@@ -136,6 +136,12 @@ DISPATCH_VARIANT = """  static int variant = [] {
 """
 
 
+def with_cstdlib(source: str) -> str:
+    """``source`` with <cstdlib> (std::getenv, std::atoi) included after cooperative_groups."""
+    include = "#include <cooperative_groups.h>\n"
+    return source.replace(include, include + "#include <cstdlib>\n", 1)
+
+
 def variant_source(patched: str) -> str:
     """The patched qmv.cu with a launcher that reads PATCHKIT_QMV_VARIANT."""
     start = patched.find("void qmv_streamed(")
@@ -154,8 +160,7 @@ def variant_source(patched: str) -> str:
         if launcher.count(old) != 1:
             raise SystemExit(f"the patched qmv_streamed launcher no longer has exactly one:\n{old}")
         launcher = launcher.replace(old, new)
-    include = "#include <cooperative_groups.h>\n"
-    head = patched[:start].replace(include, include + "#include <cstdlib>\n", 1)
+    head = with_cstdlib(patched[:start])
     arms = "".join(f"// bench-arm: {name} PATCHKIT_QMV_VARIANT={v}\n" for name, v in ARMS.items())
     return arms + head + launcher + patched[end:]
 
@@ -169,8 +174,7 @@ def split_source(patched: str) -> str:
     out = patched.replace(ROUTE, ROUTE_SPLIT, 1)
     start = out.index("void qmv_streamed(")
     out = out[:start] + out[start:].replace(DISPATCH, SPLIT_HEAD + DISPATCH, 1)
-    include = "#include <cooperative_groups.h>\n"
-    return SPLIT_ARM + out.replace(include, include + "#include <cstdlib>\n", 1)
+    return SPLIT_ARM + with_cstdlib(out)
 
 
 def registers_source(pinned: str) -> str:
