@@ -77,6 +77,13 @@ export PATCHKIT_CACHE_DIR="$WORK/cache" PATCHKIT_DEPS_DIR="$WORK/deps"
 export PATCHKIT_MLX_REPO="$repo/.device/mlx-pin.git"
 mkdir -p "$out" "$WORK"
 log() { echo "[$(date +%T)] $*" >> "$WORK/pipeline.log"; }
+built() { echo "$WORK"/cache/builds/cuda-*/$1; }  # a path in what `patchkit build` made here
+
+build_tree() {  # the CMake build folder (build.ninja's), once configured; fails before
+  local f
+  f=$(find "$(built mlx/build)" -maxdepth 3 -name build.ninja 2>/dev/null | head -1) || true
+  [ -n "$f" ] && dirname "$f"
+}
 
 gather_carried() {  # copy what a call carried into $WORK: a path a later call does not name
   # is not kept on the host (.peer/ was gone in the second call once)
@@ -107,22 +114,20 @@ follow() {  # print progress until the pipeline ends or $1 seconds pass; copy re
   # other log and the build record in one tarball.
   cp "$WORK"/pipeline.log "$WORK"/parity-exact.json "$WORK"/parity-default.json \
     "$WORK"/bench.json "$WORK"/bench-peers.json "$WORK"/kernel-times.json "$out/" 2>/dev/null || true
-  tail -c 300000 "$WORK/cache/builds/cuda-"*/build.log > "$WORK/build-log-tail.txt" 2>/dev/null || true
+  tail -c 300000 "$(built build.log)" > "$WORK/build-log-tail.txt" 2>/dev/null || true
   (cd "$WORK" && tar czf "$out/logs.tar.gz" --ignore-failed-read record build-log-tail.txt \
     pipeline.out build.out build.err parity-*.log bench*.log kernel-times.log test-*.log \
     tests.txt stock-test-*.log peer-*.log 2>/dev/null) || true
 }
 
 peer_objects() {  # compile the peers' .cu/.cpp files while the build runs (see peer_build)
-  local ninja_file tdir wt src name rel obj cmd peer_src out
-  until ninja_file=$(find "$WORK"/cache/builds/cuda-*/mlx/build -name build.ninja 2>/dev/null \
-      | head -1) && [ -n "$ninja_file" ]; do
+  local tdir wt src name rel obj cmd peer_src out
+  until tdir=$(build_tree); do
     [ -f "$WORK/build.done" ] && return 0
     sleep 5
   done
   command -v ninja > /dev/null || { log "no ninja here: the peers rebuild after the build"; return 0; }
-  tdir=$(dirname "$ninja_file")
-  wt=$(echo "$WORK"/cache/builds/cuda-*/mlx)
+  wt=$(built mlx)
   for src in "$WORK"/peer-src/*/; do
     [ -d "$src/mlx" ] || continue
     name=$(basename "$src")
@@ -164,9 +169,9 @@ peer_build() {  # $1: a folder mirroring MLX's tree; prints the site folder of t
   # relinked.
   local src=$1 name wt tdir venv_site site stamp rel lib libroot swapped=()
   name=$(basename "$src")
-  wt=$(echo "$WORK"/cache/builds/cuda-*/mlx)
-  tdir=$(dirname "$(find "$wt/build" -maxdepth 3 -name CMakeCache.txt | head -1)")
-  venv_site=$(echo "$WORK"/cache/builds/cuda-*/venv/lib/python3*/site-packages)
+  wt=$(built mlx)
+  tdir=$(build_tree)
+  venv_site=$(built 'venv/lib/python3*/site-packages')
   site="$WORK/peer-$name"
   stamp="$WORK/peer-$name.stamp"; touch "$stamp"; sleep 1
   for rel in $(cd "$src" && find mlx -type f); do
@@ -211,8 +216,8 @@ tests_run() {  # $1: a name for this batch, $2: a file of unittest names; one pr
   # TEST_JOBS at once (MLX's tests spend minutes on the host side, one core each), in the
   # build's test folder; each test's log is test-<batch>-<name>.log
   local batch=$1 tdir py
-  tdir=$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests)
-  py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
+  tdir=$(built mlx/python/tests)
+  py=$(built venv/bin/python)
   xargs -a "$2" -P "${TEST_JOBS:-6}" -I{} sh -c "cd '$tdir' && exec timeout ${TEST_LIMIT:-1200} \
     '$py' -m unittest -v {} > '$WORK/test-$batch-{}.log' 2>&1" &
   echo $! > "$WORK/test-$batch.pid"
@@ -243,7 +248,7 @@ tests_summary() {  # one line per test of file $1: its verdict, from the last lo
 
 parity_default() {  # the quick matrix, default routing (stock qmm at M >= 8)
   local rc=0
-  timeout "${PARITY_DEFAULT_LIMIT:-900}" "$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)" \
+  timeout "${PARITY_DEFAULT_LIMIT:-900}" "$(built venv/bin/python)" \
     -m patchkit.verify.mlx_parity --patched --out "$WORK/parity-default.json" \
     > "$WORK/parity-default.log" 2>&1 || rc=$?
   echo "$rc" > "$WORK/parity-default.rc"
@@ -285,17 +290,17 @@ pipeline() {
     --cmake-arg=-DCMAKE_CUDA_USE_RESPONSE_FILE_FOR_INCLUDES=OFF \
     > "$WORK/build.out" 2> "$WORK/build.err" || build_failed=1
   touch "$WORK/build.done"
-  venv_py=$(echo "$WORK"/cache/builds/cuda-*/venv/bin/python)
+  venv_py=$(built venv/bin/python)
   # Objects peer_build kept aside belong to an earlier build of this tree, not to this one.
-  [ -n "${SKIP_BUILD:-}" ] || find "$WORK"/cache/builds/cuda-*/mlx/build -name '*.o.patched' -delete \
-    2>/dev/null || true
+  [ -n "${SKIP_BUILD:-}" ] || find "$(built mlx/build)" -name '*.o.patched' -delete 2>/dev/null \
+    || true
   if [ -n "${build_failed:-}" ]; then
     log "build failed: $(tail -1 "$WORK/build.err")"
     # Failed after MLX was installed (its own parity step): the rest runs on that install.
     "$venv_py" -c "import mlx.core" 2>/dev/null || return 1
     log "MLX is installed in the build's venv: the pipeline goes on without a build record"
   fi
-  tests=$(echo "$WORK"/cache/builds/cuda-*/mlx/python/tests/test_quantized.py)
+  tests=$(built mlx/python/tests/test_quantized.py)
   # MLX's test_quantized.py now, beside parity and the peer builds (the GPU is only checked
   # for correctness until the timing).
   names="$WORK/test-names"
