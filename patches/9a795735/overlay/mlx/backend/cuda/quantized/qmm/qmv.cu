@@ -796,10 +796,10 @@ void qmv(
 
 // Which M >= 2 stream. Streamed or per-vector, every row equals M = 1's bit for
 // bit; this is only about speed. Timed on an H200 against the per-vector qmv
-// stock runs for M * B < 8 (docs/cuda.md): 4-bit streams at every M; 8-bit
-// streams where one weight pass serves every vector (M <= 4: V = 4), and was
-// slower than stock at M = 5 and 6 (a second pass); the other widths were not
-// timed. Those keep the per-vector kernel. M >= 8 only arrives through the
+// stock runs for M * B < 8 (the PR has the table): 4-bit streams at every M;
+// 8-bit streams where one weight pass serves every vector (M <= 4: V = 4), and
+// was slower than stock at M = 5 and 6 (a second pass); the other widths were
+// not timed. Those keep the per-vector kernel. M >= 8 only arrives through the
 // opt-in exact route of quantized.cpp: there one weight pass replaces M.
 inline bool use_qmv_streamed(int m, int bits) {
   return m >= 8 || (m >= 2 && (bits == 4 || (bits == 8 && m <= 4)));
