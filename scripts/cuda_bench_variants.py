@@ -93,6 +93,42 @@ SPLIT_HEAD = """  if (patchkit_qmv_variant() == 1 && l == 1 && m > 4 && m < 8) {
     return;
   }
 """
+# The streamed route's launch callback in mlx::core::qmv, and the split's. MLX's
+# CommandEncoder gives a CUDA graph node the inputs and outputs registered since the node
+# before it, and clears them: a second launch in one primitive would have no dependencies
+# (free to run before x is ready, or after the next op read out). So every launch after the
+# first registers them again; out makes it wait for the launch before it, too.
+ROUTE_LAUNCH = """                [&](auto* kernel,
+                    dim3 num_blocks,
+                    dim3 block_dims,
+                    void** args) {
+                  encoder.add_kernel_node_raw(
+                      kernel, num_blocks, block_dims, {}, 0, args);
+                });
+            return;
+"""
+ROUTE_LAUNCH_SPLIT = """                [&, launches = 0](
+                    auto* kernel,
+                    dim3 num_blocks,
+                    dim3 block_dims,
+                    void** args) mutable {
+                  if (launches++ > 0) {
+                    encoder.set_input_array(x);
+                    encoder.set_input_array(w);
+                    encoder.set_input_array(scales);
+                    if (biases) {
+                      encoder.set_input_array(*biases);
+                    }
+                    if (global_scale) {
+                      encoder.set_input_array(*global_scale);
+                    }
+                    encoder.set_output_array(out);
+                  }
+                  encoder.add_kernel_node_raw(
+                      kernel, num_blocks, block_dims, {}, 0, args);
+                });
+            return;
+"""
 SPLIT_ARM = "// bench-arm: split PATCHKIT_QMV_VARIANT=1\n"
 # The registers kind: V per launch, and its arm's environment.
 REGISTERS_VECS = (2, 4, 8)
@@ -168,10 +204,11 @@ def variant_source(patched: str) -> str:
 def split_source(patched: str) -> str:
     """The patched qmv.cu whose launcher splits M = 5..7 (B = 1) into passes (variant 1)."""
     start = patched.find("void qmv_streamed(")
-    for old, where in ((ROUTE, patched[:start]), (DISPATCH, patched[start:])):
+    wheres = ((ROUTE, patched[:start]), (DISPATCH, patched[start:]), (ROUTE_LAUNCH, patched))
+    for old, where in wheres:
         if start < 0 or where.count(old) != 1:
             raise SystemExit(f"the patched qmv.cu no longer has exactly one:\n{old}")
-    out = patched.replace(ROUTE, ROUTE_SPLIT, 1)
+    out = patched.replace(ROUTE, ROUTE_SPLIT, 1).replace(ROUTE_LAUNCH, ROUTE_LAUNCH_SPLIT, 1)
     start = out.index("void qmv_streamed(")
     out = out[:start] + out[start:].replace(DISPATCH, SPLIT_HEAD + DISPATCH, 1)
     return SPLIT_ARM + with_cstdlib(out)

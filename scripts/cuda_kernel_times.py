@@ -42,7 +42,12 @@ from cuda_compiled_report import label, ms_header
 MS = tuple(range(1, 8))  # the default route: M * B < 8
 MARKER = "arange"  # the marker op's kernel name contains this
 METRIC = "gpu__time_duration.sum"
-UNIT_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}  # --print-units base: ns
+# Both spellings ncu has used for time units; --print-units base asks for the base unit, ns.
+UNIT_US = {
+    **{"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6},
+    **{"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6},
+}
+BASE_UNIT = "nsecond"  # what a CSV without a units row is in (--print-units base)
 
 
 def launch(cfg: dict[str, Any], ms: tuple[int, ...], calls: int) -> None:
@@ -65,7 +70,9 @@ def parse_ncu_csv(text: str) -> list[tuple[str, float]]:
     """(kernel name, duration in us) per profiled kernel, in launch order, from ``--page raw``.
 
     The header row names the columns (``Kernel Name`` and the metric); a row of units
-    follows it; any line before the header (ncu's own ``==PROF==`` lines) is skipped.
+    may follow it (without one, the values are in BASE_UNIT, which ``--print-units base``
+    asks for); any line before the header (ncu's own ``==PROF==`` lines) is skipped. A
+    unit it does not know is an error that quotes it, never a guess.
     """
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if "Kernel Name" in ln and "," in ln), None)
@@ -75,16 +82,17 @@ def parse_ncu_csv(text: str) -> list[tuple[str, float]]:
     header = rows[0]
     name_col, metric_col = header.index("Kernel Name"), header.index(METRIC)
     id_col = header.index("ID")
-    scale = None
+    scale = UNIT_US[BASE_UNIT]
     out: list[tuple[int, str, float]] = []
     for row in rows[1:]:
         if len(row) <= max(name_col, metric_col):
             continue
         if not row[id_col].strip().isdigit():  # the units row
-            scale = UNIT_US.get(row[metric_col].strip(), scale)
+            unit = row[metric_col].strip()
+            if unit not in UNIT_US:
+                raise ValueError(f"unknown unit {unit!r} for {METRIC} in the ncu CSV")
+            scale = UNIT_US[unit]
             continue
-        if scale is None:
-            raise ValueError(f"no unit for {METRIC} in the ncu CSV")
         value = float(row[metric_col].replace(",", ""))
         out.append((int(row[id_col]), row[name_col], value * scale))
     return [(name, us) for _, name, us in sorted(out)]
@@ -142,7 +150,10 @@ def profile(arm: tuple[str, str, dict[str, str]], cfg: dict[str, Any], a: Any) -
     try:
         return per_m(parse_ncu_csv(proc.stdout), MS, a.calls)
     except ValueError as exc:
-        raise ValueError(f"{exc}; ncu said {said}") from exc
+        # The CSV's first lines go with the error, so that a format ncu changed can be read
+        # from the results instead of guessed.
+        head = [ln for ln in proc.stdout.splitlines() if not ln.startswith("==")][:3]
+        raise ValueError(f"{exc}; ncu said {said}; CSV starts {head}") from exc
 
 
 def report(payload: dict[str, Any], against: str) -> str:

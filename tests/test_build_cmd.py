@@ -259,6 +259,31 @@ def test_a_numpy_found_another_way_is_lent_too(
     assert refused.returncode != 0 and "numpy" in refused.stderr
 
 
+def test_cuda_parity_checks_the_exact_route_and_the_record_says_so(
+    project: dict[str, Path], tmp_path: Path
+) -> None:
+    """On CUDA the build's parity runs with MLX_CUDA_QMV_EXACT=1 (the route that claims every
+    M parity compares; the default route leaves M * B >= 8 to stock's qmm), and so does its
+    pre-compile check; MLX's own tests run the default route, as users get it."""
+    _fill_stamps(project["deps"], {**CPU_STAMPS, "cutlass": "NVIDIA/cutlass v4.4.2\n"})
+    build = mlx_build.plan(
+        project["root"], backend="cuda", deps_dir=project["deps"], cache=tmp_path / "cache"
+    )
+    parity = next(s for s in build.steps if s.stage == "parity")
+    check = [s for s in build.steps if s.stage == "environment"][-1]
+    tests = next(s for s in build.steps if s.stage == "test")
+    assert parity.env["MLX_CUDA_QMV_EXACT"] == "1" and check.env == parity.env
+    assert "MLX_CUDA_QMV_EXACT" not in tests.env
+    cpu = mlx_build.plan(
+        project["root"], backend="cpu", deps_dir=project["deps"], cache=tmp_path / "cache"
+    )
+    assert "MLX_CUDA_QMV_EXACT" not in next(s for s in cpu.steps if s.stage == "parity").env
+    report = {"rows_compared": 8, "rows_differing": 0, "mlx_version": "0.32.1", "rows": []}
+    rec = mlx_build.record(build, project["root"], None, report, {"build": 1.0})
+    assert rec["parity"]["route_env"] == {"MLX_CUDA_QMV_EXACT": "1"}
+    assert "parity` on it (route: MLX_CUDA_QMV_EXACT=1): 0 of 8" in mlx_build.markdown(rec)
+
+
 def test_dry_run_cli_prints_the_commands(
     project: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -175,6 +175,70 @@ def test_tests_run_stop_rerun_and_summary(tmp_path: Path) -> None:
     ]
 
 
+def test_the_prs_tests_come_first(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_quantized.py"
+    test_file.write_text(
+        "class TestQuantized:\n    def test_a(self):\n        def test_nested(): pass\n"
+        "    def test_qmv_small_batch_matches_single_vector(self): pass\n"
+        "    def test_b(self): pass\n"
+    )
+    got = _bash(tmp_path / "work", tmp_path, f"test_names {test_file}\n")
+    assert got.returncode == 0, got.stderr
+    assert [n.split(".")[-1] for n in got.stdout.split()] == [
+        "test_qmv_small_batch_matches_single_vector",
+        "test_a",
+        "test_b",
+    ]
+
+
+def test_tests_that_did_not_pass_run_again_on_stock(tmp_path: Path) -> None:
+    """A test that failed or did not finish on the patched build runs on the stock wheel (its
+    own folder on PYTHONPATH, python3), read from that batch's logs only; a passing one does
+    not run again."""
+    work = tmp_path / "work"
+    tests = work / "cache" / "builds" / "cuda-t" / "mlx" / "python" / "tests"
+    tests.mkdir(parents=True)
+    venv_bin = work / "cache" / "builds" / "cuda-t" / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    stock = tmp_path / "stock-site"
+    stock.mkdir()
+    (stock / "which_mlx.py").write_text("NAME = 'stock'\n")
+    (tests / "test_quantized.py").write_text(
+        textwrap.dedent(
+            """\
+            import unittest
+            class TestQuantized(unittest.TestCase):
+                def test_ok(self):
+                    pass
+                def test_stock_only(self):  # passes where the stock folder is importable
+                    import which_mlx
+                    self.assertEqual(which_mlx.NAME, "stock")
+            """
+        )
+    )
+    names = " ".join(f"test_quantized.TestQuantized.{t}" for t in ("test_ok", "test_stock_only"))
+    script = (
+        f"printf '%s\\n' {names} > $WORK/test-names\n"
+        'tests_run first "$WORK/test-names"\n'
+        'tests_summary "$WORK/test-names" > "$WORK/tests.txt"; cat "$WORK/tests.txt"; echo ---\n'
+        f'STOCK_TESTS=test_ok stock_tests {stock}; cat "$WORK/stock-tests.txt"; echo ---\n'
+        'tests_summary "$WORK/test-names"\n'
+    )
+    got = _bash(work, tmp_path, script)
+    assert got.returncode == 0, got.stderr
+    patched, stock_lines, again = got.stdout.split("---\n")
+    assert patched.splitlines() == [
+        "test_ok: OK (0 FAIL lines)",
+        "test_stock_only: FAILED (errors=1) (0 FAIL lines)",
+    ]
+    assert stock_lines.splitlines() == [  # test_ok only because STOCK_TESTS names it
+        "stock test_ok: OK (0 FAIL lines)",
+        "stock test_stock_only: OK (0 FAIL lines)",
+    ]
+    assert again == patched  # the stock batch never stands in for the patched build's verdict
+
+
 def test_parity_that_finds_differences_is_recorded_not_fatal(tmp_path: Path) -> None:
     """Parity's exit 1 (rows differ) or a timeout is written to its .rc; the pipeline goes on."""
     work = tmp_path / "work"

@@ -37,6 +37,11 @@ def test_parse_reads_names_and_durations_in_launch_order() -> None:
         ("void cu::qmv_kernel<8>(...)", 2.5),
     ]
     assert kt.parse_ncu_csv(_csv([(0, "k", "3")], "usecond")) == [("k", 3.0)]
+    assert kt.parse_ncu_csv(_csv([(0, "k", "3")], "us")) == [("k", 3.0)]
+    no_units = "\n".join(ln for ln in _csv([(0, "k", "3000")]).splitlines() if '""' not in ln)
+    assert kt.parse_ncu_csv(no_units) == [("k", 3.0)]  # --print-units base: ns
+    with pytest.raises(ValueError, match="unknown unit 'cycle'"):
+        kt.parse_ncu_csv(_csv([(0, "k", "3")], "cycle"))
     with pytest.raises(ValueError, match="Kernel Name"):
         kt.parse_ncu_csv("==PROF== nothing profiled\n")
 

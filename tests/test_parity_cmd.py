@@ -121,6 +121,7 @@ def test_cli_json_matches_printed_table(tmp_path: Path) -> None:
     assert report["device"]["backend"] == "cpu"
     assert report["rows_compared"] > 0 and report["rows_differing"] == 0
     assert report["rows_differing_by_mode"] == {"affine": 0}
+    assert set(report["rows_differing_by_path"].values()) == {0}
     table = mlx_parity.parse_table(human.stdout)
     assert table == [mlx_parity.table_cells(r) for r in report["rows"]]
     assert len(table) == 4  # bits {3, 4} x B {1, 3}
@@ -161,6 +162,9 @@ def test_negative_control_reordered_batch_is_caught() -> None:
     assert row["status"] == "ok"
     assert row["rows_differing"] > 0 and row["max_abs_diff"] > 0
     assert mlx_parity.run_config(mlx, dev, c)["rows_differing"] == 0
+    # The report names the path the differing rows took (here every M runs the CPU's one path).
+    cpu_path = {m["path"] for m in row["by_m"]}
+    assert mlx_parity.by_path([row]) == {cpu_path.pop(): row["rows_differing"]}
 
 
 def test_unsupported_mode_is_reported_not_raised() -> None:

@@ -256,11 +256,12 @@ def plan(
             Step("environment", "MLX's build requirements, into that environment",
                  [vpy, "-m", "pip", "install", "--quiet", *BUILD_REQUIREMENTS], root)
         )  # fmt: skip
+    parity_env = {**python_env, **PARITY_ROUTE_ENV.get(backend, {})}
     # Parity runs after the compile: find out now, not minutes later, that it could not start
     # (the same interpreter, folder and environment as the parity step).
     steps.append(
         Step("environment", "the parity step's imports (numpy), checked before the compile",
-             [vpy, "-c", "import patchkit.verify.mlx_parity"], where.base, python_env)
+             [vpy, "-c", "import patchkit.verify.mlx_parity"], where.base, parity_env)
     )  # fmt: skip
     cmake = [*CMAKE_ARGS[backend], *mlx_deps.cmake_args(deps, folders), *cmake_args]
     build_env = {
@@ -284,7 +285,7 @@ def plan(
         )  # fmt: skip
     steps += [
         Step("parity", "patchkit parity on the MLX just built (exit 1 = rows differ)",
-             parity_argv, where.base, python_env, ok_codes=(0, 1)),
+             parity_argv, where.base, parity_env, ok_codes=(0, 1)),
     ]  # fmt: skip
     return BuildPlan(backend, p.commit, head, clone, where, mlx_deps.stamps(folders), steps)
 
@@ -413,6 +414,14 @@ def _machine(backend: str) -> dict[str, Any]:
     return info
 
 
+# The route parity checks, per backend: the one whose claim covers parity's whole matrix.
+# CUDA's default route leaves M * B >= 8 to stock qmm (a different summation order, by
+# decision: it is faster there) and, on sm90, stock's qmm_sm90 where it applies; only the
+# opt-in exact route claims M = 2..16 bit-identical to M = 1, so that is what the build's
+# parity proves. Metal's default route already claims every M parity compares (below the
+# batch limit).
+PARITY_ROUTE_ENV: dict[str, dict[str, str]] = {"cuda": {"MLX_CUDA_QMV_EXACT": "1"}}
+
 COMPILED_NOTE = {
     "cpu": "the CPU backend compiles none of the Metal or CUDA files: this build proves the "
     "PR's Python test on MLX's Linux CI backend and that nothing else in the patch breaks "
@@ -450,6 +459,7 @@ def record(
             "rows_differing": parity["rows_differing"],
             "kernel_paths": paths,
             "configs": len(parity["rows"]),
+            "route_env": PARITY_ROUTE_ENV.get(build.backend, {}),
         },
         "wall_s": {k: round(v, 1) for k, v in walls.items()},
         "machine": _machine(build.backend),
@@ -468,6 +478,13 @@ def tests_line(t: dict[str, Any] | None) -> str:
     )
 
 
+def route_words(env: dict[str, str] | None) -> str:
+    """How the record names the route parity ran on: `` (route: A=1)``, or nothing."""
+    if not env:
+        return ""
+    return " (route: " + " ".join(f"{k}={v}" for k, v in env.items()) + ")"
+
+
 def markdown(rec: dict[str, Any]) -> str:
     """The short page beside the record's JSON."""
     t, p, m = rec["tests"], rec["parity"], rec["machine"]
@@ -483,7 +500,8 @@ def markdown(rec: dict[str, Any]) -> str:
             f"`{rec['patch']['series_sha256'][:16]}`), MLX {rec['mlx_version']}",
             f"- What was compiled: {rec['compiled']}.",
             tests_line(t),
-            f"- `patchkit parity` on it: {p['rows_differing']} of {p['rows']} rows differ "
+            f"- `patchkit parity` on it{route_words(p.get('route_env'))}: "
+            f"{p['rows_differing']} of {p['rows']} rows differ "
             f"({p['configs']} configurations; kernel paths: {', '.join(p['kernel_paths'])}).",
             f"- Wall time: {walls}.",
             f"- Machine: {m['system']} {m['machine']}, {m['cpus']} CPUs, Python {m['python']}"

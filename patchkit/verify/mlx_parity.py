@@ -323,8 +323,20 @@ def run(
             m: sum(r["rows_differing"] for r in checked if r["mode"] == m)
             for m in dict.fromkeys(r["mode"] for r in checked)
         },
+        # Per kernel path, so a failure says whose kernel it is: rows that differ only on
+        # stock's qmm are the defect a route left to stock, not the patch's kernels.
+        "rows_differing_by_path": by_path(checked),
     }
     return {**report, "scope": scope(report)}
+
+
+def by_path(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Differing rows per kernel path (:func:`kernel_path`), over every M of ``rows``."""
+    out: dict[str, int] = {}
+    for r in rows:
+        for m in r.get("by_m", []):
+            out[m["path"]] = out.get(m["path"], 0) + m["rows_differing"]
+    return dict(sorted(out.items()))
 
 
 TABLE_COLUMNS = (
@@ -384,8 +396,10 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     verdict = "identical" if report["identical"] else "ROWS DIFFER"
     modes = ", ".join(f"{m} {n}" for m, n in report["rows_differing_by_mode"].items())
+    paths = ", ".join(f"{p} {n}" for p, n in report.get("rows_differing_by_path", {}).items())
     lines.append(
-        f"{report['rows_differing']}/{report['rows_compared']} rows differ ({modes}): {verdict}"
+        f"{report['rows_differing']}/{report['rows_compared']} rows differ ({modes}; by "
+        f"kernel path: {paths or 'none'}): {verdict}"
     )
     lines.append(scope(report))
     return "\n".join(lines)
