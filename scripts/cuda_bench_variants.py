@@ -64,6 +64,11 @@ ROUTE_SPLIT = """inline int patchkit_qmv_variant() {
   return variant;
 }
 
+// M = 5..7 of one batch, under the split variant: several launches (SPLIT_HEAD).
+inline bool patchkit_qmv_split(int m, int l) {
+  return patchkit_qmv_variant() == 1 && l == 1 && m > 4 && m < 8;
+}
+
 inline bool use_qmv_streamed(int m, int bits) {
   if (patchkit_qmv_variant() == 1) {
     return m >= 2 && (bits == 4 || bits == 8);
@@ -71,9 +76,10 @@ inline bool use_qmv_streamed(int m, int bits) {
   return m >= 8 || (m >= 2 && (bits == 4 || (bits == 8 && m <= 4)));
 }
 """
-SPLIT_HEAD = """  if (patchkit_qmv_variant() == 1 && l == 1 && m > 4 && m < 8) {
+SPLIT_HEAD = """  if (patchkit_qmv_split(m, l)) {
     // M = 5..7 of one batch: a V = 4 pass, then a V = 2 pass and/or stock's
-    // per-vector qmv (each launch copies its arguments when it is added).
+    // per-vector qmv (each launch copies its arguments when it is added; the
+    // caller holds MLX's concurrent context around them).
     int rest = m - 4;
     m = 4;
     launch(cuda::std::integral_constant<int, 4>{});
@@ -93,41 +99,22 @@ SPLIT_HEAD = """  if (patchkit_qmv_variant() == 1 && l == 1 && m > 4 && m < 8) {
     return;
   }
 """
-# The streamed route's launch callback in mlx::core::qmv, and the split's. MLX's
-# CommandEncoder gives a CUDA graph node the inputs and outputs registered since the node
-# before it, and clears them: a second launch in one primitive would have no dependencies
-# (free to run before x is ready, or after the next op read out). So every launch after the
-# first registers them again; out makes it wait for the launch before it, too.
-ROUTE_LAUNCH = """                [&](auto* kernel,
-                    dim3 num_blocks,
-                    dim3 block_dims,
-                    void** args) {
-                  encoder.add_kernel_node_raw(
-                      kernel, num_blocks, block_dims, {}, 0, args);
-                });
-            return;
+# The streamed route in mlx::core::qmv, and the split's. MLX's CommandEncoder gives a CUDA
+# graph node the arrays registered since the node before it, then clears them: a second
+# kernel node of one primitive would have no dependencies (free to run before x is ready,
+# or after the next op read out). MLX's own answer for several kernels in one primitive
+# is its concurrent context (as concatenate uses it): the nodes added inside it all get the
+# registered arrays as dependencies and are joined by one node that out then maps to. The
+# split's passes write disjoint rows of out, so they may run side by side.
+ROUTE_CALL = """          if (cu::use_qmv_streamed(m, bits)) {
+            cu::qmv_streamed<group_size, has_bias>(
 """
-ROUTE_LAUNCH_SPLIT = """                [&, launches = 0](
-                    auto* kernel,
-                    dim3 num_blocks,
-                    dim3 block_dims,
-                    void** args) mutable {
-                  if (launches++ > 0) {
-                    encoder.set_input_array(x);
-                    encoder.set_input_array(w);
-                    encoder.set_input_array(scales);
-                    if (biases) {
-                      encoder.set_input_array(*biases);
-                    }
-                    if (global_scale) {
-                      encoder.set_input_array(*global_scale);
-                    }
-                    encoder.set_output_array(out);
-                  }
-                  encoder.add_kernel_node_raw(
-                      kernel, num_blocks, block_dims, {}, 0, args);
-                });
-            return;
+ROUTE_CALL_SPLIT = """          if (cu::use_qmv_streamed(m, bits)) {
+            std::optional<cu::CommandEncoder::ConcurrentContext> concurrent;
+            if (cu::patchkit_qmv_split(m, l)) {
+              concurrent.emplace(encoder);
+            }
+            cu::qmv_streamed<group_size, has_bias>(
 """
 SPLIT_ARM = "// bench-arm: split PATCHKIT_QMV_VARIANT=1\n"
 # The registers kind: V per launch, and its arm's environment.
@@ -204,11 +191,11 @@ def variant_source(patched: str) -> str:
 def split_source(patched: str) -> str:
     """The patched qmv.cu whose launcher splits M = 5..7 (B = 1) into passes (variant 1)."""
     start = patched.find("void qmv_streamed(")
-    wheres = ((ROUTE, patched[:start]), (DISPATCH, patched[start:]), (ROUTE_LAUNCH, patched))
+    wheres = ((ROUTE, patched[:start]), (DISPATCH, patched[start:]), (ROUTE_CALL, patched))
     for old, where in wheres:
         if start < 0 or where.count(old) != 1:
             raise SystemExit(f"the patched qmv.cu no longer has exactly one:\n{old}")
-    out = patched.replace(ROUTE, ROUTE_SPLIT, 1).replace(ROUTE_LAUNCH, ROUTE_LAUNCH_SPLIT, 1)
+    out = patched.replace(ROUTE, ROUTE_SPLIT, 1).replace(ROUTE_CALL, ROUTE_CALL_SPLIT, 1)
     start = out.index("void qmv_streamed(")
     out = out[:start] + out[start:].replace(DISPATCH, SPLIT_HEAD + DISPATCH, 1)
     return SPLIT_ARM + with_cstdlib(out)

@@ -95,19 +95,16 @@ def test_split_source_splits_m5_to_7_of_one_batch() -> None:
     route = out[out.index("inline bool use_qmv_streamed(") :]
     assert route.index("patchkit_qmv_variant() == 1") < route.index(variants.ROUTE.splitlines()[1])
     launcher = out[out.index("void qmv_streamed(") :]
-    split = launcher.index("l == 1 && m > 4 && m < 8")
+    split = launcher.index("if (patchkit_qmv_split(m, l)) {")
     assert split < launcher.index(variants.DISPATCH)  # before the V = 2 / V = 4 tiles
     body = launcher[split : launcher.index(variants.DISPATCH)]
     assert body.count("launch(cuda::std::integral_constant<int, 4>{});") == 1
     assert body.count("launch(cuda::std::integral_constant<int, 2>{});") == 1
     assert "qmv<group_size, has_bias>(" in body  # stock's per-vector launcher, the last one
-    # Every launch after the first registers the arrays again (graph dependencies), in the
-    # one callback all of them go through.
-    assert out.count(variants.ROUTE_LAUNCH_SPLIT) == 1 and variants.ROUTE_LAUNCH not in out
-    again = out[out.index("if (launches++ > 0) {") : out.index("encoder.add_kernel_node_raw(")]
-    for name in ("x", "w", "scales", "*biases", "*global_scale"):
-        assert f"encoder.set_input_array({name});" in again
-    assert "encoder.set_output_array(out);" in again
+    # The route holds MLX's concurrent context around the split's launches (graph
+    # dependencies for every node, one join node for out), and only around those.
+    assert out.count(variants.ROUTE_CALL_SPLIT) == 1 and variants.ROUTE_CALL not in out
+    assert "return patchkit_qmv_variant() == 1 && l == 1 && m > 4 && m < 8;" in out
     # Without the variant, the file routes and launches as the patch does.
     assert out.count(variants.ROUTE.splitlines()[1]) == 1
     with pytest.raises(SystemExit, match="no longer has exactly one"):
