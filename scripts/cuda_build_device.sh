@@ -30,7 +30,8 @@
 #                         NAME KEY=VALUE..." lines in those sources make one arm each on that
 #                         build (scripts/cuda_bench_variants.py writes them)
 # `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`, and the
-# `registers` and `split` peers (scripts/cuda_bench_variants.py; PEERS= for none).
+# `split` peer (scripts/cuda_bench_variants.py; PEERS="registers split" for both, PEERS= for
+# none).
 # Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
 # (`source scripts/cuda_build_device.sh functions` only defines the steps, for the tests.)
 set -euo pipefail
@@ -55,10 +56,11 @@ if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's 
   rm -rf "$repo/.device/mlx-pin.git" && git init -q --bare "$repo/.device/mlx-pin.git"
   git -C "$repo/.device/mlx-pin.git" fetch -q --depth 3 "file://$clone" \
     "+refs/heads/patchkit/$short:refs/heads/patchkit/$short"
-  # Our own timing variants as peers (PEERS, default both; a peer of another project, such
-  # as mlxcel's qmv.cu, is placed in .peer/<name>/ by hand).
+  # Our own timing variants as peers (PEERS, default split, the candidate still to time;
+  # `registers` was timed and dropped; a peer of another project, such as mlxcel's qmv.cu,
+  # is placed in .peer/<name>/ by hand).
   qmv=mlx/backend/cuda/quantized/qmm/qmv.cu
-  for kind in ${PEERS-registers split}; do
+  for kind in ${PEERS-split}; do
     base=$( [ "$kind" = registers ] && echo "$short" || echo "patchkit/$short" )
     git -C "$clone" show "$base:$qmv" > "$repo/.device/$kind-source.cu"
     rm -rf "$repo/.peer/$kind"
@@ -277,6 +279,13 @@ tests_wait_and_rerun() {  # the patched build's tests and parity, to the end
   fi
   tests_summary "$WORK/test-names" > "$WORK/tests.txt"
   cat "$WORK/tests.txt" >> "$WORK/pipeline.log"
+  # The same verdicts as the build record's tests entry (record/ travels in logs.tar.gz).
+  local rec
+  rec=$(ls "$WORK"/record/*.json 2>/dev/null | head -1) || true
+  if [ -n "$rec" ]; then
+    python3 "$repo/scripts/cuda_tests_record.py" "$rec" "$WORK/test-names" "$WORK" \
+      >> "$WORK/pipeline.log" 2>&1 || log "tests into the build record: exit $?"
+  fi
   if ! [ -s "$WORK/parity-default.json" ]; then
     log "parity with the default routing stopped for the timing, run again"
     parity_default

@@ -339,9 +339,21 @@ UNITTEST_FAIL = ["Ran 10 tests in 1.0s", "", "FAILED (failures=2, errors=1, skip
 def test_unittest_summary_parsed() -> None:
     assert mlx_build.unittest_counts(UNITTEST_OK) == {
         "ran": 38, "passed": 36, "failed": 0, "errors": 0, "skipped": 2, "expected_failures": 0,
+        "failures_reported": 0, "errors_reported": 0,
     }  # fmt: skip
     fail = mlx_build.unittest_counts(UNITTEST_FAIL)
     assert (fail["passed"], fail["failed"], fail["errors"], fail["skipped"]) == (4, 2, 1, 3)
+    # Subtests: unittest counts 12 failures for 1 test; the record counts the test once.
+    one = "FAIL: test_qmv (test_quantized.TestQuantized.test_qmv) (shape=({}, 256, 64))"
+    subtests = [
+        "Ran 3 tests in 53.5s", *(one.format(b) for b in (0, 3, 8)),
+        "ERROR: test_qmm (test_quantized.TestQuantized.test_qmm) (bits=4)",
+        "FAIL: test_qmm (test_quantized.TestQuantized.test_qmm) (bits=8)",
+        "", "FAILED (failures=4, errors=1)",
+    ]  # fmt: skip
+    got = mlx_build.unittest_counts(subtests)
+    assert (got["ran"], got["passed"], got["failed"], got["errors"]) == (3, 1, 1, 1)
+    assert (got["failures_reported"], got["errors_reported"]) == (4, 1)
     with pytest.raises(UserError):
         mlx_build.unittest_counts(["Traceback (most recent call last):"])
 

@@ -55,6 +55,8 @@ TEST_FILE = "test_quantized"
 _NINJA = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in")
 _UNITTEST_TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
+# One per failing test or subtest: "FAIL: test_qmv (test_quantized.TestQuantized.test_qmv) ..."
+_UNITTEST_PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
 
 Progress = Callable[[str], None]
 
@@ -334,7 +336,13 @@ def _run_logged(step: Step, log: TextIO, progress: Progress) -> tuple[int, list[
 
 
 def unittest_counts(lines: list[str]) -> dict[str, int]:
-    """passed / failed / errors / skipped from unittest's summary lines."""
+    """passed / failed / errors / skipped tests from unittest's output.
+
+    unittest's own tail counts failing *subtests* ("FAILED (failures=12)" after "Ran 1
+    test"), so tests are counted from its per-problem headers ("FAIL: name (id)"), one per
+    test id; its counts are kept as ``failures_reported`` / ``errors_reported``. A test
+    with both a failing and an erroring subtest counts as an error.
+    """
     ran = next((int(m.group(1)) for ln in lines if (m := _UNITTEST_RAN.match(ln))), None)
     tail = next((m for ln in reversed(lines) if (m := _UNITTEST_TAIL.match(ln.strip()))), None)
     if ran is None or tail is None:
@@ -345,8 +353,16 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
         key = {"failures": "failed", "expected failures": "expected_failures"}.get(key, key)
         if key in counts:
             counts[key] = int(value)
+    reported = {"failures_reported": counts["failed"], "errors_reported": counts["errors"]}
+    problems: dict[str, str] = {}
+    for m in filter(None, map(_UNITTEST_PROBLEM.match, lines)):
+        if problems.get(m.group(2)) != "ERROR":
+            problems[m.group(2)] = m.group(1)
+    if problems:  # without headers (a bare summary), the tail's counts are all there is
+        counts["failed"] = sum(kind == "FAIL" for kind in problems.values())
+        counts["errors"] = sum(kind == "ERROR" for kind in problems.values())
     passed = ran - counts["failed"] - counts["errors"] - counts["skipped"]
-    return {"ran": ran, "passed": passed - counts["expected_failures"], **counts}
+    return {"ran": ran, "passed": passed - counts["expected_failures"], **counts, **reported}
 
 
 def series_id(root: Path, short: str) -> str:
@@ -472,10 +488,13 @@ def tests_line(t: dict[str, Any] | None) -> str:
     """The record's test result in one line (``None``: built with ``--no-test``)."""
     if t is None:
         return f"- `python/tests/{TEST_FILE}.py`: not run (`--no-test`)."
-    return (
+    line = (
         f"- `{t['file']}`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
-        f"{t['skipped']} skipped (of {t['ran']})."
+        f"{t['skipped']} skipped (of {t['ran']})"
     )
+    if t.get("unfinished"):  # the device pipeline's one-process-per-test form
+        line += f"; {len(t['unfinished'])} not run to the end: " + ", ".join(t["unfinished"])
+    return line + "."
 
 
 def route_words(env: dict[str, str] | None) -> str:

@@ -1,0 +1,84 @@
+"""Put MLX's tests, run one process per test on the GPU host, into a build record.
+
+The device pipeline builds with ``patchkit build --no-test`` and runs
+``python/tests/test_quantized.py`` one test per process (single tests take minutes of one
+core there), in batches that a timing may stop and run again. This sums those logs into the
+record's ``tests`` entry, in the format ``patchkit build`` writes for a whole-file run
+(:func:`patchkit.carry.mlx_build.unittest_counts`, per test), plus what the one-process
+form adds: each test's verdict, and the tests no batch ran to its end (``unfinished``, not
+counted in ``ran``). The record's markdown is written again beside it.
+
+Usage: python scripts/cuda_tests_record.py RECORD.json NAMES LOGDIR [BATCH ...]
+  RECORD.json: the build record (its .md is rewritten too)
+  NAMES: one unittest name per line (test_quantized.TestQuantized.test_x)
+  LOGDIR: where test-<batch>-<name>.log are; BATCH: the batches, later ones win
+          (default: first again)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from patchkit.carry import mlx_build
+from patchkit.errors import UserError
+
+
+def verdict(counts: dict[str, int]) -> str:
+    """One word per test, from its own log's counts."""
+    if counts["errors"]:
+        return "error"
+    if counts["failed"]:
+        return "failed"
+    return "skipped" if counts["skipped"] == counts["ran"] else "passed"
+
+
+def tests_entry(names: list[str], logdir: Path, batches: list[str]) -> dict[str, Any]:
+    """The record's ``tests``: counts summed over the tests' last finished logs."""
+    total = {k: 0 for k in ("ran", "passed", "failed", "errors", "skipped", "expected_failures",
+                            "failures_reported", "errors_reported")}  # fmt: skip
+    per_test: dict[str, str] = {}
+    unfinished = []
+    for name in names:
+        counts = None
+        for batch in batches:
+            log = logdir / f"test-{batch}-{name}.log"
+            try:
+                counts = mlx_build.unittest_counts(log.read_text(errors="replace").splitlines())
+            except (OSError, UserError):
+                continue  # no log, or stopped before unittest's summary: an earlier one stands
+        short = name.rsplit(".", 1)[-1]
+        if counts is None:
+            unfinished.append(short)
+            continue
+        per_test[short] = verdict(counts)
+        for key in total:
+            total[key] += counts[key]
+    return {
+        "file": f"python/tests/{mlx_build.TEST_FILE}.py",
+        "how": "one process per test (the device pipeline); unfinished tests are not in ran",
+        **total,
+        "per_test": per_test,
+        "unfinished": unfinished,
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3:
+        raise SystemExit(__doc__)
+    record_path, names_path, logdir = Path(argv[0]), Path(argv[1]), Path(argv[2])
+    names = [n.strip() for n in names_path.read_text().splitlines() if n.strip()]
+    rec = json.loads(record_path.read_text())
+    rec["tests"] = tests_entry(names, logdir, argv[3:] or ["first", "again"])
+    record_path.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    record_path.with_suffix(".md").write_text(mlx_build.markdown(rec))
+    t = rec["tests"]
+    print(f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors of {t['ran']}; "
+          f"{len(t['unfinished'])} unfinished")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,59 @@
+"""MLX's tests run one process per test on the GPU host, summed into the build record."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from patchkit.carry import mlx_build
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "cuda_tests_record.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("cuda_tests_record", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def _log(path: Path, body: list[str]) -> None:
+    path.write_text("\n".join(body) + "\n")
+
+
+def test_logs_become_the_records_tests(tmp_path: Path) -> None:
+    """Per test, the last batch that ran it to the end counts; a stopped one does not; a test
+    with 12 failing subtests is one failed test; the markdown names what did not finish."""
+    tr = _module()
+    name = "test_quantized.TestQuantized.{}".format
+    names = tmp_path / "names"
+    names.write_text("\n".join(name(t) for t in ("test_a", "test_b", "test_c", "test_d")))
+    _log(tmp_path / f"test-first-{name('test_a')}.log", ["test_a ... ok", "Ran 1 test in 1s", "OK"])
+    _log(tmp_path / f"test-first-{name('test_b')}.log", ["test_b ... "])  # stopped
+    _log(
+        tmp_path / f"test-again-{name('test_b')}.log",
+        [*(f"FAIL: test_b ({name('test_b')}) (i={i})" for i in range(12)),
+         "Ran 1 test in 9s", "FAILED (failures=12)"],
+    )  # fmt: skip
+    _log(tmp_path / f"test-first-{name('test_c')}.log", ["test_c ... "])  # never finished
+    record = tmp_path / "cuda-x.json"
+    rec = {
+        "backend": "cuda", "date": "x", "mlx_commit": "0" * 40, "mlx_version": "v",
+        "patch": {"commit": "1" * 40, "series": "patches/0", "series_sha256": "2" * 64},
+        "compiled": "c", "tests": None, "wall_s": {}, "command": "c",
+        "machine": {"system": "L", "machine": "m", "cpus": 1, "python": "3"},
+        "parity": {"rows": 1, "rows_differing": 0, "configs": 1, "kernel_paths": ["qmv"]},
+    }  # fmt: skip
+    record.write_text(json.dumps(rec))
+    assert tr.main([str(record), str(names), str(tmp_path)]) == 0
+    t = json.loads(record.read_text())["tests"]
+    assert (t["ran"], t["passed"], t["failed"], t["errors"]) == (2, 1, 1, 0)
+    assert t["failures_reported"] == 12
+    assert t["per_test"] == {"test_a": "passed", "test_b": "failed"}
+    assert t["unfinished"] == ["test_c", "test_d"]
+    md = record.with_suffix(".md").read_text()
+    assert "1 passed, 1 failed, 0 errors, 0 skipped (of 2); 2 not run to the end: test_c" in md
+    assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
