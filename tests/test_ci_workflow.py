@@ -7,12 +7,12 @@ runner runs the GPU tests from the uploaded artifacts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
+from support_scripts import load_script
 
 from patchkit.carry import pin
 
@@ -126,10 +126,7 @@ def test_gpu_job_gates_on_patched_rows_and_records_stock() -> None:
 
 
 def _gate():
-    spec = importlib.util.spec_from_file_location("gate", ROOT / "ci" / "no_differing_rows.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("ci/no_differing_rows.py")
 
 
 @pytest.mark.parametrize(

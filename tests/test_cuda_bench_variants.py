@@ -9,25 +9,19 @@ copy of the patch.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 from support_git import PIN_SHA, mlx_clone
+from support_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAY_QMV = ROOT / "patches" / "9a795735" / "overlay" / "mlx/backend/cuda/quantized/qmm/qmv.cu"
 
 
 def _variants():
-    spec = importlib.util.spec_from_file_location(
-        "cuda_bench_variants", ROOT / "scripts" / "cuda_bench_variants.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/cuda_bench_variants.py")
 
 
 def test_variant_source_switches_tilings_at_run_time() -> None:

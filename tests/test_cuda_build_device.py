@@ -128,13 +128,19 @@ def test_a_rebuilt_object_fails_the_peer(tmp_path: Path) -> None:
     assert "was recompiled from the build tree's source" in (work / "pipeline.log").read_text()
 
 
-def test_tests_run_stop_rerun_and_summary(tmp_path: Path) -> None:
-    work = tmp_path / "work"
+def _tests_tree(work: Path) -> Path:
+    """The build's test folder and its venv's python (this interpreter); returns the folder."""
     tests = work / "cache" / "builds" / "cuda-t" / "mlx" / "python" / "tests"
     tests.mkdir(parents=True)
     venv_bin = work / "cache" / "builds" / "cuda-t" / "venv" / "bin"
     venv_bin.mkdir(parents=True)
     (venv_bin / "python").symlink_to(sys.executable)
+    return tests
+
+
+def test_tests_run_stop_rerun_and_summary(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    tests = _tests_tree(work)
     (tests / "test_quantized.py").write_text(
         textwrap.dedent(
             """\
@@ -196,11 +202,7 @@ def test_tests_that_did_not_pass_run_again_on_stock(tmp_path: Path) -> None:
     own folder on PYTHONPATH, python3), read from that batch's logs only; a passing one does
     not run again."""
     work = tmp_path / "work"
-    tests = work / "cache" / "builds" / "cuda-t" / "mlx" / "python" / "tests"
-    tests.mkdir(parents=True)
-    venv_bin = work / "cache" / "builds" / "cuda-t" / "venv" / "bin"
-    venv_bin.mkdir(parents=True)
-    (venv_bin / "python").symlink_to(sys.executable)
+    tests = _tests_tree(work)
     stock = tmp_path / "stock-site"
     stock.mkdir()
     (stock / "which_mlx.py").write_text("NAME = 'stock'\n")

@@ -3,25 +3,20 @@ and with more than two arms each comparison reads only the arms that finished a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from support_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "benchmark_results" / "cuda-compiled-h200-2026-12-01.json"
 
 
 def _report() -> ModuleType:
-    path = ROOT / "scripts" / "cuda_compiled_report.py"
-    spec = importlib.util.spec_from_file_location("cuda_compiled_report", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/cuda_compiled_report.py")
 
 
 def _row(K: int, bits: int, us: list[float], differing: int = 0) -> dict:

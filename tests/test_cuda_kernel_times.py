@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "cuda_kernel_times.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("cuda_kernel_times", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/cuda_kernel_times.py")
 
 
 def _csv(rows: list[tuple[int, str, str]], unit: str = "nsecond") -> str:

@@ -28,6 +28,7 @@ from typing import ClassVar
 import pytest
 from support_format import CLANG_FORMAT_VERSION, clang_format
 from support_git import mlx_clone
+from support_scripts import load_script
 
 from patchkit.carry import render, source
 from patchkit.errors import UserError
@@ -584,14 +585,7 @@ class _StandInKernels(cuda.Kernels):
 
 
 def _script(name: str) -> object:
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"scripts/{name}.py")
 
 
 def test_both_variants_run_through_the_harness_and_report(tmp_path: Path) -> None:

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-from patchkit.carry import mlx_build
+from support_scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "cuda_tests_record.py"
+from patchkit.carry import mlx_build
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("cuda_tests_record", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/cuda_tests_record.py")
 
 
 def _log(path: Path, body: list[str]) -> None:
