@@ -36,6 +36,7 @@ from patchkit.util import git
 from patchkit.verify import dispatch
 from patchkit.verify.harness import cuda
 
+ROOT = Path(__file__).resolve().parents[1]
 PIN = "9a795735ad9a42664e08f42361b405ed570bcf1a"
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 QCPP = "mlx/backend/cuda/quantized/quantized.cpp"
@@ -219,6 +220,40 @@ def test_launcher_picks_smallest_v_holding_m(vecs: tuple[int, ...]) -> None:
     assert f"integral_constant<int, {vecs[-1]}>" in tail
     for m in range(1, 17):  # the harness mirrors the launcher's rule
         assert cuda.pick_vecs(m, vecs) == next((x for x in vecs if m <= x), vecs[-1])
+
+
+def _kernel_nodes_per_call(qmv_cu: str) -> list[int]:
+    """Per exit of ``qmv_streamed``, how many kernels that path launches.
+
+    The body is read statement by statement: ``launch(...)`` (one kernel),
+    ``qmv<...>(...)`` (stock's launcher: one kernel), and ``return;`` / the end close
+    a path. Enough for the launcher's straight-line branches, which is all it has.
+    """
+    body = qmv_cu[qmv_cu.index("void qmv_streamed(") :]
+    body = body[body.index("launch_kernel(") :]  # past the launch lambda's own call
+    body = body[body.index("};") + 2 : body.index("\n}\n")]
+    counts, open_path = [], 0
+    for stmt in re.findall(r"\blaunch\(|\bqmv<[^>]*>\(|\breturn;", body):
+        if stmt == "return;":
+            counts.append(open_path)
+            open_path = 0
+        else:
+            open_path += 1
+    return [*counts, open_path]
+
+
+def test_streamed_launcher_adds_one_kernel_node_per_call() -> None:
+    """Every path through the shipped launcher launches exactly one kernel. MLX's
+    CommandEncoder gives a CUDA graph node only the arrays registered since the node
+    before it: a second kernel of the same call would run without dependencies (the
+    `split` arm did, and returned differing rows until it held MLX's concurrent context).
+    Control: the split arm's launcher, whose M = 5..7 path launches three."""
+    overlay = ROOT / "patches" / "9a795735" / "overlay" / QMV
+    shipped = overlay.read_text()
+    assert _kernel_nodes_per_call(shipped) == [1, 1]  # m <= 2: V = 2; else V = 4
+    split = load_script("scripts/cuda_bench_variants.py").split_source(shipped)
+    assert max(_kernel_nodes_per_call(split)) == 3
+    assert "concurrent.emplace(encoder);" in split and "concurrent" not in shipped
 
 
 @pytest.mark.parametrize("routing", ["stream", "opt_in"])
