@@ -198,9 +198,9 @@ def test_the_prs_tests_come_first(tmp_path: Path) -> None:
 
 
 def test_tests_that_did_not_pass_run_again_on_stock(tmp_path: Path) -> None:
-    """A test that failed or did not finish on the patched build runs on the stock wheel (its
-    own folder on PYTHONPATH, python3), read from that batch's logs only; a passing one does
-    not run again."""
+    """A test that failed on the patched build runs on the stock wheel (its own folder on
+    PYTHONPATH, python3), read from that batch's logs only; a passing one runs only when
+    STOCK_TESTS names it; a second call runs nothing twice."""
     work = tmp_path / "work"
     tests = _tests_tree(work)
     stock = tmp_path / "stock-site"
@@ -224,12 +224,14 @@ def test_tests_that_did_not_pass_run_again_on_stock(tmp_path: Path) -> None:
         f"printf '%s\\n' {names} > $WORK/test-names\n"
         'tests_run first "$WORK/test-names"\n'
         'tests_summary "$WORK/test-names" > "$WORK/tests.txt"; cat "$WORK/tests.txt"; echo ---\n'
-        f'STOCK_TESTS=test_ok stock_tests {stock}; cat "$WORK/stock-tests.txt"; echo ---\n'
-        'tests_summary "$WORK/test-names"\n'
+        f'STOCK_TESTS=test_ok stock_tests {stock} "$WORK/tests.txt"\n'
+        'cat "$WORK/stock-tests.txt"; echo ---\n'
+        'tests_summary "$WORK/test-names"; echo ---\n'
+        f'STOCK_TESTS=test_ok stock_tests {stock} "$WORK/tests.txt"; cat "$WORK/stock-test-names"\n'
     )
     got = _bash(work, tmp_path, script)
     assert got.returncode == 0, got.stderr
-    patched, stock_lines, again = got.stdout.split("---\n")
+    patched, stock_lines, again, ran = got.stdout.split("---\n")
     assert patched.splitlines() == [
         "test_ok: OK (0 FAIL lines)",
         "test_stock_only: FAILED (errors=1) (0 FAIL lines)",
@@ -239,6 +241,10 @@ def test_tests_that_did_not_pass_run_again_on_stock(tmp_path: Path) -> None:
         "stock test_stock_only: OK (0 FAIL lines)",
     ]
     assert again == patched  # the stock batch never stands in for the patched build's verdict
+    assert sorted(ran.split()) == [
+        "test_quantized.TestQuantized.test_ok",
+        "test_quantized.TestQuantized.test_stock_only",
+    ]  # each once
 
 
 def test_parity_that_finds_differences_is_recorded_not_fatal(tmp_path: Path) -> None:
