@@ -271,7 +271,11 @@ parity_default() {  # the quick matrix, default routing (stock qmm at M >= 8)
 }
 
 tests_wait_and_rerun() {  # the patched build's tests and parity, to the end
-  [ -f "$WORK/test-first.done" ] || wait  # a batch still running (no timing stopped it)
+  # The first batch may still be running (no timing stopped it): wait for it alone, not for
+  # every job (the stock tests run beside this).
+  if ! [ -f "$WORK/test-first.done" ] && [ -n "${tests_first_pid:-}" ]; then
+    wait "$tests_first_pid" || true
+  fi
   tests_unfinished "$WORK/test-names" > "$WORK/test-names-left"
   if [ -s "$WORK/test-names-left" ]; then
     log "tests stopped for the timing, run again: $(tr '\n' ' ' < "$WORK/test-names-left")"
@@ -330,6 +334,7 @@ pipeline() {
   test_names "$tests" > "$names"
   log "MLX's test_quantized.py: $(wc -l < "$names") tests, one process each, ${TEST_JOBS:-6} at once"
   tests_run first "$names" &
+  tests_first_pid=$!
   log "parity, quick matrix, default routing (stock qmm at M >= 8), in the background"
   parity_default &
   log "parity, full matrix, MLX_CUDA_QMV_EXACT=1"
