@@ -4,17 +4,18 @@
 #   start OUTDIR SECONDS    unpack what was carried, launch the pipeline in its own session,
 #                           follow it for SECONDS
 #   follow OUTDIR SECONDS   follow it again (the next back-to-back call), copying results out
-# The pipeline: build (`patchkit build --no-test`: `parity` runs inside it), with the peers'
-# sources compiled beside it -> MLX's test_quantized.py in the background (one process per
-# test) -> quick parity with the default routing, in the background too -> full parity with
+# The pipeline: build (`patchkit build --no-test`: `parity`, on the exact route, runs inside
+# it), with the peers' sources compiled beside it -> MLX's test_quantized.py in the
+# background (one process per test, the PR's first) -> quick parity with the default
+# routing, in the background too -> full parity with
 # the exact route on (MLX_CUDA_QMV_EXACT=1) -> the peers swapped in and relinked -> the stock
 # wheel unpacked once a call has carried its second half -> the tests waited for (TEST_WAIT s
 # at most; what is left is stopped) -> scripts/cuda_compiled_bench.py twice (resumable; both
 # within BENCH_DEADLINE s): every arm on PEER_BENCH's subset of the grid (default: the 8-bit
 # headline), then stock and patched on BASE_BENCH's (default: the whole grid; "skip") ->
 # optional kernel-only times (KERNEL_TIMES: scripts/cuda_kernel_times.py) -> the stopped
-# tests and parity again -> MLX's test_qmm on the stock wheel (the base for
-# the build's).
+# tests and parity again, with the failed tests on the stock wheel beside them (the base to
+# read a failure against) -> the verdicts into the build record.
 # Everything lands in $WORK; results are copied to OUTDIR.
 #
 # Carried beside the checkout (git-ignored; name these paths, not all of .device/):
