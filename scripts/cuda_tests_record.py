@@ -67,8 +67,11 @@ def tests_entry(names: list[str], logdir: Path, batches: list[str]) -> dict[str,
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3:
-        raise SystemExit(__doc__)
+        raise SystemExit("usage: cuda_tests_record.py RECORD.json NAMES LOGDIR [BATCH ...]")
     record_path, names_path, logdir = Path(argv[0]), Path(argv[1]), Path(argv[2])
+    for path, what in ((record_path, "build record"), (names_path, "test names file")):
+        if not path.is_file():
+            raise SystemExit(f"cuda_tests_record.py: no {what} at {path}")
     names = [n.strip() for n in names_path.read_text().splitlines() if n.strip()]
     rec = json.loads(record_path.read_text())
     rec["tests"] = tests_entry(names, logdir, argv[3:] or ["first", "again"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from support_scripts import load_script
 
 from patchkit.carry import mlx_build
@@ -51,3 +52,11 @@ def test_logs_become_the_records_tests(tmp_path: Path) -> None:
     md = record.with_suffix(".md").read_text()
     assert "1 passed, 1 failed, 0 errors, 0 skipped (of 2); 2 not run to the end: test_c" in md
     assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
+
+
+def test_bad_arguments_are_one_line() -> None:
+    tr = _module()
+    with pytest.raises(SystemExit, match=r"^usage: "):
+        tr.main([])
+    with pytest.raises(SystemExit, match=r"no build record at /nonexistent\.json$"):
+        tr.main(["/nonexistent.json", "names", "."])
