@@ -255,13 +255,18 @@ def summary(ps: list[tuple[Row, Row]], arm: str, base: str) -> list[str]:
     return out
 
 
-def fastest(data: dict[str, Any], arms: list[str], base: str) -> tuple[list[str], dict[str, int]]:
+def fastest(
+    data: dict[str, Any], arms: list[str], base: str
+) -> tuple[list[str], dict[str, int], dict[str, int]]:
     """Per readable configuration and M = 2..8, the arm with the lowest median time (the base
     included: where it wins, the policy keeps stock). The margin to the runner-up says whether
-    the win is larger than the noise. Returns the table lines and the cells won per arm."""
+    the win is larger than the noise. Returns the table lines, the cells won per arm, and how
+    many of those the arm won with rows that differ from its M = 1 output: a win no exact
+    routing can take."""
     names = [base, *arms]
     done = {a: finished(data, a) for a in names}
     wins = dict.fromkeys(names, 0)
+    inexact = dict.fromkeys(names, 0)
     head, sep = ms_header(CANDIDATE_MS)
     lines = [f"| configuration | {head} |", f"|---|{sep}"]
     for k, base_row in done[base].items():
@@ -278,9 +283,10 @@ def fastest(data: dict[str, Any], arms: list[str], base: str) -> tuple[list[str]
             wins[a] += 1
             margin = f"{t / ranked[1][0]:.2f}" if len(ranked) > 1 else "-"
             flag = "*" if differing(done[a][k], m) else ""
+            inexact[a] += bool(flag)
             cells.append(f"{a}{flag} {t / times(base_row)[m]:.2f} ({margin})")
         lines.append(f"| {label(base_row)} | " + " | ".join(cells) + " |")
-    return lines, wins
+    return lines, wins, inexact
 
 
 def markdown(
@@ -315,8 +321,11 @@ def markdown(
     lines += ["", "## Summary"]
     for arm in arms:
         lines += ["", *summary(pairs(data, arm, base), arm, base)]
-    table, wins = fastest(data, arms, base)
-    won = ", ".join(f"{a} {n}" for a, n in wins.items())
+    table, wins, inexact = fastest(data, arms, base)
+    won = ", ".join(
+        f"{a} {n}" + (f" ({inexact[a]} with rows that differ)" if inexact[a] else "")
+        for a, n in wins.items()
+    )
     lines += [
         "",
         "## Fastest per cell",

@@ -96,7 +96,7 @@ def test_summary_counts_cells_above_one_on_readable_shapes_only() -> None:
 
 def test_fastest_per_cell_names_the_winner_its_ratio_and_margin() -> None:
     report = _report()
-    lines, wins = report.fastest(_four_arms(), ["patched", "mlxcel", "v8-rows4"], "stock")
+    lines, wins, inexact = report.fastest(_four_arms(), ["patched", "mlxcel", "v8-rows4"], "stock")
     assert not any(line.startswith("| 1024x4096") for line in lines)  # stock M = 1 < MIN_US
     first = _cells(lines, "| 4096x4096 8-bit")
     # M = 2: mlxcel 8 us, then patched 10; M = 3: patched 10, then mlxcel 12;
@@ -108,13 +108,15 @@ def test_fastest_per_cell_names_the_winner_its_ratio_and_margin() -> None:
     # v8-rows4 failed on 4096: it is never a candidate there; on 8192 it wins every cell.
     assert all(c == "v8-rows4 0.50 (0.50)" for c in _cells(lines, "| 8192x4096 8-bit"))
     assert wins == {"stock": 0, "patched": 3, "mlxcel": 4, "v8-rows4": 7}
+    assert set(inexact.values()) == {0}
 
 
 def test_fastest_per_cell_flags_an_inexact_winner() -> None:
     report = _report()
-    lines, wins = report.fastest(_four_arms(), [], "stock")
+    lines, wins, inexact = report.fastest(_four_arms(), [], "stock")
     assert _cells(lines, "| 4096x4096 8-bit")[6] == "stock* 1.00 (-)"
     assert wins == {"stock": 14}
+    assert inexact == {"stock": 1}  # M = 8 (qmm) of the readable configuration it finished
 
 
 def test_versus_counts_cells_where_a_is_faster() -> None:
