@@ -25,18 +25,19 @@ every M >= 2 of the timing grid runs it. The same per-thread order as qmv, so th
 arm's rows are checked bitwise like the others. It is the layout of the 8-bit
 peer (registers only, V up to 8), written with this project's templates.
 
-``split`` (from the patched file): M = 5..7 of one batch (B = 1) as several launches
-instead of V = 4 tiles: a V = 4 pass, then the rest as a V = 2 pass and/or stock's
+``split`` (from the pinned, unpatched file, rendered with ``cuda_split_tail``): M = 5..7
+of one batch (B = 1) as several launches, inside MLX's concurrent context, instead of V = 4
+tiles: a V = 4 pass, then the rest as a V = 2 pass and/or stock's
 per-vector qmv for the last vector (5 = 4 + 1, 6 = 4 + 2, 7 = 4 + 2 + 1). Each pass
 reads the weights again, so the costs add up; summed from the compiled grid's own cells,
 8-bit M = 5..7 would take some 0.6-0.9 of stock's time, where two V = 4 passes (the
-tail one partly on zero vectors) read 0.8-1.3 (docs/cuda.md, "Next to time"). Its arm
-streams 8-bit at every M as well (PATCHKIT_QMV_VARIANT=1); every row comes from the same
-two kernels as before, so it stays exact and is checked bitwise.
+tail one partly on zero vectors) read 0.8-1.3 (docs/cuda.md, "Next to time"). It streams
+8-bit at every M as well; every row comes from the same two kernels as before, so it stays
+exact and is checked bitwise.
 
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
-       python scripts/cuda_bench_variants.py split PATCHED_QMV_CU OUT_DIR
+       python scripts/cuda_bench_variants.py split PINNED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
   PINNED_QMV_CU: the same path at the pin itself (`show <pin>:...`)
@@ -51,72 +52,9 @@ from pathlib import Path
 
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 ARMS = {"v8": 1, "v8-rows4": 2}  # arm name -> PATCHKIT_QMV_VARIANT (0 is `patched`)
-# The split kind: the routing it replaces, and the launcher head it adds before DISPATCH.
-ROUTE = """inline bool use_qmv_streamed(int m, int bits) {
-  return m >= 8 || (m >= 2 && (bits == 4 || (bits == 8 && m <= 4)));
-}
-"""
-ROUTE_SPLIT = """inline int patchkit_qmv_variant() {
-  static int variant = [] {
-    const char* v = std::getenv("PATCHKIT_QMV_VARIANT");
-    return v ? std::atoi(v) : 0;
-  }();
-  return variant;
-}
-
-// M = 5..7 of one batch, under the split variant: several launches (SPLIT_HEAD).
-inline bool patchkit_qmv_split(int m, int l) {
-  return patchkit_qmv_variant() == 1 && l == 1 && m > 4 && m < 8;
-}
-
-inline bool use_qmv_streamed(int m, int bits) {
-  if (patchkit_qmv_variant() == 1) {
-    return m >= 2 && (bits == 4 || bits == 8);
-  }
-  return m >= 8 || (m >= 2 && (bits == 4 || (bits == 8 && m <= 4)));
-}
-"""
-SPLIT_HEAD = """  if (patchkit_qmv_split(m, l)) {
-    // M = 5..7 of one batch: a V = 4 pass, then a V = 2 pass and/or stock's
-    // per-vector qmv (each launch copies its arguments when it is added; the
-    // caller holds MLX's concurrent context around them).
-    int rest = m - 4;
-    m = 4;
-    launch(cuda::std::integral_constant<int, 4>{});
-    x += 4 * static_cast<int64_t>(k);
-    out += 4 * static_cast<int64_t>(n);
-    if (rest >= 2) {
-      m = 2;
-      launch(cuda::std::integral_constant<int, 2>{});
-      x += 2 * static_cast<int64_t>(k);
-      out += 2 * static_cast<int64_t>(n);
-      rest -= 2;
-    }
-    if (rest == 1) {
-      qmv<group_size, has_bias>(
-          x, w, scales, biases, global_scale, out, 1, n, k, 1, broadcast_w, launch_kernel);
-    }
-    return;
-  }
-"""
-# The streamed route in mlx::core::qmv, and the split's. MLX's CommandEncoder gives a CUDA
-# graph node the arrays registered since the node before it, then clears them: a second
-# kernel node of one primitive would have no dependencies (free to run before x is ready,
-# or after the next op read out). MLX's own answer for several kernels in one primitive
-# is its concurrent context (as concatenate uses it): the nodes added inside it all get the
-# registered arrays as dependencies and are joined by one node that out then maps to. The
-# split's passes write disjoint rows of out, so they may run side by side.
-ROUTE_CALL = """          if (cu::use_qmv_streamed(m, bits)) {
-            cu::qmv_streamed<group_size, has_bias>(
-"""
-ROUTE_CALL_SPLIT = """          if (cu::use_qmv_streamed(m, bits)) {
-            std::optional<cu::CommandEncoder::ConcurrentContext> concurrent;
-            if (cu::patchkit_qmv_split(m, l)) {
-              concurrent.emplace(encoder);
-            }
-            cu::qmv_streamed<group_size, has_bias>(
-"""
-SPLIT_ARM = "// bench-arm: split PATCHKIT_QMV_VARIANT=1\n"
+# The split kind: render.RenderOptions.cuda_split_tail, one arm (no switch: the whole
+# object splits).
+SPLIT_ARM = "// bench-arm: split\n"
 # The registers kind: V per launch, and its arm's environment.
 REGISTERS_VECS = (2, 4, 8)
 REGISTERS_ARM = "// bench-arm: registers MLX_CUDA_QMV_STREAMED=1\n"
@@ -188,17 +126,14 @@ def variant_source(patched: str) -> str:
     return arms + head + launcher + patched[end:]
 
 
-def split_source(patched: str) -> str:
-    """The patched qmv.cu whose launcher splits M = 5..7 (B = 1) into passes (variant 1)."""
-    start = patched.find("void qmv_streamed(")
-    wheres = ((ROUTE, patched[:start]), (DISPATCH, patched[start:]), (ROUTE_CALL, patched))
-    for old, where in wheres:
-        if start < 0 or where.count(old) != 1:
-            raise SystemExit(f"the patched qmv.cu no longer has exactly one:\n{old}")
-    out = patched.replace(ROUTE, ROUTE_SPLIT, 1).replace(ROUTE_CALL, ROUTE_CALL_SPLIT, 1)
-    start = out.index("void qmv_streamed(")
-    out = out[:start] + out[start:].replace(DISPATCH, SPLIT_HEAD + DISPATCH, 1)
-    return SPLIT_ARM + with_cstdlib(out)
+def split_source(pinned: str) -> str:
+    """The pinned qmv.cu rendered with ``cuda_split_tail``: M = 5..7 of one batch as a V = 4
+    pass plus a V = 2 pass and/or the per-vector qmv, 8-bit streaming at M = 2..7 too."""
+    from patchkit.carry import render
+
+    plan = next(p for p in render.load_plans() if p.path == QMV)
+    options = render.RenderOptions(backends=("cuda",), cuda_split_tail=True)
+    return SPLIT_ARM + render.render_file(plan, pinned, options)
 
 
 def registers_source(pinned: str) -> str:

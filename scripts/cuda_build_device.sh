@@ -62,7 +62,7 @@ if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's 
   # is placed in .peer/<name>/ by hand).
   qmv=mlx/backend/cuda/quantized/qmm/qmv.cu
   for kind in ${PEERS-split}; do
-    base=$( [ "$kind" = registers ] && echo "$short" || echo "patchkit/$short" )
+    base=$( [ "$kind" = tilings ] && echo "patchkit/$short" || echo "$short" )
     git -C "$clone" show "$base:$qmv" > "$repo/.device/$kind-source.cu"
     rm -rf "$repo/.peer/$kind"
     python3 "$repo/scripts/cuda_bench_variants.py" "$kind" "$repo/.device/$kind-source.cu" \

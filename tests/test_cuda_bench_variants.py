@@ -78,28 +78,17 @@ def test_registers_source_is_the_global_kernel_with_v8() -> None:
     assert render.STREAMED_VECS == (2, 3, 4, 5)
 
 
-def test_split_source_splits_m5_to_7_of_one_batch() -> None:
-    """The split arm: variant 1 streams 8-bit too and launches 5..7 as 4 + 2 + 1 passes."""
+@needs_clone
+@pytest.mark.clone
+def test_split_source_is_the_split_tail_render() -> None:
+    """The split arm: the pinned file rendered with cuda_split_tail, one arm line."""
+    from patchkit.carry import render, source
+
     variants = _variants()
-    patched = OVERLAY_QMV.read_text()
-    out = variants.split_source(patched)
-    assert re.findall(r"^// bench-arm: .*$", out, re.M) == [
-        "// bench-arm: split PATCHKIT_QMV_VARIANT=1"
-    ]
-    route = out[out.index("inline bool use_qmv_streamed(") :]
-    assert route.index("patchkit_qmv_variant() == 1") < route.index(variants.ROUTE.splitlines()[1])
-    launcher = out[out.index("void qmv_streamed(") :]
-    split = launcher.index("if (patchkit_qmv_split(m, l)) {")
-    assert split < launcher.index(variants.DISPATCH)  # before the V = 2 / V = 4 tiles
-    body = launcher[split : launcher.index(variants.DISPATCH)]
-    assert body.count("launch(cuda::std::integral_constant<int, 4>{});") == 1
-    assert body.count("launch(cuda::std::integral_constant<int, 2>{});") == 1
-    assert "qmv<group_size, has_bias>(" in body  # stock's per-vector launcher, the last one
-    # The route holds MLX's concurrent context around the split's launches (graph
-    # dependencies for every node, one join node for out), and only around those.
-    assert out.count(variants.ROUTE_CALL_SPLIT) == 1 and variants.ROUTE_CALL not in out
-    assert "return patchkit_qmv_variant() == 1 && l == 1 && m > 4 && m < 8;" in out
-    # Without the variant, the file routes and launches as the patch does.
-    assert out.count(variants.ROUTE.splitlines()[1]) == 1
-    with pytest.raises(SystemExit, match="no longer has exactly one"):
-        variants.split_source(patched.replace("(bits == 8 && m <= 4)", "(bits == 8)"))
+    pinned = source.reader(source.ensure_clone(mlx_clone()), PIN_SHA)(variants.QMV)
+    out = variants.split_source(pinned)
+    assert re.findall(r"^// bench-arm: .*$", out, re.M) == ["// bench-arm: split"]
+    plan = next(p for p in render.load_plans() if p.path == variants.QMV)
+    options = render.RenderOptions(backends=("cuda",), cuda_split_tail=True)
+    assert out == variants.SPLIT_ARM + render.render_file(plan, pinned, options)
+    assert "concurrent.emplace(encoder);" in out and "if (qmv_streamed_splits(m, l)) {" in out

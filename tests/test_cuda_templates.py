@@ -50,6 +50,7 @@ def _ctx(
     routing: str = "stream",
     vecs: tuple[int, ...] = (2, 4, 8),
     staging: str = "global",
+    split_tail: bool = False,
     **derived: str,
 ) -> dict:
     return {
@@ -57,6 +58,7 @@ def _ctx(
         "routing": routing,
         "vecs": list(vecs),
         "cuda_x_staging": staging,
+        "cuda_split_tail": split_tail,
         **derived,
     }
 
@@ -251,9 +253,42 @@ def test_streamed_launcher_adds_one_kernel_node_per_call() -> None:
     overlay = ROOT / "patches" / "9a795735" / "overlay" / QMV
     shipped = overlay.read_text()
     assert _kernel_nodes_per_call(shipped) == [1, 1]  # m <= 2: V = 2; else V = 4
-    split = load_script("scripts/cuda_bench_variants.py").split_source(shipped)
-    assert max(_kernel_nodes_per_call(split)) == 3
-    assert "concurrent.emplace(encoder);" in split and "concurrent" not in shipped
+    assert "concurrent" not in shipped
+    split = render.render_snippet(
+        _plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem", split_tail=True)
+    )
+    assert _kernel_nodes_per_call(split) == [3, 1, 1]  # 4 + 2 + 1 at most, then V = 2, V = 4
+
+
+def test_split_tail_option() -> None:
+    """cuda_split_tail: M = 5..7 of one batch run as V = 4 + V = 2 + per-vector passes, the
+    route holds MLX's concurrent context around exactly those calls, and 8-bit streams at
+    every M; off (the default) renders none of it. Only with the smem kernel and the
+    streaming routing."""
+    ctx = _ctx(staging="smem", split_tail=True)
+    launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", ctx)
+    route = render.render_snippet(_plan(QMV), "streamed_route.cu.j2", ctx)
+    predicate = _between(launch, "inline bool qmv_streamed_splits(int m, int l) {", "}")
+    assert "\n  return l == 1 && m > 4 && m < 8;\n}" in predicate
+    head = _between(launch, "void qmv_streamed(", "if (m <= 2) {")
+    assert "if (qmv_streamed_splits(m, l)) {" in head
+    assert "qmv<group_size, has_bias>(" in head  # the per-vector launcher for the last one
+    guard = _between(route, "if (cu::use_qmv_streamed(m, bits)) {", "cu::qmv_streamed<")
+    assert "if (cu::qmv_streamed_splits(m, l)) {\n              concurrent.emplace(encoder);" in (
+        guard
+    )
+    rule = _between(launch, "inline bool use_qmv_streamed(int m, int bits) {", "}")
+    expr = rule.split("return", 1)[1].split(";")[0]
+    py = expr.replace("||", " or ").replace("&&", " and ")
+    for m, bits in itertools.product(range(1, 17), (2, 3, 4, 5, 6, 8)):
+        want = m >= 8 or (m >= 2 and bits in (4, 8))
+        assert eval(py, {}, {"m": m, "bits": bits}) == want, (m, bits)
+    plain = _ctx(staging="smem")
+    for name in ("streamed_launch.cu.j2", "streamed_route.cu.j2"):
+        assert "qmv_streamed_splits" not in render.render_snippet(_plan(QMV), name, plain)
+    assert render.context(render.RenderOptions(cuda_split_tail=True), {})["cuda_split_tail"]
+    with pytest.raises(UserError, match="cuda_split_tail needs"):
+        render.RenderOptions(cuda_split_tail=True, cuda_x_staging="global")
 
 
 @pytest.mark.parametrize("routing", ["stream", "opt_in"])

@@ -58,12 +58,19 @@ class RenderOptions:
     stages x in shared memory with cp.async, gives each warp 2 rows and
     prefetches the weight rows into L2; ``global`` reads x from global memory
     per row, as qmv does (simpler, kept as the measured baseline).
+
+    ``cuda_split_tail`` (off by default; a timing arm until it is measured with correct
+    graph dependencies) launches M = 5..7 of one batch as a V = 4 pass plus a V = 2 pass
+    and/or stock's per-vector qmv, inside MLX's concurrent context, instead of two V = 4
+    tiles, and streams 8-bit at M = 2..7 as well. Every row still comes from the streamed
+    kernel or qmv, in M = 1's order.
     """
 
     backends: tuple[str, ...] = BACKENDS
     routing: Routing = "stream"
     flavour: Flavour = "upstream"
     cuda_x_staging: CudaXStaging = "smem"
+    cuda_split_tail: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.backends) - set(BACKENDS)
@@ -77,6 +84,8 @@ class RenderOptions:
             raise UserError(
                 f"unknown cuda_x_staging '{self.cuda_x_staging}'; choose 'global' or 'smem'"
             )
+        if self.cuda_split_tail and (self.routing, self.cuda_x_staging) != ("stream", "smem"):
+            raise UserError("cuda_split_tail needs routing 'stream' and cuda_x_staging 'smem'")
 
 
 @dataclass(frozen=True)
@@ -257,6 +266,7 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
         "routing": options.routing,
         "vecs": list(STREAMED_VECS),
         "cuda_x_staging": options.cuda_x_staging,
+        "cuda_split_tail": options.cuda_split_tail,
         **derived,
     }
 
