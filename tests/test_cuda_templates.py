@@ -443,12 +443,21 @@ def test_smem_staging_changes_only_the_streamed_kernel(
 @needs_clone
 @pytest.mark.clone
 @pytest.mark.skipif(clang_format() is None, reason=f"needs clang-format {CLANG_FORMAT_VERSION}")
-def test_global_render_is_clang_format_clean(upstream: dict[str, str], tmp_path: Path) -> None:
-    """The lines the non-default (global) render adds are clang-format clean under MLX's config.
+@pytest.mark.parametrize(
+    "options",
+    [
+        render.RenderOptions(backends=("cuda",), cuda_x_staging="global"),
+        render.RenderOptions(backends=("cuda",), cuda_split_tail=True),
+    ],
+    ids=["global", "split_tail"],
+)
+def test_other_renders_are_clang_format_clean(
+    upstream: dict[str, str], tmp_path: Path, options: render.RenderOptions
+) -> None:
+    """The lines a non-default render adds are clang-format clean under MLX's config.
 
     (tests/test_format.py checks the default render, smem, through patches/.)
     """
-    options = render.RenderOptions(backends=("cuda",), cuda_x_staging="global")
     patched = render.render_file(_plan(QMV), upstream[QMV], options)
     config = source.reader(Path(upstream["clone"]), PIN)(".clang-format")
     (tmp_path / ".clang-format").write_text(config)
