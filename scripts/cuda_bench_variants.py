@@ -35,9 +35,14 @@ tail one partly on zero vectors) read 0.8-1.3 (docs/cuda.md, "Next to time"). It
 8-bit at every M as well; every row comes from the same two kernels as before, so it stays
 exact and is checked bitwise.
 
+``tail`` (from the pinned file, rendered with ``cuda_async_tail``): the k steps past the
+last full stage of 4 are copied with cp.async while the stage before is computed, instead of
+one step at a time with plain loads (K = 2560 leaves 1 such step at 4-bit and 2 at 8-bit);
+routing as shipped.
+
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
-       python scripts/cuda_bench_variants.py split PINNED_QMV_CU OUT_DIR
+       python scripts/cuda_bench_variants.py split|tail PINNED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
   PINNED_QMV_CU: the same path at the pin itself (`show <pin>:...`)
@@ -52,9 +57,6 @@ from pathlib import Path
 
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 ARMS = {"v8": 1, "v8-rows4": 2}  # arm name -> PATCHKIT_QMV_VARIANT (0 is `patched`)
-# The split kind: render.RenderOptions.cuda_split_tail, one arm (no switch: the whole
-# object splits).
-SPLIT_ARM = "// bench-arm: split\n"
 # The registers kind: V per launch, and its arm's environment.
 REGISTERS_VECS = (2, 4, 8)
 REGISTERS_ARM = "// bench-arm: registers MLX_CUDA_QMV_STREAMED=1\n"
@@ -126,14 +128,25 @@ def variant_source(patched: str) -> str:
     return arms + head + launcher + patched[end:]
 
 
-def split_source(pinned: str) -> str:
-    """The pinned qmv.cu rendered with ``cuda_split_tail``: M = 5..7 of one batch as a V = 4
-    pass plus a V = 2 pass and/or the per-vector qmv, 8-bit streaming at M = 2..7 too."""
+def option_source(pinned: str, arm: str, **option: bool) -> str:
+    """The pinned qmv.cu rendered with one more render option on, as the arm ``arm``."""
     from patchkit.carry import render
 
     plan = next(p for p in render.load_plans() if p.path == QMV)
-    options = render.RenderOptions(backends=("cuda",), cuda_split_tail=True)
-    return SPLIT_ARM + render.render_file(plan, pinned, options)
+    options = render.RenderOptions(backends=("cuda",), **option)
+    return f"// bench-arm: {arm}\n" + render.render_file(plan, pinned, options)
+
+
+def split_source(pinned: str) -> str:
+    """The pinned qmv.cu rendered with ``cuda_split_tail``: M = 5..7 of one batch as a V = 4
+    pass plus a V = 2 pass and/or the per-vector qmv, 8-bit streaming at M = 2..7 too."""
+    return option_source(pinned, "split", cuda_split_tail=True)
+
+
+def tail_source(pinned: str) -> str:
+    """The pinned qmv.cu rendered with ``cuda_async_tail``: the k steps past the last full
+    stage go through the cp.async pipeline too (routing as shipped)."""
+    return option_source(pinned, "tail", cuda_async_tail=True)
 
 
 def registers_source(pinned: str) -> str:
@@ -154,17 +167,20 @@ def registers_source(pinned: str) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) != 4 or sys.argv[1] not in ("tilings", "registers", "split"):
-        raise SystemExit("usage: cuda_bench_variants.py tilings|registers|split QMV_CU OUT_DIR")
+    if len(sys.argv) != 4 or sys.argv[1] not in ("tilings", "registers", "split", "tail"):
+        raise SystemExit(
+            "usage: cuda_bench_variants.py tilings|registers|split|tail QMV_CU OUT_DIR"
+        )
     kind, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     target = out / QMV
     target.parent.mkdir(parents=True, exist_ok=True)
     if kind == "tilings":
         target.write_text(variant_source(src.read_text()))
         print(f"{target}: arms {', '.join(ARMS)}")
-    elif kind == "split":
-        target.write_text(split_source(src.read_text()))
-        print(f"{target}: arm split")
+    elif kind in ("split", "tail"):
+        make = split_source if kind == "split" else tail_source
+        target.write_text(make(src.read_text()))
+        print(f"{target}: arm {kind}")
     else:
         target.write_text(registers_source(src.read_text()))
         print(f"{target}: arm registers, V in {REGISTERS_VECS}")

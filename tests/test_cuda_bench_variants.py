@@ -80,15 +80,20 @@ def test_registers_source_is_the_global_kernel_with_v8() -> None:
 
 @needs_clone
 @pytest.mark.clone
-def test_split_source_is_the_split_tail_render() -> None:
-    """The split arm: the pinned file rendered with cuda_split_tail, one arm line."""
+def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
+    """The split and tail arms: the pinned file rendered with their option, one arm line."""
     from patchkit.carry import render, source
 
     variants = _variants()
     pinned = source.reader(source.ensure_clone(mlx_clone()), PIN_SHA)(variants.QMV)
-    out = variants.split_source(pinned)
-    assert re.findall(r"^// bench-arm: .*$", out, re.M) == ["// bench-arm: split"]
     plan = next(p for p in render.load_plans() if p.path == variants.QMV)
-    options = render.RenderOptions(backends=("cuda",), cuda_split_tail=True)
-    assert out == variants.SPLIT_ARM + render.render_file(plan, pinned, options)
-    assert "concurrent.emplace(encoder);" in out and "if (qmv_streamed_splits(m, l)) {" in out
+    for make, arm, option in (
+        (variants.split_source, "split", "cuda_split_tail"),
+        (variants.tail_source, "tail", "cuda_async_tail"),
+    ):
+        out = make(pinned)
+        assert re.findall(r"^// bench-arm: .*$", out, re.M) == [f"// bench-arm: {arm}"]
+        options = render.RenderOptions(backends=("cuda",), **{option: True})
+        assert out == f"// bench-arm: {arm}\n" + render.render_file(plan, pinned, options)
+    assert "concurrent.emplace(encoder);" in variants.split_source(pinned)
+    assert "int tail = steps - full * stage_steps;" in variants.tail_source(pinned)

@@ -51,6 +51,7 @@ def _ctx(
     vecs: tuple[int, ...] = (2, 4, 8),
     staging: str = "global",
     split_tail: bool = False,
+    async_tail: bool = False,
     **derived: str,
 ) -> dict:
     return {
@@ -59,12 +60,18 @@ def _ctx(
         "vecs": list(vecs),
         "cuda_x_staging": staging,
         "cuda_split_tail": split_tail,
+        "cuda_async_tail": async_tail,
         **derived,
     }
 
 
-def _kernel(staging: str) -> str:
-    ctx = _ctx(staging=staging, dequant_fma_streamed_t="/*T*/", dequant_fma_streamed_f="/*F*/")
+def _kernel(staging: str, async_tail: bool = False) -> str:
+    ctx = _ctx(
+        staging=staging,
+        async_tail=async_tail,
+        dequant_fma_streamed_t="/*T*/",
+        dequant_fma_streamed_f="/*F*/",
+    )
     return render.render_snippet(_plan(QMV), "streamed_kernel.cu.j2", ctx)
 
 
@@ -201,6 +208,47 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     assert f"constexpr int rows_per_warp = {k.rows_per_warp};" in launch
     assert f"/* l2_prefetch */ {str(k.l2_prefetch).lower()}," in wrapper
     assert f"/* x_async */ {str(k.x_async).lower()}>(" in wrapper
+
+
+def test_async_tail_option_keeps_the_step_order() -> None:
+    """cuda_async_tail: the steps past the last full stage become one more, shorter stage of
+    the cp.async pipeline; every step r = 0 .. steps - 1 is still computed once, in order,
+    after its copy landed and a barrier, and no warp leaves before the last barrier. Only
+    the async pipeline changes: the plain-copy path (below sm_80) is the default's."""
+    plain, tail = _kernel("smem"), _kernel("smem", async_tail=True)
+    code = re.sub(r"//[^\n]*", "", tail)
+    impl = _between(code, "void qmv_streamed_kernel_impl(", "\n}\n")
+    loop = _between(impl, "for (int i = 0; i < stages; ++i) {", "\n    }\n")
+    order = [
+        loop.index(t)
+        for t in (
+            "cp_async_commit();",
+            "cp_async_wait<1>();",
+            "__syncthreads();",
+            "compute_stage(buf, r0, full_stage{});",
+            "compute_stage(buf + s * tile_words, r0 + s, one_step{});",
+            "__syncthreads();\n    }",
+        )
+    ]
+    assert order == sorted(order)
+    # Full stages advance r0 by stage_steps, the tail stage by its own length: r0 ends at
+    # steps, so the single-step loop after the pipeline (the plain path's) runs no step.
+    assert "r0 += stage_steps;" in loop and "r0 += tail;" in loop
+    assert "int tail = steps - full * stage_steps;" in impl
+    assert "return (i < full ? stage_steps : tail) * elems_per_warp;" in impl
+    # A step's slice of a stage buffer: x_slice(buf, s) == buf + s * tile_words + lane pitch.
+    assert "return buf + s * tile_words + warp.thread_rank() * x_pitch;" in impl
+    assert "for (; r0 < steps; ++r0) {" in impl
+    # Barriers: async stages 2, sync stages 2, single steps 2, residue 1; one exit after them.
+    barriers = [m.start() for m in re.finditer(r"__syncthreads\(\);", impl)]
+    exits = [m.start() for m in re.finditer(r"\breturn;", impl)]
+    assert len(barriers) == 7 and len(exits) == 1 and exits[0] > barriers[-1]
+    # Everything outside the async pipeline is the default render's text.
+    start, end = "if constexpr (async_x) {", "  } else {\n    for (; r0 + stage_steps"
+    assert tail.split(start)[0] == plain.split(start)[0]
+    assert tail.split(end)[1] == plain.split(end)[1]
+    with pytest.raises(UserError, match="cuda_async_tail needs"):
+        render.RenderOptions(cuda_async_tail=True, cuda_x_staging="global")
 
 
 def test_x_staging_option() -> None:
@@ -448,8 +496,9 @@ def test_smem_staging_changes_only_the_streamed_kernel(
     [
         render.RenderOptions(backends=("cuda",), cuda_x_staging="global"),
         render.RenderOptions(backends=("cuda",), cuda_split_tail=True),
+        render.RenderOptions(backends=("cuda",), cuda_async_tail=True),
     ],
-    ids=["global", "split_tail"],
+    ids=["global", "split_tail", "async_tail"],
 )
 def test_other_renders_are_clang_format_clean(
     upstream: dict[str, str], tmp_path: Path, options: render.RenderOptions

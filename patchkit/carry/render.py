@@ -64,6 +64,12 @@ class RenderOptions:
     and/or stock's per-vector qmv, inside MLX's concurrent context, instead of two V = 4
     tiles, and streams 8-bit at M = 2..7 as well. Every row still comes from the streamed
     kernel or qmv, in M = 1's order.
+
+    ``cuda_async_tail`` (off by default; a timing arm until measured) copies the k steps
+    past the last full stage of 4 as one more, shorter stage of the cp.async pipeline,
+    while the stage before it is computed, instead of one step at a time with plain loads
+    after the pipeline (K = 2560, 3584, 5120 or 9728 leave such steps). The same tiles in
+    the same order: only when x reaches shared memory changes.
     """
 
     backends: tuple[str, ...] = BACKENDS
@@ -71,6 +77,7 @@ class RenderOptions:
     flavour: Flavour = "upstream"
     cuda_x_staging: CudaXStaging = "smem"
     cuda_split_tail: bool = False
+    cuda_async_tail: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.backends) - set(BACKENDS)
@@ -86,6 +93,8 @@ class RenderOptions:
             )
         if self.cuda_split_tail and (self.routing, self.cuda_x_staging) != ("stream", "smem"):
             raise UserError("cuda_split_tail needs routing 'stream' and cuda_x_staging 'smem'")
+        if self.cuda_async_tail and self.cuda_x_staging != "smem":
+            raise UserError("cuda_async_tail needs cuda_x_staging 'smem'")
 
 
 @dataclass(frozen=True)
@@ -267,6 +276,7 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
         "vecs": list(STREAMED_VECS),
         "cuda_x_staging": options.cuda_x_staging,
         "cuda_split_tail": options.cuda_split_tail,
+        "cuda_async_tail": options.cuda_async_tail,
         **derived,
     }
 
