@@ -497,8 +497,9 @@ def test_smem_staging_changes_only_the_streamed_kernel(
         render.RenderOptions(backends=("cuda",), cuda_x_staging="global"),
         render.RenderOptions(backends=("cuda",), cuda_split_tail=True),
         render.RenderOptions(backends=("cuda",), cuda_async_tail=True),
+        render.RenderOptions(backends=("cuda",), cuda_split_tail=True, cuda_async_tail=True),
     ],
-    ids=["global", "split_tail", "async_tail"],
+    ids=["global", "split_tail", "async_tail", "both"],
 )
 def test_other_renders_are_clang_format_clean(
     upstream: dict[str, str], tmp_path: Path, options: render.RenderOptions
