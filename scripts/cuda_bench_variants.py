@@ -52,14 +52,16 @@ Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 ARMS = {"v8": 1, "v8-rows4": 2}  # arm name -> PATCHKIT_QMV_VARIANT (0 is `patched`)
 # The registers kind: V per launch, and its arm's environment.
 REGISTERS_VECS = (2, 4, 8)
-REGISTERS_ARM = "// bench-arm: registers MLX_CUDA_QMV_STREAMED=1\n"
+REGISTERS_ARM = "registers MLX_CUDA_QMV_STREAMED=1"
 
 ROWS = """  constexpr int rows_per_warp = 2;
   constexpr int rows_per_block = 8;
@@ -128,13 +130,14 @@ def variant_source(patched: str) -> str:
     return arms + head + launcher + patched[end:]
 
 
-def option_source(pinned: str, arm: str, **option: bool) -> str:
-    """The pinned qmv.cu rendered with one more render option on, as the arm ``arm``."""
+def option_source(pinned: str, arm: str, **options: Any) -> str:
+    """The pinned qmv.cu rendered with these render options, under the arm line ``arm``
+    (its name, then the KEY=VALUE environment it runs with)."""
     from patchkit.carry import render
 
     plan = next(p for p in render.load_plans() if p.path == QMV)
-    options = render.RenderOptions(backends=("cuda",), **option)
-    return f"// bench-arm: {arm}\n" + render.render_file(plan, pinned, options)
+    rendered = render.render_file(plan, pinned, render.RenderOptions(backends=("cuda",), **options))
+    return f"// bench-arm: {arm}\n" + rendered
 
 
 def split_source(pinned: str) -> str:
@@ -153,37 +156,34 @@ def registers_source(pinned: str) -> str:
     """The pinned qmv.cu rendered with the register-only streamed kernel, V in REGISTERS_VECS."""
     from patchkit.carry import render
 
-    plan = next(p for p in render.load_plans() if p.path == QMV)
-    options = render.RenderOptions(backends=("cuda",), routing="opt_in", cuda_x_staging="global")
     # The launcher's V list is a render constant (Metal's tiles); this arm alone
     # swaps in its own, and puts the constant back.
     saved = render.STREAMED_VECS
     render.STREAMED_VECS = REGISTERS_VECS
     try:
-        rendered = render.render_file(plan, pinned, options)
+        return option_source(pinned, REGISTERS_ARM, routing="opt_in", cuda_x_staging="global")
     finally:
         render.STREAMED_VECS = saved
-    return REGISTERS_ARM + rendered
+
+
+KINDS = {
+    "tilings": variant_source,
+    "registers": registers_source,
+    "split": split_source,
+    "tail": tail_source,
+}
 
 
 def main() -> int:
-    if len(sys.argv) != 4 or sys.argv[1] not in ("tilings", "registers", "split", "tail"):
-        raise SystemExit(
-            "usage: cuda_bench_variants.py tilings|registers|split|tail QMV_CU OUT_DIR"
-        )
+    if len(sys.argv) != 4 or sys.argv[1] not in KINDS:
+        raise SystemExit(f"usage: cuda_bench_variants.py {'|'.join(KINDS)} QMV_CU OUT_DIR")
     kind, src, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     target = out / QMV
     target.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "tilings":
-        target.write_text(variant_source(src.read_text()))
-        print(f"{target}: arms {', '.join(ARMS)}")
-    elif kind in ("split", "tail"):
-        make = split_source if kind == "split" else tail_source
-        target.write_text(make(src.read_text()))
-        print(f"{target}: arm {kind}")
-    else:
-        target.write_text(registers_source(src.read_text()))
-        print(f"{target}: arm registers, V in {REGISTERS_VECS}")
+    text = KINDS[kind](src.read_text())
+    target.write_text(text)
+    arms = re.findall(r"^// bench-arm: (\S+)", text, re.M)
+    print(f"{target}: arms {', '.join(arms)}")
     return 0
 
 
