@@ -75,8 +75,7 @@ def main(argv: list[str]) -> int:
     names = [n.strip() for n in names_path.read_text().splitlines() if n.strip()]
     rec = json.loads(record_path.read_text())
     rec["tests"] = tests_entry(names, logdir, argv[3:] or ["first", "again"])
-    record_path.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    record_path.with_suffix(".md").write_text(mlx_build.markdown(rec))
+    mlx_build.write_record_at(rec, record_path)
     t = rec["tests"]
     print(f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors of {t['ran']}; "
           f"{len(t['unfinished'])} unfinished")  # fmt: skip

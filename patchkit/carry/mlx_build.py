@@ -536,7 +536,11 @@ def markdown(rec: dict[str, Any]) -> str:
 def write_record(rec: dict[str, Any], out_dir: Path) -> Path:
     """Write ``<backend>-<date>.json`` and ``.md`` into ``out_dir``; returns the JSON path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"{rec['backend']}-{rec['date']}"
-    stem.with_suffix(".json").write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    stem.with_suffix(".md").write_text(markdown(rec))
-    return stem.with_suffix(".json")
+    return write_record_at(rec, out_dir / f"{rec['backend']}-{rec['date']}.json")
+
+
+def write_record_at(rec: dict[str, Any], path: Path) -> Path:
+    """Write the record to ``path`` and its markdown beside it (``.md``); returns ``path``."""
+    path.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    path.with_suffix(".md").write_text(markdown(rec))
+    return path
