@@ -75,6 +75,12 @@ def _kernel(staging: str, async_tail: bool = False) -> str:
     return render.render_snippet(_plan(QMV), "streamed_kernel.cu.j2", ctx)
 
 
+def _assert_in_order(text: str, *parts: str) -> None:
+    """Each of ``parts`` is in ``text`` (first occurrence), in this order."""
+    at = [text.index(part) for part in parts]
+    assert at == sorted(at), list(zip(parts, at, strict=True))
+
+
 def _between(text: str, start: str, end: str) -> str:
     i = text.index(start)
     return text[i : text.index(end, i) + len(end)]
@@ -171,17 +177,14 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     # The async pipeline: stage i's copies have landed (wait_group 1) before the barrier
     # that precedes its compute; the barrier after the compute frees the buffer.
     loop = _between(impl, "for (int i = 0; i < full; ++i, r0 += stage_steps) {", "\n    }\n")
-    order = [
-        loop.index(s)
-        for s in (
-            "cp_async_commit();",
-            "cp_async_wait<1>();",
-            "__syncthreads();",
-            "compute_stage(",
-            "__syncthreads();\n    }",
-        )
-    ]
-    assert order == sorted(order)
+    _assert_in_order(
+        loop,
+        "cp_async_commit();",
+        "cp_async_wait<1>();",
+        "__syncthreads();",
+        "compute_stage(",
+        "__syncthreads();\n    }",
+    )
     # The copy's stride is the block's thread count: warps = rows_per_block / rows_per_warp.
     assert "i += block_threads" in impl
     assert "block_threads = rows_per_block / rows_per_warp * WARP_SIZE;" in impl
@@ -219,18 +222,15 @@ def test_async_tail_option_keeps_the_step_order() -> None:
     code = re.sub(r"//[^\n]*", "", tail)
     impl = _between(code, "void qmv_streamed_kernel_impl(", "\n}\n")
     loop = _between(impl, "for (int i = 0; i < stages; ++i) {", "\n    }\n")
-    order = [
-        loop.index(t)
-        for t in (
-            "cp_async_commit();",
-            "cp_async_wait<1>();",
-            "__syncthreads();",
-            "compute_stage(buf, r0, full_stage{});",
-            "compute_stage(buf + s * tile_words, r0 + s, one_step{});",
-            "__syncthreads();\n    }",
-        )
-    ]
-    assert order == sorted(order)
+    _assert_in_order(
+        loop,
+        "cp_async_commit();",
+        "cp_async_wait<1>();",
+        "__syncthreads();",
+        "compute_stage(buf, r0, full_stage{});",
+        "compute_stage(buf + s * tile_words, r0 + s, one_step{});",
+        "__syncthreads();\n    }",
+    )
     # Full stages advance r0 by stage_steps, the tail stage by its own length: r0 ends at
     # steps, so the single-step loop after the pipeline (the plain path's) runs no step.
     assert "r0 += stage_steps;" in loop and "r0 += tail;" in loop
