@@ -13,6 +13,13 @@ M >= 8 (qmm) are the negative control and the patched arm's rows are the claim.
 At M = 1 every arm runs the same stock kernel, so the M = 1 ratio is a direct
 reading of the run-to-run noise.
 
+Weights as decoding sees them: a model's layers together far exceed the L2 cache, so each
+call reads its weights from HBM. One weight set called back to back would stay in L2 where
+it fits (a 1024x1024 4-bit layer is 0.6 MB; the H200's L2 holds 50 MB) and time a warm
+cache instead. So each worker holds bit-identical copies of the weights adding up to at
+least ``--cold-mib`` (default 256 MiB, several times any current L2) and every call takes
+the next copy; ``--cold-mib 0`` times one warm set (how runs before this option timed).
+
 The JSON is rewritten after every configuration; ``--resume`` skips the
 configurations an earlier, interrupted run of the same arms already finished.
 
@@ -46,6 +53,22 @@ GROUPS = (32, 64, 128)
 DTYPES = ("bfloat16", "float16")
 HEADLINE = {"group_size": 64, "dtype": "bfloat16"}
 MAX_CALLS = 400  # calls per repeat, at most (each builds a graph node before the eval)
+MAX_COPIES = 1024  # weight copies a cold run rotates through, at most
+COLD_MIB = 256  # the default: the copies add up to at least this much
+
+
+def weight_bytes(cfg: dict[str, Any]) -> int:
+    """Bytes one call reads of the quantized weights: packed values, scales and biases."""
+    groups = cfg["N"] * (cfg["K"] // cfg["group_size"])
+    return cfg["N"] * cfg["K"] * cfg["bits"] // 8 + 2 * groups * 2  # half-precision scales
+
+
+def weight_copies(cfg: dict[str, Any], cold_bytes: int) -> int:
+    """How many weight copies the calls rotate through so that each call's weights have left
+    L2 by its turn: enough to add up to cold_bytes (1 when 0: one warm set)."""
+    if cold_bytes <= 0:
+        return 1
+    return min(MAX_COPIES, max(2, -(-cold_bytes // weight_bytes(cfg))))
 
 
 def grid(quick: bool) -> list[dict[str, Any]]:
@@ -68,10 +91,13 @@ def grid(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def problem(cfg: dict[str, Any]) -> tuple[Callable[[Any], Any], Any]:
+def problem(cfg: dict[str, Any], copies: int = 1) -> tuple[Callable[..., Any], Any]:
     """quantized_matmul on the configuration's quantized weights, and max(MS) input vectors,
-    evaluated; seeded, so every arm and every tool (cuda_kernel_times.py) sees one problem."""
+    evaluated; seeded, so every arm and every tool (cuda_kernel_times.py) sees one problem.
+    ``qmm(x, i)`` uses weight copy ``i % copies``: the copies are bit-identical, made through
+    the host so that each is its own buffer."""
     import mlx.core as mx
+    import numpy as np
 
     dtype = getattr(mx, cfg["dtype"])
     K, N = cfg["K"], cfg["N"]
@@ -81,31 +107,43 @@ def problem(cfg: dict[str, Any]) -> tuple[Callable[[Any], Any], Any]:
     del w
     xs = mx.random.normal((max(MS), K), key=kx).astype(dtype)
     mx.eval(wq, scales, biases, xs)
+    sets = [(wq, scales, biases)]
+    host = [np.array(a.view(mx.uint8)) for a in sets[0]] if copies > 1 else []
+    for _ in range(copies - 1):
+        sets.append(tuple(mx.array(h).view(a.dtype) for h, a in zip(host, sets[0], strict=True)))
+        mx.eval(sets[-1])
 
-    def qmm(x: Any) -> Any:
+    def qmm(x: Any, i: int = 0) -> Any:
+        w, s, b = sets[i % copies]
         return mx.quantized_matmul(
-            x, wq, scales, biases, transpose=True, group_size=cfg["group_size"], bits=cfg["bits"]
+            x, w, s, b, transpose=True, group_size=cfg["group_size"], bits=cfg["bits"]
         )
 
     return qmm, xs
 
 
-def measure(cfg: dict[str, Any], iters: int, repeats: int, min_repeat_us: float) -> dict[str, Any]:
+def measure(
+    cfg: dict[str, Any], iters: int, repeats: int, min_repeat_us: float, cold_bytes: int = 0
+) -> dict[str, Any]:
     """Time quantized_matmul at every M for one configuration, after a bitwise row check."""
     import mlx.core as mx
     import numpy as np
 
-    qmm, xs = problem(cfg)
+    copies = weight_copies(cfg, cold_bytes)
+    qmm, xs = problem(cfg, copies)
+    turn = itertools.count()  # the next weight copy, across repeats and M
     single = [np.array(qmm(xs[i : i + 1]).view(mx.uint16)) for i in range(max(MS))]
     rows = []
     for M in MS:
         x = mx.contiguous(xs[:M])
-        got = np.array(qmm(x).view(mx.uint16))
+        # The batch on the last copy against M = 1 on the first: the rows claim, and the
+        # copies' identity with it.
+        got = np.array(qmm(x, copies - 1).view(mx.uint16))
         differing = sum(int((got[i] != single[i][0]).any()) for i in range(M))
 
         def per_call_us(calls: int, x: Any = x) -> float:
             start = time.perf_counter()
-            mx.eval([qmm(x) for _ in range(calls)])
+            mx.eval([qmm(x, next(turn)) for _ in range(calls)])
             mx.synchronize()
             return (time.perf_counter() - start) / calls * 1e6
 
@@ -118,10 +156,10 @@ def measure(cfg: dict[str, Any], iters: int, repeats: int, min_repeat_us: float)
             {"M": M, "us": sorted(times)[len(times) // 2], "us_min": min(times),
              "calls": calls, "rows_differing": differing}
         )  # fmt: skip
-    return {**cfg, "by_m": rows}
+    return {**cfg, "weight_copies": copies, "by_m": rows}
 
 
-def serve(iters: int, repeats: int, min_repeat_us: float) -> int:
+def serve(iters: int, repeats: int, min_repeat_us: float, cold_bytes: int) -> int:
     """Worker: one configuration per stdin line, one JSON result per stdout line."""
     import mlx.core as mx
 
@@ -131,7 +169,7 @@ def serve(iters: int, repeats: int, min_repeat_us: float) -> int:
     for line in sys.stdin:
         cfg = json.loads(line)
         try:
-            result = measure(cfg, iters, repeats, min_repeat_us)
+            result = measure(cfg, iters, repeats, min_repeat_us, cold_bytes)
         except Exception as exc:  # reported per configuration; the run goes on
             result = {**cfg, "error": f"{type(exc).__name__}: {exc}"}
         mx.clear_cache()  # the configuration's buffers are gone with measure()'s frame
@@ -148,7 +186,7 @@ class Worker:
         if site:
             full_env["PYTHONPATH"] = site + os.pathsep + full_env.get("PYTHONPATH", "")
         cmd = [python, __file__, "--serve", "--iters", str(a.iters), "--repeats", str(a.repeats),
-               "--min-repeat-ms", str(a.min_repeat_ms)]  # fmt: skip
+               "--min-repeat-ms", str(a.min_repeat_ms), "--cold-mib", str(a.cold_mib)]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -200,11 +238,17 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--min-repeat-ms", type=float, default=4.0, help="a repeat's least duration")
+    ap.add_argument(
+        "--cold-mib",
+        type=int,
+        default=COLD_MIB,
+        help="rotate weight copies adding up to this many MiB (0: one warm set)",
+    )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=0, help="stop starting configs after N s")
     a = ap.parse_args()
     if a.serve:
-        return serve(a.iters, a.repeats, a.min_repeat_ms * 1e3)
+        return serve(a.iters, a.repeats, a.min_repeat_ms * 1e3, a.cold_mib << 20)
     arms = parse_arms(a)
     results: dict[str, list[Any]] = {name: [] for name in arms}
     if a.resume and a.out and a.out.is_file():
@@ -226,7 +270,13 @@ def main() -> int:
         "method": f"per M: median of {a.repeats} repeats, each of back-to-back calls (at least "
         f"{a.iters}, and at least {a.min_repeat_ms:g} ms of them, up to {MAX_CALLS}) and one "
         "eval, after 2 warm-up repeats; rows checked bitwise against M = 1 first; "
-        "one long-lived process per arm, arms in alternating order per configuration",
+        "one long-lived process per arm, arms in alternating order per configuration; "
+        + (
+            f"weights cold: each call takes the next of bit-identical copies adding up to "
+            f">= {a.cold_mib} MiB (weight_copies per configuration)"
+            if a.cold_mib > 0
+            else "weights warm: one weight set, called back to back"
+        ),
         "complete": False,
         "results": results,
     }

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))  # the sibling scripts below
-from cuda_compiled_bench import parse_arms, problem
+from cuda_compiled_bench import gpu_name, parse_arms, problem
 from cuda_compiled_report import label, ms_header
 
 MS = tuple(range(1, 8))  # the default route: M * B < 8
@@ -160,6 +160,10 @@ def report(payload: dict[str, Any], against: str) -> str:
     """Markdown: per configuration and arm, median kernel us per call / the base arm's, per M."""
     lines = [f"Kernel-only time per call, t(arm) / t(`{against}`), median of the rounds "
              f"({payload['method']}).", ""]  # fmt: skip
+    if payload.get("host"):
+        lines += [f"GPU: {payload['host']['gpu']}.", ""]
+    if payload.get("command"):
+        lines += [f"Command: `{payload['command']}`", ""]
     for row in payload["results"]:
         base = {int(m): us for m, us in row["median_us"].get(against, {}).items()}
         ms = sorted(base)
@@ -217,6 +221,7 @@ def main() -> int:
         "command": " ".join(sys.argv),
         "method": f"ncu --clock-control none --metrics {METRIC}: each kernel replayed once, "
         f"caches flushed; per M, {a.calls} calls after a marker kernel",
+        "host": {"gpu": gpu_name()},
         "arm_env": {name: env for name, (_, _, env) in arms.items()},
         "results": [],
     }

@@ -6,7 +6,10 @@ core there), in batches that a timing may stop and run again. This sums those lo
 record's ``tests`` entry, in the format ``patchkit build`` writes for a whole-file run
 (:func:`patchkit.carry.mlx_build.unittest_counts`, per test), plus what the one-process
 form adds: each test's verdict, and the tests no batch ran to its end (``unfinished``, not
-counted in ``ran``). The record's markdown is written again beside it.
+counted in ``ran``), and, where a test also ran on the stock wheel in the same run
+(``test-stock-<name>.log``), stock's verdict and whether it failed the very same subtests
+(``on_stock``: the base a failure of the patched build is read against). The record's
+markdown is written again beside it.
 
 Usage: python scripts/cuda_tests_record.py RECORD.json NAMES LOGDIR [BATCH ...]
   RECORD.json: the build record (its .md is rewritten too)
@@ -18,12 +21,21 @@ Usage: python scripts/cuda_tests_record.py RECORD.json NAMES LOGDIR [BATCH ...]
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from patchkit.carry import mlx_build
 from patchkit.errors import UserError
+
+# unittest's header of one failing or erroring (sub)test: its name, id and subtest parameters
+_PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(")
+
+
+def problems(lines: list[str]) -> set[str]:
+    """The failing and erroring (sub)tests of one log, by their unittest headers."""
+    return {ln.strip() for ln in lines if _PROBLEM.match(ln)}
 
 
 def verdict(counts: dict[str, int]) -> str:
@@ -35,6 +47,20 @@ def verdict(counts: dict[str, int]) -> str:
     return "skipped" if counts["skipped"] == counts["ran"] else "passed"
 
 
+def finished_log(logdir: Path, name: str, batches: list[str]) -> list[str] | None:
+    """The lines of the last of ``batches`` whose log ran test ``name`` to unittest's
+    summary; None if none did (no log, or stopped before the end: an earlier one stands)."""
+    found = None
+    for batch in batches:
+        try:
+            lines = (logdir / f"test-{batch}-{name}.log").read_text(errors="replace").splitlines()
+            mlx_build.unittest_counts(lines)
+        except (OSError, UserError):
+            continue
+        found = lines
+    return found
+
+
 def tests_entry(names: list[str], logdir: Path, batches: list[str]) -> dict[str, Any]:
     """The record's ``tests``: counts summed over the tests' last finished logs."""
     total = {k: 0 for k in ("ran", "passed", "failed", "errors", "skipped", "expected_failures",
@@ -42,17 +68,12 @@ def tests_entry(names: list[str], logdir: Path, batches: list[str]) -> dict[str,
     per_test: dict[str, str] = {}
     unfinished = []
     for name in names:
-        counts = None
-        for batch in batches:
-            log = logdir / f"test-{batch}-{name}.log"
-            try:
-                counts = mlx_build.unittest_counts(log.read_text(errors="replace").splitlines())
-            except (OSError, UserError):
-                continue  # no log, or stopped before unittest's summary: an earlier one stands
+        lines = finished_log(logdir, name, batches)
         short = name.rsplit(".", 1)[-1]
-        if counts is None:
+        if lines is None:
             unfinished.append(short)
             continue
+        counts = mlx_build.unittest_counts(lines)
         per_test[short] = verdict(counts)
         for key in total:
             total[key] += counts[key]
@@ -65,6 +86,28 @@ def tests_entry(names: list[str], logdir: Path, batches: list[str]) -> dict[str,
     }
 
 
+def on_stock(names: list[str], logdir: Path, batches: list[str]) -> dict[str, Any]:
+    """Per test that also ran on the stock wheel: both verdicts, and whether stock failed
+    exactly the (sub)tests the patched build did (the same headers, parameters included)."""
+    per_test: dict[str, dict[str, Any]] = {}
+    for name in names:
+        stock = finished_log(logdir, name, ["stock"])
+        patched = finished_log(logdir, name, batches)
+        if stock is None or patched is None:
+            continue  # not run on both to the end: nothing to compare
+        per_test[name.rsplit(".", 1)[-1]] = {
+            "stock": verdict(mlx_build.unittest_counts(stock)),
+            "patched": verdict(mlx_build.unittest_counts(patched)),
+            "failing_subtests_stock": len(problems(stock)),
+            "failing_subtests_patched": len(problems(patched)),
+            "same_failing_subtests": problems(stock) == problems(patched),
+        }
+    return {
+        "how": "the same test, one process, on the stock wheel in the same run",
+        "per_test": per_test,
+    }
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3:
         raise SystemExit("usage: cuda_tests_record.py RECORD.json NAMES LOGDIR [BATCH ...]")
@@ -74,7 +117,11 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"cuda_tests_record.py: no {what} at {path}")
     names = [n.strip() for n in names_path.read_text().splitlines() if n.strip()]
     rec = json.loads(record_path.read_text())
-    rec["tests"] = tests_entry(names, logdir, argv[3:] or ["first", "again"])
+    batches = argv[3:] or ["first", "again"]
+    rec["tests"] = tests_entry(names, logdir, batches)
+    stock = on_stock(names, logdir, batches)
+    if stock["per_test"]:
+        rec["tests"]["on_stock"] = stock
     mlx_build.write_record_at(rec, record_path)
     t = rec["tests"]
     print(f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors of {t['ran']}; "

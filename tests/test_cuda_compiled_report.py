@@ -127,7 +127,7 @@ def test_versus_counts_cells_where_a_is_faster() -> None:
     # 7 cells per configuration, 3 configurations; the tiny one (9 / 4 = 2.25) is in "all" only.
     assert lines[-1] == (
         "`patched` faster (ratio < 1.00) in 3 of 21 cells, ratios 0.25-3.75; on the 2 "
-        "configurations whose `stock` M = 1 call takes >= 14 us: 3 of 14, 0.25-3.75."
+        "configurations whose M = 1 call takes >= 14 us: 3 of 14, 0.25-3.75."
     )
 
 
@@ -174,3 +174,21 @@ def test_plot_draws_one_panel_per_bits_and_arm(tmp_path: Path) -> None:
     out = tmp_path / "bench.png"
     report.plot(_four_arms(), ["patched", "mlxcel", "v8-rows4"], "stock", out)
     assert out.stat().st_size > 0
+
+
+def test_one_arms_stray_m1_reading_does_not_make_a_shape_readable() -> None:
+    """Every arm runs stock's M = 1 kernel: the median of their readings decides, so stock's
+    slow first configuration (22 us where three arms read 4) stays out of the summaries, and a
+    shape all arms read at 20 us stays in."""
+    report = _report()
+    stray = [_row(1024, 8, [22.0] * 8), _row(4096, 8, [20.0] * 8)]
+    data = {"results": {
+        "stock": stray,
+        "patched": [_row(1024, 8, [4.0] * 8), _row(4096, 8, [20.0] * 8)],
+        "mlxcel": [_row(1024, 8, [4.5] * 8), _row(4096, 8, [19.0] * 8)],
+    }}  # fmt: skip
+    assert report.readable(stray[0])  # by its own reading, before the median is worked out
+    report.with_m1_median(data)
+    assert [report.readable(r) for r in stray] == [False, True]
+    lines = report.summary(report.pairs(data, "patched", "stock"), "patched", "stock")
+    assert "over the 1 whose M = 1 call takes >= 14 us" in lines[2]

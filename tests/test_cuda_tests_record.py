@@ -60,3 +60,37 @@ def test_bad_arguments_are_one_line() -> None:
         tr.main([])
     with pytest.raises(SystemExit, match=r"no build record at /nonexistent\.json$"):
         tr.main(["/nonexistent.json", "names", "."])
+
+
+def test_a_failure_is_read_against_the_same_test_on_stock(tmp_path: Path) -> None:
+    """A test that also ran on the stock wheel gets stock's verdict and whether stock failed
+    the very same subtests; a different failing subtest on stock is not called the same."""
+    tr = _module()
+    name = "test_quantized.TestQuantized.{}".format
+
+    def failing(test: str, params: list[str]) -> list[str]:
+        return [*(f"FAIL: {test} ({name(test)}) ({p})" for p in params),
+                "Ran 1 test in 1s", f"FAILED (failures={len(params)})"]  # fmt: skip
+
+    for test, patched, stock in (
+        ("test_same", ["k=64", "k=128"], ["k=128", "k=64"]),
+        ("test_other", ["k=64"], ["k=256"]),  # the control
+    ):
+        _log(tmp_path / f"test-first-{name(test)}.log", failing(test, patched))
+        _log(tmp_path / f"test-stock-{name(test)}.log", failing(test, stock))
+    _log(tmp_path / f"test-first-{name('test_ok')}.log", ["Ran 1 test in 1s", "OK"])
+    _log(tmp_path / f"test-stock-{name('test_ok')}.log", ["test_ok ... "])  # stopped on stock
+    per = tr.on_stock([name(t) for t in ("test_same", "test_other", "test_ok")], tmp_path,
+                      ["first", "again"])["per_test"]  # fmt: skip
+    assert set(per) == {"test_same", "test_other"}
+    assert per["test_same"] == {
+        "stock": "failed", "patched": "failed", "failing_subtests_stock": 2,
+        "failing_subtests_patched": 2, "same_failing_subtests": True,
+    }  # fmt: skip
+    assert per["test_other"]["same_failing_subtests"] is False
+    line = mlx_build.tests_line({
+        "file": "f", "passed": 0, "failed": 2, "errors": 0, "skipped": 0, "ran": 2,
+        "on_stock": {"per_test": per},
+    })  # fmt: skip
+    assert "test_same failed, 2 failing subtests, the same as the patched build's" in line
+    assert "test_other failed, 1 failing subtests (patched: failed, 1 failing subtests)" in line
