@@ -40,9 +40,16 @@ last full stage of 4 are copied with cp.async while the stage before is computed
 one step at a time with plain loads (K = 2560 leaves 1 such step at 4-bit and 2 at 8-bit);
 routing as shipped.
 
+``candidate`` (from the pinned file, rendered with ``cuda_split_tail`` and
+``cuda_stream_min_weights = 2**24``): the routing proposed from the run that timed
+``split``: the split where it won, and below 2**24 weights (n * k) stock's per-vector qmv at
+M = 2..7, where the kernel-only times (weights from HBM) had the streamed kernel slower.
+Beside the shipped arm on a cold-weights grid with shapes either side of the floor, it
+shows whether the floor sits where the crossover is.
+
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
-       python scripts/cuda_bench_variants.py split|tail PINNED_QMV_CU OUT_DIR
+       python scripts/cuda_bench_variants.py split|tail|candidate PINNED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
   PINNED_QMV_CU: the same path at the pin itself (`show <pin>:...`)
@@ -152,6 +159,20 @@ def tail_source(pinned: str) -> str:
     return option_source(pinned, "tail", cuda_async_tail=True)
 
 
+CANDIDATE_MIN_WEIGHTS = 1 << 24  # the smallest shape of the grid timed faster streamed
+
+
+def candidate_source(pinned: str) -> str:
+    """The pinned qmv.cu rendered with the proposed routing: the split tail, and the floor
+    below which M = 2..7 keep the per-vector kernel."""
+    return option_source(
+        pinned,
+        "candidate",
+        cuda_split_tail=True,
+        cuda_stream_min_weights=CANDIDATE_MIN_WEIGHTS,
+    )
+
+
 def registers_source(pinned: str) -> str:
     """The pinned qmv.cu rendered with the register-only streamed kernel, V in REGISTERS_VECS."""
     from patchkit.carry import render
@@ -171,6 +192,7 @@ KINDS = {
     "registers": registers_source,
     "split": split_source,
     "tail": tail_source,
+    "candidate": candidate_source,
 }
 
 

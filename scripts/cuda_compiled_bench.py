@@ -46,7 +46,10 @@ from pathlib import Path
 from typing import Any
 
 # (K, N) = (in, out) features of real projections, small to large.
-SHAPES = [(1024, 1024), (2048, 8192), (4096, 4096), (4096, 14336), (2560, 9728), (8192, 28672)]
+# 4096x1024 (a GQA k/v projection) and 3072x3072 sit between the smallest shape and the
+# 2**24-weight ones, where the routing's floor (cuda_stream_min_weights) is to be placed.
+SHAPES = [(1024, 1024), (4096, 1024), (3072, 3072), (2048, 8192), (4096, 4096), (4096, 14336),
+          (2560, 9728), (8192, 28672)]  # fmt: skip
 MS = tuple(range(1, 17))
 BITS = (4, 8)
 GROUPS = (32, 64, 128)

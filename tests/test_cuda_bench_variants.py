@@ -81,19 +81,23 @@ def test_registers_source_is_the_global_kernel_with_v8() -> None:
 @needs_clone
 @pytest.mark.clone
 def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
-    """The split and tail arms: the pinned file rendered with their option, one arm line."""
+    """The split, tail and candidate arms: the pinned file rendered with their options, one
+    arm line."""
     from patchkit.carry import render, source
 
     variants = _variants()
     pinned = source.reader(source.ensure_clone(mlx_clone()), PIN_SHA)(variants.QMV)
     plan = next(p for p in render.load_plans() if p.path == variants.QMV)
+    floor = {"cuda_stream_min_weights": variants.CANDIDATE_MIN_WEIGHTS}
     for make, arm, option in (
-        (variants.split_source, "split", "cuda_split_tail"),
-        (variants.tail_source, "tail", "cuda_async_tail"),
+        (variants.split_source, "split", {"cuda_split_tail": True}),
+        (variants.tail_source, "tail", {"cuda_async_tail": True}),
+        (variants.candidate_source, "candidate", {"cuda_split_tail": True, **floor}),
     ):
         out = make(pinned)
         assert re.findall(r"^// bench-arm: .*$", out, re.M) == [f"// bench-arm: {arm}"]
-        options = render.RenderOptions(backends=("cuda",), **{option: True})
+        options = render.RenderOptions(backends=("cuda",), **option)
         assert out == f"// bench-arm: {arm}\n" + render.render_file(plan, pinned, options)
     assert "concurrent.emplace(encoder);" in variants.split_source(pinned)
     assert "int tail = steps - full * stage_steps;" in variants.tail_source(pinned)
+    assert "qmv_streamed_min_weights = 16777216;" in variants.candidate_source(pinned)

@@ -52,6 +52,7 @@ def _ctx(
     staging: str = "global",
     split_tail: bool = False,
     async_tail: bool = False,
+    min_weights: int = 0,
     **derived: str,
 ) -> dict:
     return {
@@ -60,6 +61,7 @@ def _ctx(
         "vecs": list(vecs),
         "cuda_x_staging": staging,
         "cuda_split_tail": split_tail,
+        "cuda_stream_min_weights": min_weights,
         "cuda_async_tail": async_tail,
         **derived,
     }
@@ -308,35 +310,92 @@ def test_streamed_launcher_adds_one_kernel_node_per_call() -> None:
     assert _kernel_nodes_per_call(split) == [3, 1, 1]  # 4 + 2 + 1 at most, then V = 2, V = 4
 
 
+CXX = shutil.which("g++") or shutil.which("clang++")
+ROUTING_CASES = [
+    (m, n, k, b, bits)
+    for m, b, bits in itertools.product(range(1, 17), (1, 2), (2, 3, 4, 5, 6, 8))
+    for n, k in ((1024, 1024), (4096, 4095), (4096, 4096), (8192, 28672))
+]
+
+
+def _compiled_routing(launch: str, signature: str, tmp_path: Path) -> dict[tuple, tuple]:
+    """The rendered routing functions (everything before the qmv_streamed template) compiled
+    on the host and run over ROUTING_CASES: per case, (use_qmv_streamed, splits)."""
+    head = launch[: launch.index("template <")]
+    splits = "qmv_streamed_splits(m, l, bits)" if "qmv_streamed_splits" in head else "false"
+    src = tmp_path / "routing.cpp"
+    src.write_text(
+        "#include <cstdint>\n#include <cstdio>\n" + head
+        + "int main() {\n  int m, n, k, l, bits;\n"
+        + '  while (std::scanf("%d %d %d %d %d", &m, &n, &k, &l, &bits) == 5) {\n'
+        + f'    std::printf("%d %d\\n", use_qmv_streamed({signature}), {splits});\n'
+        + "  }\n}\n"
+    )  # fmt: skip
+    exe = tmp_path / "routing"
+    subprocess.run([CXX, "-std=c++17", "-o", str(exe), str(src)], check=True)
+    cases = "".join(" ".join(map(str, c)) + "\n" for c in ROUTING_CASES)
+    out = subprocess.run([str(exe)], input=cases, capture_output=True, text=True, check=True)
+    rows = [tuple(map(int, line.split())) for line in out.stdout.splitlines()]
+    return {c: (bool(a), bool(z)) for c, (a, z) in zip(ROUTING_CASES, rows, strict=True)}
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler (g++ or clang++)")
+@pytest.mark.parametrize(
+    ("split", "floor"), [(False, 0), (True, 0), (False, 1 << 24), (True, 1 << 24)]
+)
+def test_compiled_routing_is_dispatchs_model(split: bool, floor: int, tmp_path: Path) -> None:
+    """The rendered C++ routing, compiled and run, against dispatch.cuda_streams (what
+    parity labels each row with) on every M, bit width, batch and a shape either side of
+    the floor; the floor keeps M = 2..7 of a small layer on the per-vector kernel, never
+    M >= 8 of the exact route; 4-bit M = 7 is never split."""
+    ctx = _ctx(staging="smem", split_tail=split, min_weights=floor)
+    launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", ctx)
+    route = render.render_snippet(_plan(QMV), "streamed_route.cu.j2", ctx)
+    full = split or bool(floor)
+    signature = "m, n, k, l, bits" if full else "m, bits"
+    assert f"if (cu::use_qmv_streamed({signature})) {{" in route
+    table = _compiled_routing(launch, signature, tmp_path)
+    opts = render.RenderOptions(cuda_split_tail=split, cuda_stream_min_weights=floor)
+    for (m, n, k, b, bits), (streams, splits) in table.items():
+        assert streams == dispatch.cuda_streams(m, bits, k, n, b, opts), (m, n, k, b, bits)
+        assert splits == (split and dispatch.cuda_splits(m, b, bits)), (m, n, k, b, bits)
+        if floor and 2 <= m < 8 and n * k < floor:
+            assert not streams
+        if m >= 8:
+            assert streams
+    if split:
+        assert table[(7, 8192, 28672, 1, 4)] == (True, False)
+        assert table[(7, 8192, 28672, 1, 8)] == (True, True)
+        assert table[(6, 8192, 28672, 2, 8)] == (False, False)  # B > 1: not split, not streamed
+    if floor:
+        assert table[(4, 1024, 1024, 1, 4)] == (False, False)
+        assert table[(4, 4096, 4096, 1, 4)][0]  # 2**24 weights: at the floor, streams
+        assert not table[(4, 4096, 4095, 1, 4)][0]  # one column fewer: below it
+
+
 def test_split_tail_option() -> None:
     """cuda_split_tail: M = 5..7 of one batch run as V = 4 + V = 2 + per-vector passes, the
-    route holds MLX's concurrent context around exactly those calls, and 8-bit streams at
-    every M; off (the default) renders none of it. Only with the smem kernel and the
-    streaming routing."""
+    route holds MLX's concurrent context around exactly those calls; off (the default)
+    renders none of it. Only with the smem kernel and the streaming routing."""
     ctx = _ctx(staging="smem", split_tail=True)
     launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", ctx)
     route = render.render_snippet(_plan(QMV), "streamed_route.cu.j2", ctx)
-    predicate = _between(launch, "inline bool qmv_streamed_splits(int m, int l) {", "}")
-    assert "\n  return l == 1 && m > 4 && m < 8;\n}" in predicate
     head = _between(launch, "void qmv_streamed(", "if (m <= 2) {")
-    assert "if (qmv_streamed_splits(m, l)) {" in head
+    assert "if (qmv_streamed_splits(m, l, cute::sizeof_bits_v<Q>)) {" in head
     assert "qmv<group_size, has_bias>(" in head  # the per-vector launcher for the last one
-    guard = _between(route, "if (cu::use_qmv_streamed(m, bits)) {", "cu::qmv_streamed<")
-    assert "if (cu::qmv_streamed_splits(m, l)) {\n              concurrent.emplace(encoder);" in (
-        guard
+    guard = _between(route, "if (cu::use_qmv_streamed(m, n, k, l, bits)) {", "cu::qmv_streamed<")
+    assert (
+        "if (cu::qmv_streamed_splits(m, l, bits)) {\n              concurrent.emplace(encoder);"
+        in (guard)
     )
-    rule = _between(launch, "inline bool use_qmv_streamed(int m, int bits) {", "}")
-    expr = rule.split("return", 1)[1].split(";")[0]
-    py = expr.replace("||", " or ").replace("&&", " and ")
-    for m, bits in itertools.product(range(1, 17), (2, 3, 4, 5, 6, 8)):
-        want = m >= 8 or (m >= 2 and bits in (4, 8))
-        assert eval(py, {}, {"m": m, "bits": bits}) == want, (m, bits)
     plain = _ctx(staging="smem")
     for name in ("streamed_launch.cu.j2", "streamed_route.cu.j2"):
         assert "qmv_streamed_splits" not in render.render_snippet(_plan(QMV), name, plain)
     assert render.context(render.RenderOptions(cuda_split_tail=True), {})["cuda_split_tail"]
     with pytest.raises(UserError, match="cuda_split_tail needs"):
         render.RenderOptions(cuda_split_tail=True, cuda_x_staging="global")
+    with pytest.raises(UserError, match="cuda_stream_min_weights needs"):
+        render.RenderOptions(cuda_stream_min_weights=1, routing="opt_in")
 
 
 @pytest.mark.parametrize("routing", ["stream", "opt_in"])
@@ -355,13 +414,7 @@ def test_routing_snippets(routing: str) -> None:
     # Streams only where M = 1 of the same rows would run qmv.
     assert "B == 1 && N <= 16384 && K <= 16384" in route and "(B < 8)" in route
     assert "!can_use_fp_qmv && M >= 2 && M <= 16" in route
-    if routing == "stream":
-        rule = _between(launch, "inline bool use_qmv_streamed(int m, int bits) {", "}")
-        expr = rule.split("return", 1)[1].split(";")[0]
-        py = expr.replace("||", " or ").replace("&&", " and ")
-        for m, bits in itertools.product(range(1, 17), (2, 3, 4, 5, 6, 8)):
-            want = eval(py, {}, {"m": m, "bits": bits})  # the rendered C++ rule
-            assert dispatch.cuda_streams(m, bits) == want, (m, bits)
+    # The stream rule itself: test_compiled_routing_is_dispatchs_model.
 
 
 def test_harness_bodies_and_grids() -> None:
@@ -498,8 +551,12 @@ def test_smem_staging_changes_only_the_streamed_kernel(
         render.RenderOptions(backends=("cuda",), cuda_split_tail=True),
         render.RenderOptions(backends=("cuda",), cuda_async_tail=True),
         render.RenderOptions(backends=("cuda",), cuda_split_tail=True, cuda_async_tail=True),
+        render.RenderOptions(backends=("cuda",), cuda_stream_min_weights=1 << 24),
+        render.RenderOptions(
+            backends=("cuda",), cuda_split_tail=True, cuda_stream_min_weights=1 << 24
+        ),
     ],
-    ids=["global", "split_tail", "async_tail", "both"],
+    ids=["global", "split_tail", "async_tail", "both", "floor", "split_floor"],
 )
 def test_other_renders_are_clang_format_clean(
     upstream: dict[str, str], tmp_path: Path, options: render.RenderOptions

@@ -59,11 +59,19 @@ class RenderOptions:
     prefetches the weight rows into L2; ``global`` reads x from global memory
     per row, as qmv does (simpler, kept as the measured baseline).
 
-    ``cuda_split_tail`` (off by default; a timing arm until it is measured with correct
-    graph dependencies) launches M = 5..7 of one batch as a V = 4 pass plus a V = 2 pass
-    and/or stock's per-vector qmv, inside MLX's concurrent context, instead of two V = 4
-    tiles, and streams 8-bit at M = 2..7 as well. Every row still comes from the streamed
-    kernel or qmv, in M = 1's order.
+    ``cuda_split_tail`` (off by default; the candidate for 8-bit M = 5..7) launches M = 5..7
+    of one batch (4-bit: M = 5, 6) as a V = 4 pass plus a V = 2 pass and/or stock's
+    per-vector qmv, inside MLX's concurrent context, instead of two V = 4 tiles, and so
+    streams 8-bit at M = 2..7. Every row still comes from the streamed kernel or qmv, in
+    M = 1's order. Timed on the H200 with correct graph dependencies: 0 rows differing,
+    0.61-0.75 of stock at 8-bit M = 5..7 on shapes of 2**24 weights and more, but 1.9-2.3x
+    stock on 1024 x 1024 (several graph nodes for a call of a few microseconds), so it
+    waits for ``cuda_stream_min_weights``' measurement.
+
+    ``cuda_stream_min_weights`` (0, no floor, by default; the candidate is 2**24): below
+    this many weights (n * k) M = 2..7 keep stock's per-vector qmv. Read from HBM (ncu,
+    caches flushed), a 1024 x 1024 layer's streamed kernel took 1.2-2.2x stock's time at
+    M = 2..7; the wall-clock grid, which kept that layer in L2, had it faster.
 
     ``cuda_async_tail`` (off by default; a timing arm until measured) copies the k steps
     past the last full stage of 4 as one more, shorter stage of the cp.async pipeline,
@@ -77,6 +85,7 @@ class RenderOptions:
     flavour: Flavour = "upstream"
     cuda_x_staging: CudaXStaging = "smem"
     cuda_split_tail: bool = False
+    cuda_stream_min_weights: int = 0
     cuda_async_tail: bool = False
 
     def __post_init__(self) -> None:
@@ -93,6 +102,10 @@ class RenderOptions:
             )
         if self.cuda_split_tail and (self.routing, self.cuda_x_staging) != ("stream", "smem"):
             raise UserError("cuda_split_tail needs routing 'stream' and cuda_x_staging 'smem'")
+        if self.cuda_stream_min_weights < 0:
+            raise UserError("cuda_stream_min_weights must be 0 (no floor) or more")
+        if self.cuda_stream_min_weights and self.routing != "stream":
+            raise UserError("cuda_stream_min_weights needs routing 'stream'")
         if self.cuda_async_tail and self.cuda_x_staging != "smem":
             raise UserError("cuda_async_tail needs cuda_x_staging 'smem'")
 
@@ -276,6 +289,7 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
         "vecs": list(STREAMED_VECS),
         "cuda_x_staging": options.cuda_x_staging,
         "cuda_split_tail": options.cuda_split_tail,
+        "cuda_stream_min_weights": options.cuda_stream_min_weights,
         "cuda_async_tail": options.cuda_async_tail,
         **derived,
     }

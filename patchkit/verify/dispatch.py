@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from patchkit.carry.render import RenderOptions
+
 # The fp modes and their fixed (group_size, bits): ``quantized.cpp``'s mode table.
 FP_MODES: dict[str, tuple[int, int]] = {"mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
 MODES = ("affine", *FP_MODES)
@@ -121,14 +123,34 @@ def kernel_path(dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B
 CUDA_QMV_EXACT_MAX_ROWS = 16  # the opt-in exact range of the patched quantized.cpp
 
 
-def cuda_streams(M: int, bits: int) -> bool:
-    """``cu::use_qmv_streamed(m, bits)`` of the patched qmv.cu (default routing).
+def cuda_splits(M: int, B: int, bits: int) -> bool:
+    """``cu::qmv_streamed_splits(m, l, bits)`` with ``cuda_split_tail``: M = 5..7 of one
+    batch as several passes (4-bit at M = 7 keeps one launch of two V = 4 tiles)."""
+    return B == 1 and (M in (5, 6) or (M == 7 and bits == 8))
 
-    Where the compiled kernel was timed no slower than stock's per-vector qmv on an
-    H200: 4-bit from M = 2, 8-bit for M = 2..4 (one weight pass). Other widths, and
-    8-bit at M = 5..7, stream only at M >= 8, which only the exact route reaches.
+
+def cuda_streams(
+    M: int, bits: int, K: int, N: int, B: int = 1, options: RenderOptions | None = None
+) -> bool:
+    """``cu::use_qmv_streamed`` of the patched qmv.cu rendered with ``options`` (default:
+    the shipped ``patches/``), for the M >= 2 that reach it.
+
+    Shipped: where the compiled kernel was timed no slower than stock's per-vector qmv on
+    an H200: 4-bit from M = 2, 8-bit for M = 2..4 (one weight pass). Other widths, and
+    8-bit at M = 5..7, stream only at M >= 8, which only the exact route reaches. The
+    render options add a floor on the weights (``cuda_stream_min_weights``) and 8-bit
+    M = 5..7 as several passes (``cuda_split_tail``).
     """
-    return M >= 8 or (M >= 2 and (bits == 4 or (bits == 8 and M <= 4)))
+    opts = options or RenderOptions()
+    if M >= 8:
+        return True
+    if opts.cuda_stream_min_weights and opts.cuda_stream_min_weights > N * K:
+        return False
+    if M < 2:
+        return False
+    if bits == 4:
+        return True
+    return bits == 8 and (M <= 4 or (opts.cuda_split_tail and cuda_splits(M, B, bits)))
 
 
 def patched_kernel_path(
@@ -159,5 +181,5 @@ def patched_kernel_path(
     if dev.backend == "cuda":
         exact_range = 2 <= M <= CUDA_QMV_EXACT_MAX_ROWS and B < CUDA_QMV_MAX_ROWS
         if stock == "qmv" or (cuda_exact and mode == "affine" and exact_range):
-            return "qmv_streamed" if cuda_streams(M, bits) else "qmv"
+            return "qmv_streamed" if cuda_streams(M, bits, K, N, B) else "qmv"
     return stock
