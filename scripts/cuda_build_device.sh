@@ -6,7 +6,8 @@
 #   follow OUTDIR SECONDS   follow it again (the next back-to-back call), copying results out
 # The pipeline: build (`patchkit build --no-test`: `parity`, on the exact route, runs inside
 # it), with the peers' sources compiled beside it -> MLX's test_quantized.py in the
-# background (one process per test, the PR's first) -> quick parity with the default
+# background (one process per test, the PR's first; TESTS="test_a test_b" runs only those)
+# -> quick parity with the default
 # routing, in the background too -> full parity with
 # the exact route on (MLX_CUDA_QMV_EXACT=1) -> the peers swapped in and relinked -> the stock
 # wheel unpacked once a call has carried its second half -> the tests waited for (TEST_WAIT s
@@ -241,6 +242,14 @@ test_names() {  # the unittest names of MLX's test file $1, the PR's own tests f
            END { for (i = 1; i <= n; i++) print rest[i] }'
 }
 
+tests_chosen() {  # the unittest names on stdin that TESTS names (short names, space-separated;
+  # unset: all), in stdin's order: a lease can finish what an earlier one left unfinished
+  local t
+  while read -r t; do
+    if [ -z "${TESTS:-}" ] || [[ " $TESTS " == *" ${t##*.} "* ]]; then echo "$t"; fi
+  done
+}
+
 tests_unfinished() {  # the names in file $1 that no log of the patched build's batches
   # reports as run to its end
   local t
@@ -331,7 +340,7 @@ pipeline() {
   # MLX's test_quantized.py now, beside parity and the peer builds (the GPU is only checked
   # for correctness until the timing).
   names="$WORK/test-names"
-  test_names "$tests" > "$names"
+  test_names "$tests" | tests_chosen > "$names"
   log "MLX's test_quantized.py: $(wc -l < "$names") tests, one process each, ${TEST_JOBS:-6} at once"
   tests_run first "$names" &
   tests_first_pid=$!

@@ -197,6 +197,19 @@ def test_the_prs_tests_come_first(tmp_path: Path) -> None:
     ]
 
 
+def test_tests_names_the_tests_a_lease_runs(tmp_path: Path) -> None:
+    """TESTS keeps the named tests (short names) in the pipeline's order; unset keeps all."""
+    names = "".join(f"test_quantized.TestQuantized.{t}\n" for t in ("test_a", "test_qmm", "test_b"))
+    script = f"printf '{names}' | tests_chosen\n"
+    every = _bash(tmp_path / "work", tmp_path, script)
+    assert every.returncode == 0, every.stderr
+    assert every.stdout == names
+    chosen = _bash(tmp_path / "work", tmp_path, "TESTS='test_b test_qmm'\n" + script)
+    assert [n.split(".")[-1] for n in chosen.stdout.split()] == ["test_qmm", "test_b"]
+    # A short name is matched whole: test_qm is none of them.
+    assert _bash(tmp_path / "work", tmp_path, "TESTS=test_qm\n" + script).stdout == ""
+
+
 def test_tests_that_did_not_pass_run_again_on_stock(tmp_path: Path) -> None:
     """A test that failed on the patched build runs on the stock wheel (its own folder on
     PYTHONPATH, python3), read from that batch's logs only; a passing one runs only when

@@ -172,3 +172,26 @@ def test_unsupported_mode_is_reported_not_raised() -> None:
     row = mlx_parity.run_config(mlx, mlx_parity.DeviceInfo("cpu", "cpu"), c)
     assert row["status"] == "unsupported" and row["error"]
     assert mlx_parity.table_cells(row)[-1].startswith("unsupported")
+
+
+def test_large_shapes_stream_under_the_proposed_floor_and_skip_on_cpu() -> None:
+    """The full matrix carries GPU-only shapes of at least 2**24 weights, so that a CUDA
+    routing floor on the weights still leaves the streamed kernel under parity; on the CPU
+    backend they are reported as skipped, not run."""
+    from patchkit.carry.render import RenderOptions
+    from patchkit.verify import dispatch
+
+    large = [c for c in mlx_parity.configs(full=True) if c.gpu_only]
+    assert {(c.K, c.N) for c in large} == set(mlx_parity.LARGE_SHAPES.values())
+    assert not [c for c in mlx_parity.configs(full=False) if c.gpu_only]
+    floor = RenderOptions(cuda_split_tail=True, cuda_stream_min_weights=1 << 24)
+    for c in large:
+        assert c.N * c.K >= 1 << 24
+        assert all(dispatch.cuda_streams(m, c.bits, c.K, c.N, c.B, floor) for m in range(2, 8))
+    small = [c for c in mlx_parity.configs(full=True) if not c.gpu_only and c.mode == "affine"]
+    assert not any(dispatch.cuda_streams(2, c.bits, c.K, c.N, 1, floor) for c in small)
+    ragged = mlx_parity.LARGE_SHAPES["ragged"]
+    assert ragged[0] % 512 and ragged[1] % 8  # a K tail and a partial last row block
+    row = mlx_parity.run_config(mlx, mlx_parity.DeviceInfo("cpu", "cpu"), large[0])
+    assert (row["status"], row["rows"]) == ("skipped", 0)
+    assert mlx_parity.table_cells(row)[-1] == "skipped: GPU only (large shape)"

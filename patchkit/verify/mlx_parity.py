@@ -42,6 +42,14 @@ BATCHES = (1, 3)
 # bits (K % qmv_fast_k_alignment == 0, N % 8 == 0); "ragged" takes qmv with its
 # safe tail (640 % 512 != 0) and moved-back last tile (37 = 4 * 8 + 5).
 SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
+# GPU only (minutes on MLX's CPU backend), in the full matrix: shapes of at least 2**24
+# weights (n * k), where a CUDA routing floor on the weights (render option
+# cuda_stream_min_weights, 2**24 proposed) still streams M = 2..7; without them, such a floor
+# would leave every smaller shape above on the per-vector kernel and the streamed kernel of
+# the default route unchecked. "floor" sits exactly on 2**24; "ragged" above it, with a K
+# tail (4160 % 512 != 0) and N % 8 != 0.
+LARGE_SHAPES = {"floor": (4096, 4096), "ragged": (4160, 4100)}
+LARGE_BITS = (4, 8)  # the widths CUDA streams at M = 2..7
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,8 @@ class Config:
     # B > 1 with one weight matrix for every batch: MLX broadcasts it (the
     # ``broadcast_w`` case of CUDA's qmv, batch strides of 0 on Metal).
     shared_w: bool = False
+    # Run on a GPU backend only (LARGE_SHAPES); reported as skipped on the CPU backend.
+    gpu_only: bool = False
 
     def label(self) -> str:
         shared = " shared-w" if self.shared_w else ""
@@ -167,6 +177,13 @@ def _all_configs(full: bool) -> list[Config]:
         Config("affine", bits, 64, "float16", K, N, BATCHES[-1], shared_w=True)
         for (K, N), bits in itertools.product(shapes, AFFINE_BITS)
     ]
+    if full:
+        out += [
+            Config("affine", bits, 64, dtype, K, N, 1, gpu_only=True)
+            for (K, N), bits, dtype in itertools.product(
+                LARGE_SHAPES.values(), LARGE_BITS, ("bfloat16", "float16")
+            )
+        ]
     fp_dtypes = DTYPES if full else ("float16",)
     for (mode, (gs, bits)), dtype, B in itertools.product(FP_MODES.items(), fp_dtypes, BATCHES):
         out.append(Config(mode, bits, gs, dtype, *shapes[0], B))
@@ -245,19 +262,14 @@ def run_config(
     """One table row: every M = 2 ... limit - 1 compared with M = 1, bit for bit."""
     limit = batch_limit(cfg.K, cfg.N, dev)
     row: dict[str, Any] = {**asdict(cfg), "limit": limit, "status": "ok", "by_m": []}
+    skipped = {"rows": 0, "rows_differing": 0, "max_abs_diff": 0.0, "paths": ""}
+    if cfg.gpu_only and dev.backend == "cpu":
+        return {**row, **skipped, "status": "skipped", "error": "GPU only (large shape)"}
     try:
         ops = _Operands(mx, cfg, limit - 1, seed)
         ref = ops.reference()
     except (ValueError, RuntimeError) as exc:  # MLX raises these for unsupported modes
-        return {
-            **row,
-            "status": "unsupported",
-            "error": str(exc).splitlines()[0],
-            "rows": 0,
-            "rows_differing": 0,
-            "max_abs_diff": 0.0,
-            "paths": "",
-        }
+        return {**row, **skipped, "status": "unsupported", "error": str(exc).splitlines()[0]}
     for M in range(2, m_stop(dev, cfg, limit)):
         y = ops.matmul(ops.x[..., :M, :])
         got = _bits(mx, y).reshape(ref.shape[0], M, -1)
@@ -359,7 +371,7 @@ def table_cells(row: dict[str, Any]) -> list[str]:
     """One printed line's cells, derived only from the JSON row (so the two cannot disagree)."""
     cells = [str(row[c]) for c in TABLE_COLUMNS[: TABLE_COLUMNS.index("rows")]]
     if row["status"] != "ok":
-        return [*cells, "-", "-", "-", f"unsupported: {row['error']}"]
+        return [*cells, "-", "-", "-", f"{row['status']}: {row['error']}"]
     return [
         *cells,
         str(row["rows"]),
