@@ -47,9 +47,15 @@ M = 2..7, where the kernel-only times (weights from HBM) had the streamed kernel
 Beside the shipped arm on a cold-weights grid with shapes either side of the floor, it
 shows whether the floor sits where the crossover is.
 
+``rows1`` (from the pinned file, rendered with ``cuda_rows_per_warp = 1``): the shipped
+routing and kernel with one row per warp, 8 warps per block as qmv has, instead of 2 rows
+per warp in 4 warps. The question it answers: is the streamed kernel's loss on a small
+layer with cold weights about too few warps to hide memory latency (then this wins there,
+and a routing could pick the shape by n instead of falling back to the per-vector kernel)?
+
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
-       python scripts/cuda_bench_variants.py split|tail|candidate PINNED_QMV_CU OUT_DIR
+       python scripts/cuda_bench_variants.py split|tail|candidate|rows1 PINNED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
   PINNED_QMV_CU: the same path at the pin itself (`show <pin>:...`)
@@ -173,6 +179,11 @@ def candidate_source(pinned: str) -> str:
     )
 
 
+def rows1_source(pinned: str) -> str:
+    """The pinned qmv.cu rendered with one row per warp (8 warps per block of 8 rows)."""
+    return option_source(pinned, "rows1", cuda_rows_per_warp=1)
+
+
 def registers_source(pinned: str) -> str:
     """The pinned qmv.cu rendered with the register-only streamed kernel, V in REGISTERS_VECS."""
     from patchkit.carry import render
@@ -193,6 +204,7 @@ KINDS = {
     "split": split_source,
     "tail": tail_source,
     "candidate": candidate_source,
+    "rows1": rows1_source,
 }
 
 

@@ -81,8 +81,8 @@ def test_registers_source_is_the_global_kernel_with_v8() -> None:
 @needs_clone
 @pytest.mark.clone
 def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
-    """The split, tail and candidate arms: the pinned file rendered with their options, one
-    arm line."""
+    """The split, tail, candidate and rows1 arms: the pinned file rendered with their
+    options, one arm line."""
     from patchkit.carry import render, source
 
     variants = _variants()
@@ -93,6 +93,7 @@ def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
         (variants.split_source, "split", {"cuda_split_tail": True}),
         (variants.tail_source, "tail", {"cuda_async_tail": True}),
         (variants.candidate_source, "candidate", {"cuda_split_tail": True, **floor}),
+        (variants.rows1_source, "rows1", {"cuda_rows_per_warp": 1}),
     ):
         out = make(pinned)
         assert re.findall(r"^// bench-arm: .*$", out, re.M) == [f"// bench-arm: {arm}"]
@@ -101,3 +102,4 @@ def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
     assert "concurrent.emplace(encoder);" in variants.split_source(pinned)
     assert "int tail = steps - full * stage_steps;" in variants.tail_source(pinned)
     assert "qmv_streamed_min_weights = 16777216;" in variants.candidate_source(pinned)
+    assert "constexpr int rows_per_warp = 1;" in variants.rows1_source(pinned)

@@ -53,6 +53,7 @@ def _ctx(
     split_tail: bool = False,
     async_tail: bool = False,
     min_weights: int = 0,
+    rows_per_warp: int = 2,
     **derived: str,
 ) -> dict:
     return {
@@ -62,6 +63,7 @@ def _ctx(
         "cuda_x_staging": staging,
         "cuda_split_tail": split_tail,
         "cuda_stream_min_weights": min_weights,
+        "cuda_rows_per_warp": rows_per_warp,
         "cuda_async_tail": async_tail,
         **derived,
     }
@@ -398,6 +400,27 @@ def test_split_tail_option() -> None:
         render.RenderOptions(cuda_stream_min_weights=1, routing="opt_in")
 
 
+def test_rows_per_warp_option() -> None:
+    """cuda_rows_per_warp = 1: the launcher's one constant (8 warps per block of 8 rows);
+    2, the default, renders the shipped text; anything else, or without smem, is refused."""
+    launch = {
+        r: render.render_snippet(
+            _plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem", rows_per_warp=r)
+        )
+        for r in (1, 2)
+    }
+    assert "constexpr int rows_per_warp = 2;" in launch[2] and "4 warps of 2 rows" in launch[2]
+    assert "constexpr int rows_per_warp = 1;" in launch[1] and "8 warps of 1 row," in launch[1]
+    differing = [
+        (a, b) for a, b in zip(launch[1].splitlines(), launch[2].splitlines(), strict=True)
+        if a != b
+    ]  # fmt: skip
+    assert len(differing) == 2  # a comment line and the constant
+    for bad in ({"cuda_rows_per_warp": 4}, {"cuda_rows_per_warp": 1, "cuda_x_staging": "global"}):
+        with pytest.raises(UserError, match="cuda_rows_per_warp"):
+            render.RenderOptions(**bad)
+
+
 @pytest.mark.parametrize("routing", ["stream", "opt_in"])
 def test_routing_snippets(routing: str) -> None:
     """opt_in reads MLX_CUDA_QMV_STREAMED in both files. stream streams the M that
@@ -555,8 +578,9 @@ def test_smem_staging_changes_only_the_streamed_kernel(
         render.RenderOptions(
             backends=("cuda",), cuda_split_tail=True, cuda_stream_min_weights=1 << 24
         ),
+        render.RenderOptions(backends=("cuda",), cuda_rows_per_warp=1),
     ],
-    ids=["global", "split_tail", "async_tail", "both", "floor", "split_floor"],
+    ids=["global", "split_tail", "async_tail", "both", "floor", "split_floor", "rows1"],
 )
 def test_other_renders_are_clang_format_clean(
     upstream: dict[str, str], tmp_path: Path, options: render.RenderOptions

@@ -73,6 +73,12 @@ class RenderOptions:
     caches flushed), a 1024 x 1024 layer's streamed kernel took 1.2-2.2x stock's time at
     M = 2..7; the wall-clock grid, which kept that layer in L2, had it faster.
 
+    ``cuda_rows_per_warp`` (2 by default, or 1; smem only): the rows one warp of the
+    streamed kernel owns, in blocks of 8 rows. 1 gives a block 8 warps, as qmv has, for a
+    small layer whose grid does not fill the GPU and whose weights come from HBM, at the cost
+    of reading each x slice from shared memory once per row instead of once per 2 rows. A
+    timing arm until measured; no row's order depends on it.
+
     ``cuda_async_tail`` (off by default; a timing arm until measured) copies the k steps
     past the last full stage of 4 as one more, shorter stage of the cp.async pipeline,
     while the stage before it is computed, instead of one step at a time with plain loads
@@ -86,6 +92,7 @@ class RenderOptions:
     cuda_x_staging: CudaXStaging = "smem"
     cuda_split_tail: bool = False
     cuda_stream_min_weights: int = 0
+    cuda_rows_per_warp: int = 2
     cuda_async_tail: bool = False
 
     def __post_init__(self) -> None:
@@ -106,6 +113,10 @@ class RenderOptions:
             raise UserError("cuda_stream_min_weights must be 0 (no floor) or more")
         if self.cuda_stream_min_weights and self.routing != "stream":
             raise UserError("cuda_stream_min_weights needs routing 'stream'")
+        if self.cuda_rows_per_warp not in (1, 2):
+            raise UserError(f"cuda_rows_per_warp is 1 or 2, not {self.cuda_rows_per_warp}")
+        if self.cuda_rows_per_warp != 2 and self.cuda_x_staging != "smem":
+            raise UserError("cuda_rows_per_warp needs cuda_x_staging 'smem'")
         if self.cuda_async_tail and self.cuda_x_staging != "smem":
             raise UserError("cuda_async_tail needs cuda_x_staging 'smem'")
 
@@ -290,6 +301,7 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
         "cuda_x_staging": options.cuda_x_staging,
         "cuda_split_tail": options.cuda_split_tail,
         "cuda_stream_min_weights": options.cuda_stream_min_weights,
+        "cuda_rows_per_warp": options.cuda_rows_per_warp,
         "cuda_async_tail": options.cuda_async_tail,
         **derived,
     }
