@@ -47,6 +47,29 @@ def test_kernel_path_routes_like_stock() -> None:
     assert dispatch.kernel_path(cuda, "affine", 4, 4096, 4096, 4, 2) == "qmm"
 
 
+def test_sm90_qmm_branch_is_modelled() -> None:
+    """Where stock's qmm_sm90 applies (sm90, affine 4/8-bit, group size >= K), everything but
+    M = B = 1 goes there, on the default route of the patch too; the exact route takes B = 1
+    only. The shapes are those of the test_qmv / test_qmv_wide subtests that fail on sm90."""
+    h200 = dispatch.DeviceInfo("cuda", "NVIDIA H200", cc_major=9)
+    a100 = dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8)
+    stock, patched = dispatch.kernel_path, dispatch.patched_kernel_path
+    assert stock(h200, "affine", 4, 64, 256, 1, 3, group_size=64) == "qmm_sm90"
+    assert stock(h200, "affine", 8, 128, 256, 2, 1, group_size=128) == "qmm_sm90"
+    assert stock(h200, "affine", 4, 64, 256, 1, 1, group_size=64) == "qmv"
+    assert stock(h200, "affine", 4, 128, 256, 2, 1, group_size=64) == "qmv"  # group < K
+    assert stock(h200, "affine", 4, 96, 256, 2, 1, group_size=128) == "qmv"  # K % 64 != 0
+    assert stock(h200, "affine", 6, 128, 256, 2, 1, group_size=128) == "qmv"  # 6-bit
+    assert stock(h200, "affine", 4, 128, 258, 2, 1, group_size=128) == "qmv"  # N % 4 != 0
+    assert stock(a100, "affine", 4, 128, 256, 2, 1, group_size=128) == "qmv"
+    assert stock(h200, "affine", 4, 128, 256, 2, 1) == "qmv"  # group size not given
+    assert patched(h200, "affine", 4, 128, 256, 2, 1, group_size=128) == "qmm_sm90"
+    exact = {"cuda_exact": True, "group_size": 128}
+    assert patched(h200, "affine", 4, 128, 256, 2, 1, **exact) == "qmv_streamed"
+    assert patched(h200, "affine", 4, 128, 256, 2, 3, **exact) == "qmm_sm90"  # B > 1
+    assert patched(a100, "affine", 4, 128, 256, 2, 3, **exact) == "qmv_streamed"
+
+
 def _upstream(path: str) -> str:
     from patchkit.carry import source
 
@@ -106,3 +129,22 @@ def test_routing_conditions_are_upstreams() -> None:
     assert "if ((K == 128 || K == 64) && is_power_of_2(bits) && !global_scale)" in text
     cuda = _upstream("mlx/backend/cuda/quantized/quantized.cpp")
     assert f"(M * B < {dispatch.CUDA_QMV_MAX_ROWS})" in cuda
+
+
+@needs_clone
+def test_sm90_model_reads_the_pinned_conditions() -> None:
+    """Each condition cuda_qmm_sm90 / cuda_m1_qmv_on_sm90 encode is in the pinned source."""
+    qmm = _upstream("mlx/backend/cuda/quantized/qmm/qmm.cu")
+    body = qmm[qmm.index("bool supports_qmm_sm90(") :]
+    body = body[: body.index("\n}\n")]
+    for condition in (
+        "device.compute_capability_major() != 9",
+        "(n * w.itemsize()) % 16 != 0",
+        "k % 64 != 0",
+        "bits != 4 && bits != 8",
+        "group_size < k",
+        "mode != QuantizationMode::Affine",
+    ):
+        assert condition in body, condition
+    route = _upstream("mlx/backend/cuda/quantized/quantized.cpp")
+    assert "can_use_qmv && (M == 1 && B == 1 && N <= 16384 && K <= 16384)" in route

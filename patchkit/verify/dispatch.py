@@ -58,6 +58,7 @@ class DeviceInfo:
     name: str  # e.g. "applegpu_g15s", "NVIDIA H200", "cpu"
     gen: int | None = None  # Metal architecture generation (device.cpp's arch_gen)
     size: str = ""  # Metal architecture size letter: 'p' phone, 'g', 's', 'c', 'd'
+    cc_major: int = 0  # CUDA compute capability major (0: not CUDA, or not reported)
 
 
 def metal_arch(name: str) -> tuple[int, str]:
@@ -96,13 +97,36 @@ def uses_qmv_wide(mode: str, dev: DeviceInfo) -> bool:
 CUDA_QMV_MAX_ROWS = 8  # cuda/quantized/quantized.cpp: M * B below this takes qmv
 
 
-def kernel_path(dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B: int) -> str:
+def cuda_qmm_sm90(dev: DeviceInfo, mode: str, bits: int, K: int, N: int, group_size: int) -> bool:
+    """Stock's ``supports_qmm_sm90`` for parity's calls (transposed, row-contiguous, affine
+    with biases): compute capability 9, 4- or 8-bit, one group per row of W
+    (``group_size >= K``), K % 64 == 0 and N 16-byte aligned in packed uint32 words (TMA)."""
+    return (
+        dev.cc_major == 9
+        and mode == "affine"
+        and bits in (4, 8)
+        and group_size >= K
+        and K % 64 == 0
+        and N % 4 == 0
+    )
+
+
+def cuda_m1_qmv_on_sm90(M: int, B: int, K: int, N: int) -> bool:
+    """Where ``qmm_sm90`` applies, stock keeps ``qmv`` only for one vector of one batch."""
+    return M == 1 and B == 1 and N <= 16384 and K <= 16384
+
+
+def kernel_path(
+    dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B: int, group_size: int = 0
+) -> str:
     """The kernel *stock* MLX's dispatch picks for one call of ``M`` rows on ``dev``.
 
     - Metal ``QuantizedMatmul::eval_gpu``: M >= batch limit -> qmm (split-K when B == 1).
     - Metal ``dispatch_qmv``: qmv_quad, then ``M >= 2 && use_qmv_wide`` -> qmv_wide,
       otherwise the per-vector qmv (qmv_fast when aligned) with a grid of M.
-    - CUDA: M * B < 8 -> qmv (one warp per row, order of M = 1), else qmm.
+    - CUDA: where ``qmm_sm90`` applies (:func:`cuda_qmm_sm90`; ``group_size`` 0 says it
+      does not), everything but M = B = 1 goes there; otherwise M * B < 8 -> qmv (one warp
+      per row, order of M = 1), else qmm.
     - CPU: one code path, reported as "cpu".
     """
     fp = mode != "affine"
@@ -110,6 +134,8 @@ def kernel_path(dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B
     if dev.backend == "cpu":
         return "cpu"
     if dev.backend == "cuda":
+        if cuda_qmm_sm90(dev, mode, bits, K, N, group_size):
+            return "qmv" if cuda_m1_qmv_on_sm90(M, B, K, N) else "qmm_sm90"
         return prefix + "qmv" if M * B < CUDA_QMV_MAX_ROWS else "qmm"
     if batch_limit(K, N, dev) <= M:
         return "qmm_splitk" if B == 1 else "qmm"
@@ -162,6 +188,7 @@ def patched_kernel_path(
     M: int,
     B: int,
     cuda_exact: bool = False,
+    group_size: int = 0,
 ) -> str:
     """The kernel an MLX built from ``patches/`` (upstream flavour) takes for the same call.
 
@@ -171,15 +198,20 @@ def patched_kernel_path(
       (``cuda_streams``), otherwise it runs stock's per-vector ``qmv``, which is just as
       exact (affine; ``fp_qmv`` is stock). With ``cuda_exact``
       (``MLX_CUDA_QMV_EXACT=1``), affine ``2 <= M <= 16`` with ``B < 8`` reaches ``qmv``
-      too, where stock would run ``qmm``.
+      too, where stock would run ``qmm``; where ``qmm_sm90`` applies, with ``B == 1`` (the
+      calls whose M = 1 stock runs on ``qmv``) instead of ``B < 8``.
     - Everything else is stock's routing.
     """
-    stock = kernel_path(dev, mode, bits, K, N, M, B)
+    stock = kernel_path(dev, mode, bits, K, N, M, B, group_size)
     if dev.backend == "metal" and stock.endswith("qmv_wide"):
         fast = "qmv_fast_streamed" if uses_qmv_fast(K, N, bits) else "qmv_streamed"
         return ("fp_" if mode != "affine" else "") + fast
     if dev.backend == "cuda":
-        exact_range = 2 <= M <= CUDA_QMV_EXACT_MAX_ROWS and B < CUDA_QMV_MAX_ROWS
+        if cuda_qmm_sm90(dev, mode, bits, K, N, group_size):
+            m1_runs_qmv = cuda_m1_qmv_on_sm90(1, B, K, N)
+        else:
+            m1_runs_qmv = B < CUDA_QMV_MAX_ROWS
+        exact_range = 2 <= M <= CUDA_QMV_EXACT_MAX_ROWS and m1_runs_qmv
         if stock == "qmv" or (cuda_exact and mode == "affine" and exact_range):
             return "qmv_streamed" if cuda_streams(M, bits, K, N, B) else "qmv"
     return stock

@@ -86,7 +86,8 @@ def detect_device(mx: Any) -> DeviceInfo:
     cuda = getattr(mx, "cuda", None)
     if cuda is not None and cuda.is_available():
         info = mx.device_info() if hasattr(mx, "device_info") else {}
-        return DeviceInfo("cuda", str(info.get("device_name", "cuda")))
+        cc_major = int(info.get("compute_capability_major", 0))
+        return DeviceInfo("cuda", str(info.get("device_name", "cuda")), cc_major=cc_major)
     return DeviceInfo("cpu", "cpu")
 
 
@@ -100,8 +101,10 @@ def kernel_path(dev: DeviceInfo, cfg: Config, M: int, patched: bool = False) -> 
     M, B = folded(dev, cfg, M)
     args = (dev, cfg.mode, cfg.bits, cfg.K, cfg.N, M, B)
     if not patched:
-        return dispatch.kernel_path(*args)
-    return dispatch.patched_kernel_path(*args, cuda_exact=cuda_exact_enabled())
+        return dispatch.kernel_path(*args, group_size=cfg.group_size)
+    return dispatch.patched_kernel_path(
+        *args, cuda_exact=cuda_exact_enabled(), group_size=cfg.group_size
+    )
 
 
 def folded(dev: DeviceInfo, cfg: Config, M: int) -> tuple[int, int]:
