@@ -415,15 +415,16 @@ pipeline() {
       --out "$WORK/bench.json" > "$WORK/bench.log" 2>&1 || log "bench exited $?"
     tail -1 "$WORK/bench.log" >> "$WORK/pipeline.log"
   fi
-  # Kernel-only times (Nsight Compute) where wall time reads the host: KERNEL_TIMES holds
-  # scripts/cuda_kernel_times.py's --config options, e.g. the 1024x1024 configurations.
+  # Kernel-only times (Nsight Compute; weights from HBM) for every arm, where wall time reads
+  # the host: KERNEL_TIMES holds scripts/cuda_kernel_times.py's --config options, e.g. the
+  # small shapes either side of the routing floor.
   if [ -n "${KERNEL_TIMES:-}" ]; then
     local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1 || true)
     log "kernel times with ${ncu:-no ncu}: $KERNEL_TIMES"
     # shellcheck disable=SC2086  # KERNEL_TIMES is a list of options
     [ -z "$ncu" ] || timeout "${KERNEL_TIMES_LIMIT:-420}" python3 "$repo/scripts/cuda_kernel_times.py" \
-      --ncu "$ncu" --arm "stock=python3:$stock" "${base[@]}" $KERNEL_TIMES \
+      --ncu "$ncu" --arm "stock=python3:$stock" "${arms[@]}" $KERNEL_TIMES \
       --out "$WORK/kernel-times.json" > "$WORK/kernel-times.log" 2>&1 || log "kernel times stopped"
   fi
   # What the timing stopped runs again on the patched build; beside it, the tests that
