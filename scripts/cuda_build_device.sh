@@ -71,6 +71,8 @@ if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's 
     rm -f "$repo/.device/$kind-source.cu"
   done
   du -sh "$repo/.device/deps.tar.xz" "$repo/.device/mlx-pin.git" "$repo/.peer" 2>/dev/null || true
+  # Every folder in .peer/ travels and becomes an arm, this run's kinds or not.
+  echo "arms from .peer/: $(ls "$repo/.peer" 2>/dev/null | tr '\n' ' ')"
   exit 0
 fi
 
