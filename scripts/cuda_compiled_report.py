@@ -274,6 +274,46 @@ def summary(ps: list[tuple[Row, Row]], arm: str, base: str) -> list[str]:
     return out
 
 
+def by_size(ps: list[tuple[Row, Row]], arm: str, base: str) -> list[str]:
+    """Where a floor on the layer size would go: per bit width, every configuration (small
+    ones included: that is where a floor is read) by its weights n * k, the arm's worst
+    t / t(base) over the default route's M = 2..7, and the smallest n * k from which every
+    configuration is no slower than the base beyond the run's noise: the largest M = 1
+    ratio on the readable shapes (at M = 1 both run stock's kernel), at least 1.00."""
+    m1 = [ratios(r, o)[1] for r, o in ps if readable(o) and 1 in ratios(r, o)]
+    noise = max([1.0, *m1])
+    lines = [
+        f"### `{arm}` by layer size",
+        "",
+        f"| bits | n * k | configuration | worst t(`{arm}`) / t(`{base}`), M = 2..7 | at M |",
+        "|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for bits in sorted({r["bits"] for r, _ in ps}):
+        rows = []
+        for r, o in ps:
+            x = ratios(r, o)
+            route = [m for m in DEFAULT_ROUTE if m in x]
+            if r["bits"] == bits and route:
+                worst = max(route, key=lambda m, x=x: x[m])
+                rows.append((r["N"] * r["K"], label(r), x[worst], worst))
+        rows.sort()
+        lines += [f"| {bits} | {nk:,} | {name} | {t:.2f} | {m} |" for nk, name, t, m in rows]
+        floor = None  # the smallest n * k with every configuration from it up within the noise
+        for nk, _, ratio, _ in reversed(rows):
+            if ratio > noise:
+                break
+            floor = nk
+        where = f"from n * k = {floor:,} up" if floor is not None else "at no size"
+        verdicts.append(f"- {bits}-bit: every M = 2..7 within {noise:.2f} of `{base}` {where}.")
+    head = (
+        f"Within {noise:.2f}: the largest M = 1 ratio on the readable shapes, where both run "
+        "stock's kernel (the run's noise). A small layer's wall time is mostly host work: read "
+        "its kernel-only times beside this."
+    )
+    return [*lines, "", head, "", *verdicts]
+
+
 def fastest(
     data: dict[str, Any], arms: list[str], base: str
 ) -> tuple[list[str], dict[str, int], dict[str, int]]:
@@ -341,6 +381,9 @@ def markdown(
     lines += ["", "## Summary"]
     for arm in arms:
         lines += ["", *summary(pairs(data, arm, base), arm, base)]
+    lines += ["", "## By layer size"]
+    for arm in arms:
+        lines += ["", *by_size(pairs(data, arm, base), arm, base)]
     table, wins, inexact = fastest(data, arms, base)
     won = ", ".join(
         f"{a} {n}" + (f" ({inexact[a]} with rows that differ)" if inexact[a] else "")

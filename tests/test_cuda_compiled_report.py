@@ -192,3 +192,26 @@ def test_one_arms_stray_m1_reading_does_not_make_a_shape_readable() -> None:
     assert [report.readable(r) for r in stray] == [False, True]
     lines = report.summary(report.pairs(data, "patched", "stock"), "patched", "stock")
     assert "over the 1 whose M = 1 call takes >= 14 us" in lines[2]
+
+
+def test_by_size_places_the_floor_above_the_last_slower_layer() -> None:
+    """Per bit width: the worst M = 2..7 ratio per configuration by n * k, and the smallest
+    n * k from which every configuration is within the run's noise (the largest readable
+    M = 1 ratio): a small layer slower than that moves the floor above it; a large layer
+    slower than that leaves no floor at all."""
+    report = _report()
+    stock = [_row(1024, 8, [5.0] * 8), _row(4096, 8, [20.0] * 8), _row(8192, 8, [40.0] * 8)]
+    arm = [
+        _row(1024, 8, [5.0, 9, 5, 5, 5, 5, 5, 5]),  # 1.80 at M = 2: slower
+        _row(4096, 8, [21.0, 20, 20, 21, 20, 20, 20, 20]),  # 1.05 at M = 4, M = 1 reads 1.05
+        _row(8192, 8, [40.0, 20, 20, 20, 20, 20, 20, 99]),  # M = 8 is not the default route
+    ]
+    data = {"results": {"stock": stock, "arm": arm}}
+    report.with_m1_median(data)
+    lines = report.by_size(report.pairs(data, "arm", "stock"), "arm", "stock")
+    assert "| 8 | 4,194,304 | 1024x4096 8-bit g64 bfloat16 | 1.80 | 2 |" in lines
+    assert "| 8 | 33,554,432 | 8192x4096 8-bit g64 bfloat16 | 0.50 | 2 |" in lines
+    assert lines[-1] == "- 8-bit: every M = 2..7 within 1.05 of `stock` from n * k = 16,777,216 up."
+    arm[2]["by_m"][5]["us"] = 60.0  # now the largest layer is slower at M = 6
+    lines = report.by_size(report.pairs(data, "arm", "stock"), "arm", "stock")
+    assert lines[-1] == "- 8-bit: every M = 2..7 within 1.05 of `stock` at no size."
