@@ -240,6 +240,12 @@ def versus(data: dict[str, Any], a: str, b: str, base: str) -> list[str]:
     return lines
 
 
+def readable_m1(ps: list[tuple[Row, Row]]) -> list[float]:
+    """t(arm) / t(base) at M = 1 on the readable configurations: the run's noise, where
+    both run stock's M = 1 kernel."""
+    return [x[1] for r, o in ps if readable(o) and 1 in (x := ratios(r, o))]
+
+
 def summary(ps: list[tuple[Row, Row]], arm: str, base: str) -> list[str]:
     """One arm against the base: the M = 1 spread (noise, where the arm leaves M = 1 to
     stock's kernel), then per default-route M the ratio range on the readable shapes."""
@@ -280,8 +286,7 @@ def by_size(ps: list[tuple[Row, Row]], arm: str, base: str) -> list[str]:
     t / t(base) over the default route's M = 2..7, and the smallest n * k from which every
     configuration is no slower than the base beyond the run's noise: the largest M = 1
     ratio on the readable shapes (at M = 1 both run stock's kernel), at least 1.00."""
-    m1 = [ratios(r, o)[1] for r, o in ps if readable(o) and 1 in ratios(r, o)]
-    noise = max([1.0, *m1])
+    noise = max([1.0, *readable_m1(ps)])
     lines = [
         f"### `{arm}` by layer size",
         "",

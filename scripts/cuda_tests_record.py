@@ -21,21 +21,12 @@ Usage: python scripts/cuda_tests_record.py RECORD.json NAMES LOGDIR [BATCH ...]
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from patchkit.carry import mlx_build
 from patchkit.errors import UserError
-
-# unittest's header of one failing or erroring (sub)test: its name, id and subtest parameters
-_PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(")
-
-
-def problems(lines: list[str]) -> set[str]:
-    """The failing and erroring (sub)tests of one log, by their unittest headers."""
-    return {ln.strip() for ln in lines if _PROBLEM.match(ln)}
 
 
 def verdict(counts: dict[str, int]) -> str:
@@ -47,17 +38,19 @@ def verdict(counts: dict[str, int]) -> str:
     return "skipped" if counts["skipped"] == counts["ran"] else "passed"
 
 
-def finished_log(logdir: Path, name: str, batches: list[str]) -> list[str] | None:
-    """The lines of the last of ``batches`` whose log ran test ``name`` to unittest's
-    summary; None if none did (no log, or stopped before the end: an earlier one stands)."""
+def finished_log(
+    logdir: Path, name: str, batches: list[str]
+) -> tuple[list[str], dict[str, int]] | None:
+    """The lines and counts of the last of ``batches`` whose log ran test ``name`` to
+    unittest's summary; None if none did (no log, or stopped before the end: an earlier one
+    stands)."""
     found = None
     for batch in batches:
         try:
             lines = (logdir / f"test-{batch}-{name}.log").read_text(errors="replace").splitlines()
-            mlx_build.unittest_counts(lines)
+            found = (lines, mlx_build.unittest_counts(lines))
         except (OSError, UserError):
             continue
-        found = lines
     return found
 
 
@@ -68,12 +61,12 @@ def tests_entry(names: list[str], logdir: Path, batches: list[str]) -> dict[str,
     per_test: dict[str, str] = {}
     unfinished = []
     for name in names:
-        lines = finished_log(logdir, name, batches)
+        found = finished_log(logdir, name, batches)
         short = name.rsplit(".", 1)[-1]
-        if lines is None:
+        if found is None:
             unfinished.append(short)
             continue
-        counts = mlx_build.unittest_counts(lines)
+        counts = found[1]
         per_test[short] = verdict(counts)
         for key in total:
             total[key] += counts[key]
@@ -95,12 +88,14 @@ def on_stock(names: list[str], logdir: Path, batches: list[str]) -> dict[str, An
         patched = finished_log(logdir, name, batches)
         if stock is None or patched is None:
             continue  # not run on both to the end: nothing to compare
+        stock_problems = mlx_build.unittest_problems(stock[0])
+        patched_problems = mlx_build.unittest_problems(patched[0])
         per_test[name.rsplit(".", 1)[-1]] = {
-            "stock": verdict(mlx_build.unittest_counts(stock)),
-            "patched": verdict(mlx_build.unittest_counts(patched)),
-            "failing_subtests_stock": len(problems(stock)),
-            "failing_subtests_patched": len(problems(patched)),
-            "same_failing_subtests": problems(stock) == problems(patched),
+            "stock": verdict(stock[1]),
+            "patched": verdict(patched[1]),
+            "failing_subtests_stock": len(stock_problems),
+            "failing_subtests_patched": len(patched_problems),
+            "same_failing_subtests": stock_problems == patched_problems,
         }
     return {
         "how": "the same test, one process, on the stock wheel in the same run",

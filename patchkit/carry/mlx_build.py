@@ -335,6 +335,12 @@ def _run_logged(step: Step, log: TextIO, progress: Progress) -> tuple[int, list[
     return proc.returncode, lines
 
 
+def unittest_problems(lines: list[str]) -> set[str]:
+    """unittest's header lines of the failing and erroring (sub)tests of one run, whole:
+    name, test id and any subtest parameters (``FAIL: test_x (mod.Class.test_x) (k=64)``)."""
+    return {ln.strip() for ln in lines if _UNITTEST_PROBLEM.match(ln)}
+
+
 def unittest_counts(lines: list[str]) -> dict[str, int]:
     """passed / failed / errors / skipped tests from unittest's output.
 

@@ -265,14 +265,14 @@ def run_config(
     """One table row: every M = 2 ... limit - 1 compared with M = 1, bit for bit."""
     limit = batch_limit(cfg.K, cfg.N, dev)
     row: dict[str, Any] = {**asdict(cfg), "limit": limit, "status": "ok", "by_m": []}
-    skipped = {"rows": 0, "rows_differing": 0, "max_abs_diff": 0.0, "paths": ""}
+    no_rows = {"rows": 0, "rows_differing": 0, "max_abs_diff": 0.0, "paths": ""}
     if cfg.gpu_only and dev.backend == "cpu":
-        return {**row, **skipped, "status": "skipped", "error": "GPU only (large shape)"}
+        return {**row, **no_rows, "status": "skipped", "error": "GPU only (large shape)"}
     try:
         ops = _Operands(mx, cfg, limit - 1, seed)
         ref = ops.reference()
     except (ValueError, RuntimeError) as exc:  # MLX raises these for unsupported modes
-        return {**row, **skipped, "status": "unsupported", "error": str(exc).splitlines()[0]}
+        return {**row, **no_rows, "status": "unsupported", "error": str(exc).splitlines()[0]}
     for M in range(2, m_stop(dev, cfg, limit)):
         y = ops.matmul(ops.x[..., :M, :])
         got = _bits(mx, y).reshape(ref.shape[0], M, -1)
