@@ -7,9 +7,8 @@
 # The pipeline: build (`patchkit build --no-test`: `parity`, on the exact route, runs inside
 # it), with the peers' sources compiled beside it -> MLX's test_quantized.py in the
 # background (one process per test, the PR's first; TESTS="test_a test_b" runs only those)
-# -> quick parity with the default
-# routing, in the background too -> full parity with
-# the exact route on (MLX_CUDA_QMV_EXACT=1) -> the peers swapped in and relinked -> the stock
+# -> quick parity with the default routing, in the background too -> full parity with the
+# exact route on (MLX_CUDA_QMV_EXACT=1) -> the peers swapped in and relinked -> the stock
 # wheel unpacked once a call has carried its second half -> the tests waited for (TEST_WAIT s
 # at most; what is left is stopped) -> scripts/cuda_compiled_bench.py twice (resumable; both
 # within BENCH_DEADLINE s): every arm on PEER_BENCH's subset of the grid (default: the 8-bit
@@ -274,6 +273,17 @@ tests_summary() {  # one line per test of file $1: its verdict, from the last of
   done < "$1"
 }
 
+tests_into_record() {  # the same verdicts as tests.txt, and the stock wheel's beside them
+  # (tests.on_stock), into the build record's tests entry (record/ travels in logs.tar.gz):
+  # after the last test of either build has ended
+  local rec
+  rec=$(ls "$WORK"/record/*.json 2>/dev/null | head -1) || true
+  if [ -n "$rec" ]; then
+    python3 "$repo/scripts/cuda_tests_record.py" "$rec" "$WORK/test-names" "$WORK" \
+      >> "$WORK/pipeline.log" 2>&1 || log "tests into the build record: exit $?"
+  fi
+}
+
 parity_default() {  # the quick matrix, default routing (stock qmm at M >= 8)
   local rc=0
   timeout "${PARITY_DEFAULT_LIMIT:-900}" "$(built venv/bin/python)" \
@@ -295,13 +305,6 @@ tests_wait_and_rerun() {  # the patched build's tests and parity, to the end
   fi
   tests_summary "$WORK/test-names" > "$WORK/tests.txt"
   cat "$WORK/tests.txt" >> "$WORK/pipeline.log"
-  # The same verdicts as the build record's tests entry (record/ travels in logs.tar.gz).
-  local rec
-  rec=$(ls "$WORK"/record/*.json 2>/dev/null | head -1) || true
-  if [ -n "$rec" ]; then
-    python3 "$repo/scripts/cuda_tests_record.py" "$rec" "$WORK/test-names" "$WORK" \
-      >> "$WORK/pipeline.log" 2>&1 || log "tests into the build record: exit $?"
-  fi
   if ! [ -s "$WORK/parity-default.json" ]; then
     log "parity with the default routing stopped for the timing, run again"
     parity_default
@@ -384,6 +387,7 @@ pipeline() {
   if ! [ -f "$WORK/pack-ready" ]; then
     log "no stock wheel after ${PACK_WAIT:-1800} s: no timing, no stock test_qmm"
     tests_wait_and_rerun
+    tests_into_record
     return 0
   fi
   stock="$WORK/stock-site"
@@ -439,6 +443,7 @@ pipeline() {
   tests_wait_and_rerun
   wait "$stock_pid" || true
   stock_tests "$stock" "$WORK/tests.txt"
+  tests_into_record
 }
 
 stock_tests() {  # $1: the stock wheel's site folder, $2: a tests summary (tests_summary's

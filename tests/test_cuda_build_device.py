@@ -271,3 +271,18 @@ def test_parity_that_finds_differences_is_recorded_not_fatal(tmp_path: Path) -> 
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == "went on"
     assert (work / "parity-default.rc").read_text().strip() == "1"
+
+
+def test_the_record_takes_the_tests_after_the_stock_ones_end() -> None:
+    """The build record's tests entry carries the stock wheel's verdicts (tests.on_stock), so
+    it is written once the stock tests have ended, on either way out of the pipeline."""
+    text = SCRIPT.read_text()
+    body = text[text.index("\npipeline() {") :]
+    body = body[: body.index("\n}\n")]
+    last = body.rindex("tests_into_record")
+    assert body.rindex('wait "$stock_pid"') < body.rindex('stock_tests "$stock" "$WORK/tests.txt"')
+    assert body.rindex('stock_tests "$stock" "$WORK/tests.txt"') < last
+    no_wheel = body[body.index("no stock wheel after") :]
+    assert no_wheel.index("tests_wait_and_rerun") < no_wheel.index("tests_into_record")
+    rerun = text[text.index("tests_wait_and_rerun() {") :]
+    assert "cuda_tests_record.py" not in rerun[: rerun.index("\n}\n")]
