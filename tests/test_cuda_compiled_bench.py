@@ -46,3 +46,22 @@ def test_measure_records_the_copies() -> None:
     assert got["weight_copies"] == 3
     assert [r["M"] for r in got["by_m"]] == list(bench.MS)
     assert all(r["us"] > 0 for r in got["by_m"])
+
+
+def test_every_copy_is_touched_before_the_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """problem() hands back its copies already read once each (unified memory moved to the
+    GPU), so the first M timed does not pay the move."""
+    bench = _bench()
+    touched: list[int] = []
+    real = bench.touch_every_copy
+
+    def spy(qmm, xs, copies):
+        def counting(x, i=0):
+            touched.append(i)
+            return qmm(x, i)
+
+        real(counting, xs, copies)
+
+    monkeypatch.setattr(bench, "touch_every_copy", spy)
+    bench.problem(CFG, copies=4)
+    assert touched == [0, 1, 2, 3]
