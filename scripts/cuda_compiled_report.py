@@ -156,7 +156,10 @@ def header(data: dict[str, Any], arms: list[str], base: str, source: str) -> lis
             f"- `{name}`: MLX {hello.get('mlx_version', '?')}, {env}{first_error(data, name)}{note}"
             + (f". {said}" if said else "")
         )
-    return [*lines, "", f"Method: {data['method']}."]
+    # What was learnt about a run after it ran (a measurement artifact, say) travels in its
+    # JSON as "caveats", so that every rendering of it carries them.
+    caveats = [f"- {c}" for c in data.get("caveats", [])]
+    return [*lines, "", f"Method: {data['method']}.", *(["", "Caveats:", *caveats] if caveats else [])]
 
 
 def rows_table(data: dict[str, Any], arms: list[str], base: str) -> list[str]:

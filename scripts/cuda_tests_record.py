@@ -5,8 +5,9 @@ The device pipeline builds with ``patchkit build --no-test`` and runs
 core there), in batches that a timing may stop and run again. This sums those logs into the
 record's ``tests`` entry, in the format ``patchkit build`` writes for a whole-file run
 (:func:`patchkit.carry.mlx_build.unittest_counts`, per test), plus what the one-process
-form adds: each test's verdict, and the tests no batch ran to its end (``unfinished``, not
-counted in ``ran``), and, where a test also ran on the stock wheel in the same run
+form adds: each test's verdict, the tests no batch ran to its end (``unfinished``, not
+counted in ``ran``) with the subtests they had failed before they stopped
+(``unfinished_failing``), and, where a test also ran on the stock wheel in the same run
 (``test-stock-<name>.log``), stock's verdict and whether it failed the very same subtests
 (``on_stock``: the base a failure of the patched build is read against). The record's
 markdown is written again beside it.
@@ -54,17 +55,41 @@ def finished_log(
     return found
 
 
+def failing_before_stop(logdir: Path, name: str, batches: list[str]) -> list[str]:
+    """The subtests an unfinished test had already failed or errored, from unittest's
+    verbose progress lines (``... (k=64) ... FAIL``) of the batch that got furthest: a test
+    stopped after minutes still says what it found (the headers with tracebacks come only at
+    the end of a run)."""
+    best: list[str] = []
+    for batch in batches:
+        try:
+            text = (logdir / f"test-{batch}-{name}.log").read_text(errors="replace")
+        except OSError:
+            continue
+        found = [
+            ln.strip()
+            for ln in text.splitlines()
+            if ln.rstrip().endswith((" ... FAIL", " ... ERROR"))
+        ]
+        if len(found) > len(best):
+            best = found
+    return best
+
+
 def tests_entry(names: list[str], logdir: Path, batches: list[str]) -> dict[str, Any]:
     """The record's ``tests``: counts summed over the tests' last finished logs."""
     total = {k: 0 for k in ("ran", "passed", "failed", "errors", "skipped", "expected_failures",
                             "failures_reported", "errors_reported")}  # fmt: skip
     per_test: dict[str, str] = {}
     unfinished = []
+    failing_so_far: dict[str, list[str]] = {}
     for name in names:
         found = finished_log(logdir, name, batches)
         short = name.rsplit(".", 1)[-1]
         if found is None:
             unfinished.append(short)
+            if failing := failing_before_stop(logdir, name, batches):
+                failing_so_far[short] = failing
             continue
         counts = found[1]
         per_test[short] = verdict(counts)
@@ -76,6 +101,7 @@ def tests_entry(names: list[str], logdir: Path, batches: list[str]) -> dict[str,
         **total,
         "per_test": per_test,
         "unfinished": unfinished,
+        **({"unfinished_failing": failing_so_far} if failing_so_far else {}),
     }
 
 

@@ -33,7 +33,10 @@ def test_logs_become_the_records_tests(tmp_path: Path) -> None:
         [*(f"FAIL: test_b ({name('test_b')}) (i={i})" for i in range(12)),
          "Ran 1 test in 9s", "FAILED (failures=12)"],
     )  # fmt: skip
-    _log(tmp_path / f"test-first-{name('test_c')}.log", ["test_c ... "])  # never finished
+    _log(  # never finished, two subtests failed on the way
+        tmp_path / f"test-again-{name('test_c')}.log",
+        ["test_c (x) (k=1) ... ok", "test_c (x) (k=2) ... FAIL", "test_c (x) (k=3) ... FAIL"],
+    )
     record = tmp_path / "cuda-x.json"
     rec = {
         "backend": "cuda", "date": "x", "mlx_commit": "0" * 40, "mlx_version": "v",
@@ -49,8 +52,14 @@ def test_logs_become_the_records_tests(tmp_path: Path) -> None:
     assert t["failures_reported"] == 12
     assert t["per_test"] == {"test_a": "passed", "test_b": "failed"}
     assert t["unfinished"] == ["test_c", "test_d"]
+    assert t["unfinished_failing"] == {
+        "test_c": ["test_c (x) (k=2) ... FAIL", "test_c (x) (k=3) ... FAIL"]
+    }
     md = record.with_suffix(".md").read_text()
-    assert "1 passed, 1 failed, 0 errors, 0 skipped (of 2); 2 not run to the end: test_c" in md
+    assert (
+        "1 passed, 1 failed, 0 errors, 0 skipped (of 2); 2 not run to the end: "
+        "test_c (2 subtests failing before it stopped), test_d." in md
+    )
     assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
 
 

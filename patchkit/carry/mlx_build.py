@@ -500,7 +500,11 @@ def tests_line(t: dict[str, Any] | None) -> str:
         f"{t['skipped']} skipped (of {t['ran']})"
     )
     if t.get("unfinished"):  # the device pipeline's one-process-per-test form
-        line += f"; {len(t['unfinished'])} not run to the end: " + ", ".join(t["unfinished"])
+        failing = t.get("unfinished_failing") or {}
+        line += f"; {len(t['unfinished'])} not run to the end: " + ", ".join(
+            f"{n} ({len(failing[n])} subtests failing before it stopped)" if n in failing else n
+            for n in t["unfinished"]
+        )
     line += "."
     stock = (t.get("on_stock") or {}).get("per_test") or {}
     if stock:  # the same tests on the stock wheel in the same run
