@@ -25,37 +25,30 @@ every M >= 2 of the timing grid runs it. The same per-thread order as qmv, so th
 arm's rows are checked bitwise like the others. It is the layout of the 8-bit
 peer (registers only, V up to 8), written with this project's templates.
 
-``split`` (from the pinned, unpatched file, rendered with ``cuda_split_tail``): M = 5..7
-of one batch (B = 1) as several launches, inside MLX's concurrent context, instead of V = 4
-tiles: a V = 4 pass, then the rest as a V = 2 pass and/or stock's
-per-vector qmv for the last vector (5 = 4 + 1, 6 = 4 + 2, 7 = 4 + 2 + 1). Each pass
-reads the weights again, so the costs add up; summed from the compiled grid's own cells,
-8-bit M = 5..7 would take some 0.6-0.9 of stock's time, where two V = 4 passes (the
-tail one partly on zero vectors) read 0.8-1.3 (docs/cuda.md, "Next to time"). It streams
-8-bit at every M as well; every row comes from the same two kernels as before, so it stays
-exact and is checked bitwise.
+``split`` (from the pinned, unpatched file, rendered with ``cuda_stream_min_weights = 0``):
+the shipped route without its floor, so layers below 2**24 weights stream at M = 2..7 too,
+M = 5..7 of one batch split into passes (a V = 4 pass, then a V = 2 pass and/or stock's
+per-vector qmv: 5 = 4 + 1, 6 = 4 + 2, 7 = 4 + 2 + 1; 4-bit M = 7 keeps two V = 4 tiles).
+Beside the shipped arm on the cold grid's small shapes (1024 x 1024, 4096 x 1024,
+3072 x 3072) it says where the floor belongs: on the H200, 4-bit 4096 x 1024 read the
+streamed kernel 0.43-0.88 of stock's time kernel-only, 1024 x 1024 1.3-2.1x.
 
 ``tail`` (from the pinned file, rendered with ``cuda_async_tail``): the k steps past the
 last full stage of 4 are copied with cp.async while the stage before is computed, instead of
 one step at a time with plain loads (K = 2560 leaves 1 such step at 4-bit and 2 at 8-bit);
 routing as shipped.
 
-``candidate`` (from the pinned file, rendered with ``cuda_split_tail`` and
-``cuda_stream_min_weights = 2**24``): the routing proposed from the run that timed
-``split``: the split where it won, and below 2**24 weights (n * k) stock's per-vector qmv at
-M = 2..7, where the kernel-only times (weights from HBM) had the streamed kernel slower.
-Beside the shipped arm on a cold-weights grid with shapes either side of the floor, it
-shows whether the floor sits where the crossover is.
-
-``rows1`` (from the pinned file, rendered with ``cuda_rows_per_warp = 1``): the shipped
-routing and kernel with one row per warp, 8 warps per block as qmv has, instead of 2 rows
-per warp in 4 warps. The question it answers: is the streamed kernel's loss on a small
-layer with cold weights about too few warps to hide memory latency (then this wins there,
-and a routing could pick the shape by n instead of falling back to the per-vector kernel)?
+``rows1`` (from the pinned file, rendered with ``cuda_rows_per_warp = 1`` and no floor):
+one row per warp, 8 warps per block as qmv has, instead of 2 rows per warp in 4 warps, on
+every layer. The question it answers: is the streamed kernel's loss on a small layer with
+cold weights about too few warps to hide memory latency (then a routing could pick the
+block shape by n instead of falling back to the per-vector kernel)? On the H200, kernel-only,
+it read 0.42-0.81 of stock on 4-bit 4096 x 1024 but still 1.2-1.6x at M = 2..6 on
+1024 x 1024.
 
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
-       python scripts/cuda_bench_variants.py split|tail|candidate|rows1 PINNED_QMV_CU OUT_DIR
+       python scripts/cuda_bench_variants.py split|tail|rows1 PINNED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
   PINNED_QMV_CU: the same path at the pin itself (`show <pin>:...`)
@@ -154,9 +147,9 @@ def option_source(pinned: str, arm: str, **options: Any) -> str:
 
 
 def split_source(pinned: str) -> str:
-    """The pinned qmv.cu rendered with ``cuda_split_tail``: M = 5..7 of one batch as a V = 4
-    pass plus a V = 2 pass and/or the per-vector qmv, 8-bit streaming at M = 2..7 too."""
-    return option_source(pinned, "split", cuda_split_tail=True)
+    """The pinned qmv.cu rendered as shipped but without the floor: every layer streams
+    M = 2..7, M = 5..7 split into passes."""
+    return option_source(pinned, "split", cuda_stream_min_weights=0)
 
 
 def tail_source(pinned: str) -> str:
@@ -165,23 +158,10 @@ def tail_source(pinned: str) -> str:
     return option_source(pinned, "tail", cuda_async_tail=True)
 
 
-CANDIDATE_MIN_WEIGHTS = 1 << 24  # the smallest shape of the grid timed faster streamed
-
-
-def candidate_source(pinned: str) -> str:
-    """The pinned qmv.cu rendered with the proposed routing: the split tail, and the floor
-    below which M = 2..7 keep the per-vector kernel."""
-    return option_source(
-        pinned,
-        "candidate",
-        cuda_split_tail=True,
-        cuda_stream_min_weights=CANDIDATE_MIN_WEIGHTS,
-    )
-
-
 def rows1_source(pinned: str) -> str:
-    """The pinned qmv.cu rendered with one row per warp (8 warps per block of 8 rows)."""
-    return option_source(pinned, "rows1", cuda_rows_per_warp=1)
+    """The pinned qmv.cu rendered with one row per warp (8 warps per block of 8 rows), on
+    every layer (no floor)."""
+    return option_source(pinned, "rows1", cuda_rows_per_warp=1, cuda_stream_min_weights=0)
 
 
 def registers_source(pinned: str) -> str:
@@ -203,7 +183,6 @@ KINDS = {
     "registers": registers_source,
     "split": split_source,
     "tail": tail_source,
-    "candidate": candidate_source,
     "rows1": rows1_source,
 }
 

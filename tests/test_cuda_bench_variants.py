@@ -81,25 +81,25 @@ def test_registers_source_is_the_global_kernel_with_v8() -> None:
 @needs_clone
 @pytest.mark.clone
 def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
-    """The split, tail, candidate and rows1 arms: the pinned file rendered with their
-    options, one arm line."""
+    """The split, tail and rows1 arms: the pinned file rendered with their options, one
+    arm line; split and rows1 stream every layer (no floor), tail keeps the shipped one."""
     from patchkit.carry import render, source
 
     variants = _variants()
     pinned = source.reader(source.ensure_clone(mlx_clone()), PIN_SHA)(variants.QMV)
     plan = next(p for p in render.load_plans() if p.path == variants.QMV)
-    floor = {"cuda_stream_min_weights": variants.CANDIDATE_MIN_WEIGHTS}
+    no_floor = {"cuda_stream_min_weights": 0}
     for make, arm, option in (
-        (variants.split_source, "split", {"cuda_split_tail": True}),
+        (variants.split_source, "split", no_floor),
         (variants.tail_source, "tail", {"cuda_async_tail": True}),
-        (variants.candidate_source, "candidate", {"cuda_split_tail": True, **floor}),
-        (variants.rows1_source, "rows1", {"cuda_rows_per_warp": 1}),
+        (variants.rows1_source, "rows1", {"cuda_rows_per_warp": 1, **no_floor}),
     ):
         out = make(pinned)
         assert re.findall(r"^// bench-arm: .*$", out, re.M) == [f"// bench-arm: {arm}"]
         options = render.RenderOptions(backends=("cuda",), **option)
         assert out == f"// bench-arm: {arm}\n" + render.render_file(plan, pinned, options)
     assert "concurrent.emplace(encoder);" in variants.split_source(pinned)
+    assert "qmv_streamed_min_weights" not in variants.split_source(pinned)
     assert "int tail = steps - full * stage_steps;" in variants.tail_source(pinned)
-    assert "qmv_streamed_min_weights = 16777216;" in variants.candidate_source(pinned)
+    assert "qmv_streamed_min_weights = 16777216;" in variants.tail_source(pinned)
     assert "constexpr int rows_per_warp = 1;" in variants.rows1_source(pinned)

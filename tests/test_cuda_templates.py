@@ -296,20 +296,33 @@ def _kernel_nodes_per_call(qmv_cu: str) -> list[int]:
     return [*counts, open_path]
 
 
-def test_streamed_launcher_adds_one_kernel_node_per_call() -> None:
-    """Every path through the shipped launcher launches exactly one kernel. MLX's
-    CommandEncoder gives a CUDA graph node only the arrays registered since the node
-    before it: a second kernel of the same call would run without dependencies (the
-    `split` arm did, and returned differing rows until it held MLX's concurrent context).
-    Control: the split arm's launcher, whose M = 5..7 path launches three."""
-    overlay = ROOT / "patches" / "9a795735" / "overlay" / QMV
-    shipped = overlay.read_text()
-    assert _kernel_nodes_per_call(shipped) == [1, 1]  # m <= 2: V = 2; else V = 4
-    assert "concurrent" not in shipped
-    split = render.render_snippet(
-        _plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem", split_tail=True)
+def test_streamed_launcher_launches_several_kernels_only_in_the_concurrent_context() -> None:
+    """MLX's CommandEncoder gives a CUDA graph node only the arrays registered since the
+    node before it: a second kernel of the same call runs without dependencies unless the
+    call holds the encoder's concurrent context (the `split` arm returned differing rows
+    until it did). The shipped launcher's only path of several kernels is the split
+    (``qmv_streamed_splits``: 4 + 2 + 1 at most), and the caller enters the concurrent
+    context under the very same predicate, before the launcher runs. Control: without the
+    split, every path launches one kernel and no context is taken."""
+    shipped = (ROOT / "patches" / "9a795735" / "overlay" / QMV).read_text()
+    assert _kernel_nodes_per_call(shipped) == [3, 1, 1]  # split, then V = 2, V = 4
+    launcher = shipped[shipped.index("void qmv_streamed(") :]
+    launcher = launcher[launcher.index("launch_kernel(") :]  # the launch lambda's own call
+    after_lambda = launcher[launcher.index("};") + 2 :]
+    assert after_lambda.lstrip().startswith(
+        "if (qmv_streamed_splits(m, l, cute::sizeof_bits_v<Q>)) {"
     )
-    assert _kernel_nodes_per_call(split) == [3, 1, 1]  # 4 + 2 + 1 at most, then V = 2, V = 4
+    caller = shipped[shipped.index("if (cu::use_qmv_streamed(m, n, k, l, bits)) {") :]
+    caller = caller[: caller.index("cu::qmv_streamed<")]
+    assert (
+        "if (cu::qmv_streamed_splits(m, l, bits)) {\n              concurrent.emplace(encoder);"
+        in caller
+    )
+    one_each = render.render_snippet(
+        _plan(QMV), "streamed_launch.cu.j2", _ctx(staging="smem", split_tail=False)
+    )
+    assert _kernel_nodes_per_call(one_each) == [1, 1]  # m <= 2: V = 2; else V = 4
+    assert "concurrent" not in one_each
 
 
 CXX = shutil.which("g++") or shutil.which("clang++")

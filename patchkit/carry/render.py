@@ -43,6 +43,9 @@ BACKENDS = ("metal", "cuda")
 # The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
 # so V = 2..5 covers every M in [2, batch limit).
 STREAMED_VECS = (2, 3, 4, 5)
+# The CUDA default route's floor: layers of fewer weights (n * k) keep stock's per-vector
+# qmv at M = 2..7 (the smallest layer of the H200's cold grid where streaming won every M).
+CUDA_STREAM_MIN_WEIGHTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -59,19 +62,27 @@ class RenderOptions:
     prefetches the weight rows into L2; ``global`` reads x from global memory
     per row, as qmv does (simpler, kept as the measured baseline).
 
-    ``cuda_split_tail`` (off by default; the candidate for 8-bit M = 5..7) launches M = 5..7
-    of one batch (4-bit: M = 5, 6) as a V = 4 pass plus a V = 2 pass and/or stock's
-    per-vector qmv, inside MLX's concurrent context, instead of two V = 4 tiles, and so
-    streams 8-bit at M = 2..7. Every row still comes from the streamed kernel or qmv, in
-    M = 1's order. Timed on the H200 with correct graph dependencies: 0 rows differing,
-    0.61-0.75 of stock at 8-bit M = 5..7 on shapes of 2**24 weights and more, but 1.9-2.3x
-    stock on 1024 x 1024 (several graph nodes for a call of a few microseconds), so it
-    waits for ``cuda_stream_min_weights``' measurement.
+    ``cuda_split_tail`` and ``cuda_stream_min_weights`` are the CUDA default route's
+    policy, measured on an H200 with compiled MLX and weights read from HBM
+    (``docs/benchmark_results/cuda-compiled-h200-2026-12-01-cold.md``; decision 0004).
+    Left unset (None), they take the measured values under routing ``stream`` (with
+    ``smem`` for the split) and are off otherwise.
 
-    ``cuda_stream_min_weights`` (0, no floor, by default; the candidate is 2**24): below
-    this many weights (n * k) M = 2..7 keep stock's per-vector qmv. Read from HBM (ncu,
-    caches flushed), a 1024 x 1024 layer's streamed kernel took 1.2-2.2x stock's time at
-    M = 2..7; the wall-clock grid, which kept that layer in L2, had it faster.
+    ``cuda_split_tail`` (default on) launches M = 5..7 of one batch (4-bit: M = 5, 6) as a
+    V = 4 pass plus a V = 2 pass and/or stock's per-vector qmv, inside MLX's concurrent
+    context, instead of two V = 4 tiles, and so streams 8-bit at M = 2..7. Every row still
+    comes from the streamed kernel or qmv, in M = 1's order. Cold grid: 8-bit M = 5..7
+    0.60-0.84 of stock on layers of 2**24 weights and more (one V = 4 tile and a per-vector
+    rest, without it: 0.96-1.07).
+
+    ``cuda_stream_min_weights`` (default ``CUDA_STREAM_MIN_WEIGHTS``, 2**24; 0: no floor):
+    below this many weights (n * k) M = 2..7 keep stock's per-vector qmv. Read from HBM
+    (ncu, caches flushed), a 1024 x 1024 4-bit layer's streamed kernel took 1.3-2.1x stock's
+    time at M = 2..7 (a grid of fewer blocks than the GPU has SMs), and the split's extra
+    graph nodes cost more than a few-microsecond call saves. From 2**24 up, the cold grid
+    read the route 0.34-0.90 of stock in every cell. Below it, 4-bit layers of 2**22 weights
+    gain too (kernel-only 0.43-0.88 at 4096 x 1024): a lower 4-bit floor awaits a timing of
+    the split at that size.
 
     ``cuda_rows_per_warp`` (2 by default, or 1; smem only): the rows one warp of the
     streamed kernel owns, in blocks of 8 rows. 1 gives a block 8 warps, as qmv has, for a
@@ -90,8 +101,8 @@ class RenderOptions:
     routing: Routing = "stream"
     flavour: Flavour = "upstream"
     cuda_x_staging: CudaXStaging = "smem"
-    cuda_split_tail: bool = False
-    cuda_stream_min_weights: int = 0
+    cuda_split_tail: bool | None = None
+    cuda_stream_min_weights: int | None = None
     cuda_rows_per_warp: int = 2
     cuda_async_tail: bool = False
 
@@ -106,6 +117,13 @@ class RenderOptions:
         if self.cuda_x_staging not in ("global", "smem"):
             raise UserError(
                 f"unknown cuda_x_staging '{self.cuda_x_staging}'; choose 'global' or 'smem'"
+            )
+        streams = self.routing == "stream"
+        if self.cuda_split_tail is None:
+            object.__setattr__(self, "cuda_split_tail", streams and self.cuda_x_staging == "smem")
+        if self.cuda_stream_min_weights is None:
+            object.__setattr__(
+                self, "cuda_stream_min_weights", CUDA_STREAM_MIN_WEIGHTS if streams else 0
             )
         if self.cuda_split_tail and (self.routing, self.cuda_x_staging) != ("stream", "smem"):
             raise UserError("cuda_split_tail needs routing 'stream' and cuda_x_staging 'smem'")

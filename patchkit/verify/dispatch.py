@@ -161,11 +161,12 @@ def cuda_streams(
     """``cu::use_qmv_streamed`` of the patched qmv.cu rendered with ``options`` (default:
     the shipped ``patches/``), for the M >= 2 that reach it.
 
-    Shipped: where the compiled kernel was timed no slower than stock's per-vector qmv on
-    an H200: 4-bit from M = 2, 8-bit for M = 2..4 (one weight pass). Other widths, and
-    8-bit at M = 5..7, stream only at M >= 8, which only the exact route reaches. The
-    render options add a floor on the weights (``cuda_stream_min_weights``) and 8-bit
-    M = 5..7 as several passes (``cuda_split_tail``).
+    Shipped: where the compiled kernel was timed faster than stock's per-vector qmv on an
+    H200 with the weights read from HBM: layers of at least ``cuda_stream_min_weights``
+    weights (n * k, 2**24), 4-bit from M = 2, 8-bit at M = 2..7 (M = 5..7 of one batch
+    split into passes, ``cuda_split_tail``; in a batch of B > 1 they keep the per-vector
+    kernel). Smaller layers and other widths stream only at M >= 8, which only the exact
+    route reaches.
     """
     opts = options or RenderOptions()
     if M >= 8:

@@ -43,10 +43,10 @@ BATCHES = (1, 3)
 # safe tail (640 % 512 != 0) and moved-back last tile (37 = 4 * 8 + 5).
 SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
 # GPU only (minutes on MLX's CPU backend), in the full matrix: shapes of at least 2**24
-# weights (n * k), where a CUDA routing floor on the weights (render option
-# cuda_stream_min_weights, 2**24 proposed) still streams M = 2..7; without them, such a floor
-# would leave every smaller shape above on the per-vector kernel and the streamed kernel of
-# the default route unchecked. "floor" sits exactly on 2**24; "ragged" above it, with a K
+# weights (n * k), where the CUDA routing's floor on the weights (render option
+# cuda_stream_min_weights, 2**24) still streams M = 2..7; without them, the floor leaves
+# every smaller shape above on the per-vector kernel and the streamed kernel of the default
+# route unchecked. "floor" sits exactly on 2**24; "ragged" above it, with a K
 # tail (4160 % 512 != 0) and N % 8 != 0.
 LARGE_SHAPES = {"floor": (4096, 4096), "ragged": (4160, 4100)}
 LARGE_BITS = (4, 8)  # the widths CUDA streams at M = 2..7

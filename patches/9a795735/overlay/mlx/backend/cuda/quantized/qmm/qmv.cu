@@ -6,8 +6,8 @@
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -8,6 +8,8 @@
 //   @@ -208,6 +210,494 @@ __global__ void qmv_kernel(
-//   @@ -293,6 +783,87 @@ void qmv(
-//   @@ -439,6 +1010,28 @@ void qmv(
+//   @@ -293,6 +783,141 @@ void qmv(
+//   @@ -439,6 +1064,35 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -794,15 +794,37 @@ void qmv(
   });
 }
 
+// Below this many weights (n * k), M = 2..7 keep the per-vector kernel: with
+// the weights read from HBM, as in decoding, a 1024 x 1024 layer's streamed
+// kernel took 1.2-2.2x stock's time on an H200 (128 blocks for 132 SMs; one
+// row per warp in blocks of 8 warps, as qmv has, did not close the gap). From
+// 2**24 weights up it took 0.34-0.90 of stock's time at every M = 2..7.
+constexpr int64_t qmv_streamed_min_weights = 16777216;
+
+// M = 5..7 of one batch as several passes: a V = 4 pass, then a V = 2 pass
+// and/or the per-vector qmv for the last vector (5 = 4 + 1, 6 = 4 + 2,
+// 7 = 4 + 2 + 1), where two V = 4 tiles would run the second partly on vectors
+// that are not there. 4-bit at M = 7 keeps the two tiles (one slot idle, one
+// launch), which timed faster than three passes. Several kernels for one call:
+// the caller holds the encoder's concurrent context.
+inline bool qmv_streamed_splits(int m, int l, int bits) {
+  return l == 1 && (m == 5 || m == 6 || (m == 7 && bits == 8));
+}
+
 // Which M >= 2 stream. Streamed or per-vector, every row equals M = 1's bit for
-// bit; this is only about speed. Timed on an H200 against the per-vector qmv
-// stock runs for M * B < 8 (the PR has the table): 4-bit streams at every M;
-// 8-bit streams where one weight pass serves every vector (M <= 4: V = 4), and
-// was slower than stock at M = 5 and 6 (a second pass); the other widths were
-// not timed. Those keep the per-vector kernel. M >= 8 only arrives through the
-// opt-in exact route of quantized.cpp: there one weight pass replaces M.
-inline bool use_qmv_streamed(int m, int bits) {
-  return m >= 8 || (m >= 2 && (bits == 4 || (bits == 8 && m <= 4)));
+// bit; this is only about speed. 4-bit streams at every M; 8-bit at M = 2..4 in
+// one weight pass and at M = 5..7 in several (qmv_streamed_splits: as two V = 4
+// tiles it was no faster than stock). The other widths keep the per-vector
+// kernel. M >= 8 only arrives through the opt-in exact route of quantized.cpp.
+inline bool use_qmv_streamed(int m, int n, int k, int l, int bits) {
+  if (m >= 8) {
+    return true;
+  }
+  if (static_cast<int64_t>(n) * k < qmv_streamed_min_weights) {
+    return false;
+  }
+  return m >= 2 &&
+      (bits == 4 || (bits == 8 && (m <= 4 || qmv_streamed_splits(m, l, bits))));
 }
 
 template <
@@ -867,6 +889,38 @@ void qmv_streamed(
           reinterpret_cast<void*>(kernel), num_blocks, block_dims, args);
     });
   };
+
+  if (qmv_streamed_splits(m, l, cute::sizeof_bits_v<Q>)) {
+    // Each launch copies its arguments when it is added.
+    int rest = m - 4;
+    m = 4;
+    launch(cuda::std::integral_constant<int, 4>{});
+    x += 4 * static_cast<int64_t>(k);
+    out += 4 * static_cast<int64_t>(n);
+    if (rest >= 2) {
+      m = 2;
+      launch(cuda::std::integral_constant<int, 2>{});
+      x += 2 * static_cast<int64_t>(k);
+      out += 2 * static_cast<int64_t>(n);
+      rest -= 2;
+    }
+    if (rest == 1) {
+      qmv<group_size, has_bias>(
+          x,
+          w,
+          scales,
+          biases,
+          global_scale,
+          out,
+          1,
+          n,
+          k,
+          1,
+          broadcast_w,
+          launch_kernel);
+    }
+    return;
+  }
 
   if (m <= 2) {
     launch(cuda::std::integral_constant<int, 2>{});
@@ -1021,7 +1075,14 @@ void qmv(
           }
           encoder.set_output_array(out);
           constexpr bool has_bias = !cutlass::has_negative_zero_v<Q>;
-          if (cu::use_qmv_streamed(m, bits)) {
+          if (cu::use_qmv_streamed(m, n, k, l, bits)) {
+            // Several kernels for one call: the concurrent context gives each
+            // of them the arrays registered above as dependencies, and joins
+            // them before out is read.
+            std::optional<cu::CommandEncoder::ConcurrentContext> concurrent;
+            if (cu::qmv_streamed_splits(m, l, bits)) {
+              concurrent.emplace(encoder);
+            }
             cu::qmv_streamed<group_size, has_bias>(
                 gpu_ptr<T>(x),
                 gpu_ptr<Q>(w),
