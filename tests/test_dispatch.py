@@ -65,9 +65,13 @@ def test_sm90_qmm_branch_is_modelled() -> None:
     assert stock(h200, "affine", 4, 128, 256, 2, 1) == "qmv"  # group size not given
     assert patched(h200, "affine", 4, 128, 256, 2, 1, group_size=128) == "qmm_sm90"
     exact = {"cuda_exact": True, "group_size": 128}
-    assert patched(h200, "affine", 4, 128, 256, 2, 1, **exact) == "qmv_streamed"
+    # These layers are below the streaming floor: the exact route's M = 2 runs the
+    # per-vector qmv (streamed from M = 8).
+    assert patched(h200, "affine", 4, 128, 256, 2, 1, **exact) == "qmv"
+    assert patched(h200, "affine", 4, 128, 256, 8, 1, **exact) == "qmv_streamed"
     assert patched(h200, "affine", 4, 128, 256, 2, 3, **exact) == "qmm_sm90"  # B > 1
-    assert patched(a100, "affine", 4, 128, 256, 2, 3, **exact) == "qmv_streamed"
+    assert patched(a100, "affine", 4, 128, 256, 2, 3, **exact) == "qmv"
+    assert patched(a100, "affine", 4, 128, 256, 8, 3, **exact) == "qmv_streamed"
 
 
 def _upstream(path: str) -> str:

@@ -75,19 +75,24 @@ def test_shared_weights_fold_into_m_on_metal_only() -> None:
 
 
 def test_patched_cuda_paths_follow_the_streaming_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A patched CUDA build streams 4-bit from M = 2, 8-bit at M = 2..4, and the rest only
-    on the exact route (M >= 8); the exact route (MLX_CUDA_QMV_EXACT) keeps qmm's M in qmv."""
+    """A patched CUDA build streams layers of 2**24 weights and more: 4-bit from M = 2, 8-bit
+    at M = 2..4 and, in one batch, at M = 5..7 (split into passes); smaller layers and other
+    widths only on the exact route (M >= 8); the exact route (MLX_CUDA_QMV_EXACT) keeps
+    qmm's M in qmv."""
     monkeypatch.delenv("MLX_CUDA_QMV_EXACT", raising=False)
     assert mlx_parity.kernel_path(CUDA, cfg(), 2, patched=True) == "qmv_streamed"
     assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 2, patched=True) == "qmv_streamed"
     assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 4, patched=True) == "qmv_streamed"
-    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 5, patched=True) == "qmv"
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 5, patched=True) == "qmv_streamed"
     assert mlx_parity.kernel_path(CUDA, cfg(bits=6), 2, patched=True) == "qmv"
+    assert mlx_parity.kernel_path(CUDA, cfg(K=1024, N=1024), 2, patched=True) == "qmv"  # floor
     assert mlx_parity.kernel_path(CUDA, cfg(), 9, patched=True) == "qmm"
     monkeypatch.setenv("MLX_CUDA_QMV_EXACT", "1")
     assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 9, patched=True) == "qmv_streamed"
+    assert mlx_parity.kernel_path(CUDA, cfg(K=1024, N=1024), 9, patched=True) == "qmv_streamed"
     assert mlx_parity.kernel_path(CUDA, cfg(bits=6, B=3), 3, patched=True) == "qmv"
     assert mlx_parity.kernel_path(CUDA, cfg(B=3), 3, patched=True) == "qmv_streamed"
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8, B=3), 5, patched=True) == "qmv"  # no split
     assert mlx_parity.kernel_path(CUDA, cfg(), 17, patched=True) == "qmm"
     assert mlx_parity.kernel_path(CUDA, cfg("mxfp4"), 9, patched=True) == "qmm"
 
@@ -174,20 +179,26 @@ def test_unsupported_mode_is_reported_not_raised() -> None:
     assert mlx_parity.table_cells(row)[-1].startswith("unsupported")
 
 
-def test_large_shapes_stream_under_the_proposed_floor_and_skip_on_cpu() -> None:
-    """The full matrix carries GPU-only shapes of at least 2**24 weights, so that a CUDA
-    routing floor on the weights still leaves the streamed kernel under parity; on the CPU
-    backend they are reported as skipped, not run."""
+def test_large_shapes_stream_above_the_floor_and_skip_on_cpu() -> None:
+    """The full matrix carries GPU-only shapes of at least 2**24 weights, so that the CUDA
+    routing's floor on the weights still leaves the streamed kernel under parity, batched
+    and broadcast weights included; on the CPU backend they are reported as skipped, not
+    run. Control: every affine shape of the rest of the matrix falls below the floor."""
     from patchkit.carry.render import RenderOptions
     from patchkit.verify import dispatch
 
     large = [c for c in mlx_parity.configs(full=True) if c.gpu_only]
     assert {(c.K, c.N) for c in large} == set(mlx_parity.LARGE_SHAPES.values())
+    assert {(c.B, c.shared_w) for c in large} == {(1, False), (3, False), (3, True)}
     assert not [c for c in mlx_parity.configs(full=False) if c.gpu_only]
-    floor = RenderOptions(cuda_split_tail=True, cuda_stream_min_weights=1 << 24)
+    floor = RenderOptions()  # the shipped routing, floor and split included
+    assert floor.stream_min_weights == 1 << 24 and floor.split_tail
     for c in large:
         assert c.N * c.K >= 1 << 24
-        assert all(dispatch.cuda_streams(m, c.bits, c.K, c.N, c.B, floor) for m in range(2, 8))
+        # B = 1: every M = 2..7 streams; B = 3: M = 2, the one M * B < 8 the default
+        # route sends to qmv (the exact route takes the rest, streamed from M = 8).
+        ms = range(2, 8) if c.B == 1 else (2,)
+        assert all(dispatch.cuda_streams(m, c.bits, c.K, c.N, c.B, floor) for m in ms)
     small = [c for c in mlx_parity.configs(full=True) if not c.gpu_only and c.mode == "affine"]
     assert not any(dispatch.cuda_streams(2, c.bits, c.K, c.N, 1, floor) for c in small)
     ragged = mlx_parity.LARGE_SHAPES["ragged"]

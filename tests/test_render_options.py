@@ -13,7 +13,7 @@ from patchkit.carry import render, workspace
 def _choices(field: dataclasses.Field) -> tuple[object, ...]:
     """Every value a Literal-typed option admits (the option axes of a render)."""
     hint = typing.get_type_hints(render.RenderOptions)[field.name]
-    return typing.get_args(hint)
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
 
 
 OPTION_AXES = [
@@ -21,6 +21,12 @@ OPTION_AXES = [
     for f in dataclasses.fields(render.RenderOptions)
     if f.name not in ("backends", "flavour")
     for value in _choices(f)
+] + [  # the options that are not a Literal: a value other than the default
+    ("cuda_split_tail", False),
+    ("cuda_stream_min_weights", 0),
+    ("cuda_stream_min_weights", 1 << 20),
+    ("cuda_rows_per_warp", 1),
+    ("cuda_async_tail", True),
 ]
 
 

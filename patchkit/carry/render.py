@@ -66,7 +66,8 @@ class RenderOptions:
     policy, measured on an H200 with compiled MLX and weights read from HBM
     (``docs/benchmark_results/cuda-compiled-h200-2026-12-01-cold.md``; decision 0004).
     Left unset (None), they take the measured values under routing ``stream`` (with
-    ``smem`` for the split) and are off otherwise.
+    ``smem`` for the split) and are off otherwise; ``split_tail`` and
+    ``stream_min_weights`` give the values rendered.
 
     ``cuda_split_tail`` (default on) launches M = 5..7 of one batch (4-bit: M = 5, 6) as a
     V = 4 pass plus a V = 2 pass and/or stock's per-vector qmv, inside MLX's concurrent
@@ -106,6 +107,23 @@ class RenderOptions:
     cuda_rows_per_warp: int = 2
     cuda_async_tail: bool = False
 
+    @property
+    def split_tail(self) -> bool:
+        """``cuda_split_tail`` as rendered: unset, on where the split can run (routing
+        ``stream``, ``smem`` staging). Left unset in the fields, so that
+        ``dataclasses.replace`` of another routing or staging takes that one's default."""
+        if self.cuda_split_tail is None:
+            return self.routing == "stream" and self.cuda_x_staging == "smem"
+        return self.cuda_split_tail
+
+    @property
+    def stream_min_weights(self) -> int:
+        """``cuda_stream_min_weights`` as rendered: unset, the measured floor under routing
+        ``stream`` and none otherwise (``opt_in`` streams only when asked)."""
+        if self.cuda_stream_min_weights is None:
+            return CUDA_STREAM_MIN_WEIGHTS if self.routing == "stream" else 0
+        return self.cuda_stream_min_weights
+
     def __post_init__(self) -> None:
         unknown = set(self.backends) - set(BACKENDS)
         if unknown:
@@ -118,18 +136,11 @@ class RenderOptions:
             raise UserError(
                 f"unknown cuda_x_staging '{self.cuda_x_staging}'; choose 'global' or 'smem'"
             )
-        streams = self.routing == "stream"
-        if self.cuda_split_tail is None:
-            object.__setattr__(self, "cuda_split_tail", streams and self.cuda_x_staging == "smem")
-        if self.cuda_stream_min_weights is None:
-            object.__setattr__(
-                self, "cuda_stream_min_weights", CUDA_STREAM_MIN_WEIGHTS if streams else 0
-            )
-        if self.cuda_split_tail and (self.routing, self.cuda_x_staging) != ("stream", "smem"):
+        if self.split_tail and (self.routing, self.cuda_x_staging) != ("stream", "smem"):
             raise UserError("cuda_split_tail needs routing 'stream' and cuda_x_staging 'smem'")
-        if self.cuda_stream_min_weights < 0:
+        if self.stream_min_weights < 0:
             raise UserError("cuda_stream_min_weights must be 0 (no floor) or more")
-        if self.cuda_stream_min_weights and self.routing != "stream":
+        if self.stream_min_weights and self.routing != "stream":
             raise UserError("cuda_stream_min_weights needs routing 'stream'")
         if self.cuda_rows_per_warp not in (1, 2):
             raise UserError(f"cuda_rows_per_warp is 1 or 2, not {self.cuda_rows_per_warp}")
@@ -317,8 +328,8 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
         "routing": options.routing,
         "vecs": list(STREAMED_VECS),
         "cuda_x_staging": options.cuda_x_staging,
-        "cuda_split_tail": options.cuda_split_tail,
-        "cuda_stream_min_weights": options.cuda_stream_min_weights,
+        "cuda_split_tail": options.split_tail,
+        "cuda_stream_min_weights": options.stream_min_weights,
         "cuda_rows_per_warp": options.cuda_rows_per_warp,
         "cuda_async_tail": options.cuda_async_tail,
         **derived,

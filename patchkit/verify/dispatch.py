@@ -171,13 +171,13 @@ def cuda_streams(
     opts = options or RenderOptions()
     if M >= 8:
         return True
-    if opts.cuda_stream_min_weights and opts.cuda_stream_min_weights > N * K:
+    if opts.stream_min_weights > N * K:
         return False
     if M < 2:
         return False
     if bits == 4:
         return True
-    return bits == 8 and (M <= 4 or (opts.cuda_split_tail and cuda_splits(M, B, bits)))
+    return bits == 8 and (M <= 4 or (opts.split_tail and cuda_splits(M, B, bits)))
 
 
 def patched_kernel_path(

@@ -187,6 +187,13 @@ def _all_configs(full: bool) -> list[Config]:
                 LARGE_SHAPES.values(), LARGE_BITS, ("bfloat16", "float16")
             )
         ]
+        # Batched and broadcast weights above the floor: below it the CUDA default route
+        # hands B > 1 to the per-vector kernel, so only these reach the streamed one there.
+        out += [
+            Config("affine", bits, 64, "bfloat16", *LARGE_SHAPES["floor"], BATCHES[-1],
+                   shared_w=shared, gpu_only=True)
+            for bits, shared in itertools.product(LARGE_BITS, (False, True))
+        ]  # fmt: skip
     fp_dtypes = DTYPES if full else ("float16",)
     for (mode, (gs, bits)), dtype, B in itertools.product(FP_MODES.items(), fp_dtypes, BATCHES):
         out.append(Config(mode, bits, gs, dtype, *shapes[0], B))
