@@ -159,7 +159,8 @@ def header(data: dict[str, Any], arms: list[str], base: str, source: str) -> lis
     # What was learnt about a run after it ran (a measurement artifact, say) travels in its
     # JSON as "caveats", so that every rendering of it carries them.
     caveats = [f"- {c}" for c in data.get("caveats", [])]
-    return [*lines, "", f"Method: {data['method']}.", *(["", "Caveats:", *caveats] if caveats else [])]
+    method = [*lines, "", f"Method: {data['method']}."]
+    return [*method, "", "Caveats:", *caveats] if caveats else method
 
 
 def rows_table(data: dict[str, Any], arms: list[str], base: str) -> list[str]:

@@ -215,3 +215,20 @@ def test_by_size_places_the_floor_above_the_last_slower_layer() -> None:
     arm[2]["by_m"][5]["us"] = 60.0  # now the largest layer is slower at M = 6
     lines = report.by_size(report.pairs(data, "arm", "stock"), "arm", "stock")
     assert lines[-1] == "- 8-bit: every M = 2..7 within 1.05 of `stock` at no size."
+
+
+def test_a_runs_caveats_follow_its_method() -> None:
+    """What was learnt about a run after it ran travels in its JSON and every rendering of
+    it prints it; a run without caveats has no such section."""
+    report = _report()
+    data = _four_arms()
+    plain = report.header(data, ["patched"], "stock", "x.json")
+    assert plain[-1] == "Method: per M: median." and "Caveats:" not in plain
+    data["caveats"] = ["M = 1 of the first configuration paid a page migration."]
+    lines = report.header(data, ["patched"], "stock", "x.json")
+    assert lines[-4:] == [
+        "Method: per M: median.",
+        "",
+        "Caveats:",
+        "- M = 1 of the first configuration paid a page migration.",
+    ]
