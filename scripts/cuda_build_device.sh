@@ -12,7 +12,7 @@
 # wheel unpacked once a call has carried its second half -> the tests waited for (TEST_WAIT s
 # at most; what is left is stopped) -> scripts/cuda_compiled_bench.py twice (resumable; both
 # within BENCH_DEADLINE s): every arm on PEER_BENCH's subset of the grid (default: the 8-bit
-# headline), then stock and patched on BASE_BENCH's (default: the whole grid; "skip") ->
+# headline; "skip"), then stock and patched on BASE_BENCH's (default: the whole grid; "skip") ->
 # optional kernel-only times (KERNEL_TIMES: scripts/cuda_kernel_times.py) -> the stopped
 # tests and parity again, with the failed tests on the stock wheel beside them (the base to
 # read a failure against) -> the verdicts into the build record.
@@ -404,7 +404,7 @@ pipeline() {
   pkill -f "mlx_parity --patched --out $WORK/parity-default.json" || true
   tail -2 "$WORK/parity-default.log" >> "$WORK/pipeline.log"
   local bench_start=$SECONDS deadline=${BENCH_DEADLINE:-540}
-  if [ ${#arms[@]} -gt ${#base[@]} ]; then
+  if [ ${#arms[@]} -gt ${#base[@]} ] && [ "${PEER_BENCH:-}" != skip ]; then
     log "bench, every arm on ${PEER_BENCH:---headline --bits 8}: ${arms[*]}"
     # shellcheck disable=SC2086  # PEER_BENCH is a list of options
     python3 "$repo/scripts/cuda_compiled_bench.py" --arm "stock=python3:$stock" "${arms[@]}" \
