@@ -71,10 +71,11 @@ class RenderOptions:
 
     ``cuda_split_tail`` (default on) launches M = 5..7 of one batch (4-bit: M = 5, 6) as a
     V = 4 pass plus a V = 2 pass and/or stock's per-vector qmv, inside MLX's concurrent
-    context, instead of two V = 4 tiles, and so streams 8-bit at M = 2..7. Every row still
-    comes from the streamed kernel or qmv, in M = 1's order. Cold grid: 8-bit M = 5..7
-    0.60-0.84 of stock on layers of 2**24 weights and more (one V = 4 tile and a per-vector
-    rest, without it: 0.96-1.07).
+    context, instead of two V = 4 tiles (4-bit) or stock's per-vector kernel (8-bit), and so
+    streams 8-bit at M = 2..7. Every row still comes from the streamed kernel or qmv, in
+    M = 1's order. Cold grid: 8-bit M = 5..7
+    0.60-0.84 of stock on layers of 2**24 weights and more, where without it 8-bit M = 5..7
+    kept stock's per-vector kernel (0.96-1.07: the run's noise).
 
     ``cuda_stream_min_weights`` (default ``CUDA_STREAM_MIN_WEIGHTS``, 2**24; 0: no floor):
     below this many weights (n * k) M = 2..7 keep stock's per-vector qmv. Read from HBM
