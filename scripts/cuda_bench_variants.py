@@ -46,9 +46,16 @@ block shape by n instead of falling back to the per-vector kernel)? On the H200,
 it read 0.42-0.81 of stock on 4-bit 4096 x 1024 but still 1.2-1.6x at M = 2..6 on
 1024 x 1024.
 
+``bounds`` (from the pinned file, rendered with ``cuda_min_blocks_per_sm = 4``): the shipped
+route with ``__launch_bounds__`` capping the streamed kernel's registers at what 4 blocks
+per SM leave (128 per thread for blocks of 4 warps). The question it answers: does the
+8-bit V = 4 kernel (161 registers, 12 resident warps per SM; the mlxcel peer's 68, 24 warps)
+gain more from resident warps than it loses to spills, where the peer keeps 5-8% on 8-bit
+2560 x 9728 at M = 2, 3?
+
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
-       python scripts/cuda_bench_variants.py split|tail|rows1 PINNED_QMV_CU OUT_DIR
+       python scripts/cuda_bench_variants.py split|tail|rows1|bounds PINNED_QMV_CU OUT_DIR
   PATCHED_QMV_CU: the rendered file, e.g. `git -C <cache clone> show
   patchkit/<pin>:mlx/backend/cuda/quantized/qmm/qmv.cu > qmv.cu`
   PINNED_QMV_CU: the same path at the pin itself (`show <pin>:...`)
@@ -164,6 +171,12 @@ def rows1_source(pinned: str) -> str:
     return option_source(pinned, "rows1", cuda_rows_per_warp=1, cuda_stream_min_weights=0)
 
 
+def bounds_source(pinned: str) -> str:
+    """The pinned qmv.cu rendered as shipped, the streamed kernel's registers bounded for 4
+    blocks per SM."""
+    return option_source(pinned, "bounds", cuda_min_blocks_per_sm=4)
+
+
 def registers_source(pinned: str) -> str:
     """The pinned qmv.cu rendered with the register-only streamed kernel, V in REGISTERS_VECS."""
     from patchkit.carry import render
@@ -184,6 +197,7 @@ KINDS = {
     "split": split_source,
     "tail": tail_source,
     "rows1": rows1_source,
+    "bounds": bounds_source,
 }
 
 

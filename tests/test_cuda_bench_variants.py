@@ -81,8 +81,9 @@ def test_registers_source_is_the_global_kernel_with_v8() -> None:
 @needs_clone
 @pytest.mark.clone
 def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
-    """The split, tail and rows1 arms: the pinned file rendered with their options, one
-    arm line; split and rows1 stream every layer (no floor), tail keeps the shipped one."""
+    """The split, tail, rows1 and bounds arms: the pinned file rendered with their options,
+    one arm line; split and rows1 stream every layer (no floor), tail and bounds keep the
+    shipped one."""
     from patchkit.carry import render, source
 
     variants = _variants()
@@ -93,6 +94,7 @@ def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
         (variants.split_source, "split", no_floor),
         (variants.tail_source, "tail", {"cuda_async_tail": True}),
         (variants.rows1_source, "rows1", {"cuda_rows_per_warp": 1, **no_floor}),
+        (variants.bounds_source, "bounds", {"cuda_min_blocks_per_sm": 4}),
     ):
         out = make(pinned)
         assert re.findall(r"^// bench-arm: .*$", out, re.M) == [f"// bench-arm: {arm}"]
@@ -102,4 +104,5 @@ def test_option_arms_are_the_pinned_file_rendered_with_the_option() -> None:
     assert "qmv_streamed_min_weights" not in variants.split_source(pinned)
     assert "int tail = steps - full * stage_steps;" in variants.tail_source(pinned)
     assert "qmv_streamed_min_weights = 16777216;" in variants.tail_source(pinned)
+    assert "__launch_bounds__(" in variants.bounds_source(pinned)
     assert "constexpr int rows_per_warp = 1;" in variants.rows1_source(pinned)

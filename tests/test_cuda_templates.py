@@ -54,6 +54,7 @@ def _ctx(
     async_tail: bool = False,
     min_weights: int = 0,
     rows_per_warp: int = 2,
+    min_blocks: int = 0,
     **derived: str,
 ) -> dict:
     return {
@@ -65,6 +66,7 @@ def _ctx(
         "cuda_stream_min_weights": min_weights,
         "cuda_rows_per_warp": rows_per_warp,
         "cuda_async_tail": async_tail,
+        "cuda_min_blocks_per_sm": min_blocks,
         **derived,
     }
 
@@ -215,6 +217,31 @@ def test_smem_staging_has_no_early_return_before_a_barrier() -> None:
     assert f"constexpr int rows_per_warp = {k.rows_per_warp};" in launch
     assert f"/* l2_prefetch */ {str(k.l2_prefetch).lower()}," in wrapper
     assert f"/* x_async */ {str(k.x_async).lower()}>(" in wrapper
+
+
+def test_min_blocks_bounds_only_the_streamed_kernels_registers() -> None:
+    """cuda_min_blocks_per_sm adds __launch_bounds__ (threads per block, min blocks) to the
+    streamed kernel's declaration and nothing else; unset, the kernel has no bound."""
+    derived = {"dequant_fma_streamed_t": "/*T*/", "dequant_fma_streamed_f": "/*F*/"}
+    plain = render.render_snippet(
+        _plan(QMV), "streamed_kernel.cu.j2", _ctx(staging="smem", **derived)
+    )
+    bound = render.render_snippet(
+        _plan(QMV), "streamed_kernel.cu.j2", _ctx(staging="smem", min_blocks=4, **derived)
+    )
+    assert "__launch_bounds__" not in plain
+    decl = "__global__ void __launch_bounds__(rows_per_block / rows_per_warp * WARP_SIZE, 4)\n"
+    assert decl + "    qmv_streamed_kernel(\n        const T* x,\n" in bound
+    # Without the bound and its comment, the same kernel (clang-format indents the
+    # parameters of the bounded declaration one level deeper).
+    why = bound[bound.index("// At most the registers") : bound.index(decl)]
+    params = bound[bound.index(decl) + len(decl) : bound.index(") {", bound.index(decl)) + 3]
+    unbound = bound.replace(why, "").replace(
+        decl + params, "__global__ void " + params.strip().replace("\n    ", "\n")
+    )
+    assert unbound == plain
+    with pytest.raises(UserError, match="cuda_min_blocks_per_sm needs"):
+        render.RenderOptions(cuda_min_blocks_per_sm=4, cuda_x_staging="global")
 
 
 def test_async_tail_option_keeps_the_step_order() -> None:
@@ -593,8 +620,9 @@ def test_smem_staging_changes_only_the_streamed_kernel(
             backends=("cuda",), cuda_split_tail=True, cuda_stream_min_weights=1 << 24
         ),
         render.RenderOptions(backends=("cuda",), cuda_rows_per_warp=1),
+        render.RenderOptions(backends=("cuda",), cuda_min_blocks_per_sm=4),
     ],
-    ids=["global", "split_tail", "async_tail", "both", "floor", "split_floor", "rows1"],
+    ids=["global", "split_tail", "async_tail", "both", "floor", "split_floor", "rows1", "bounds"],
 )
 def test_other_renders_are_clang_format_clean(
     upstream: dict[str, str], tmp_path: Path, options: render.RenderOptions

@@ -27,6 +27,7 @@ OPTION_AXES = [
     ("cuda_stream_min_weights", 1 << 20),
     ("cuda_rows_per_warp", 1),
     ("cuda_async_tail", True),
+    ("cuda_min_blocks_per_sm", 4),
 ]
 
 

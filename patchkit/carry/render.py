@@ -92,6 +92,12 @@ class RenderOptions:
     of reading each x slice from shared memory once per row instead of once per 2 rows. A
     timing arm until measured; no row's order depends on it.
 
+    ``cuda_min_blocks_per_sm`` (0, no bound, by default; smem only; a timing arm until
+    measured) puts ``__launch_bounds__`` on the streamed kernel so that this many blocks
+    fit an SM by registers. ptxas gives the 8-bit V = 4 kernel 161 registers at sm_90a (12
+    resident warps per SM) where the mlxcel peer's 4-vector kernel takes 68 (24 warps); a
+    bound trades spills for latency hiding, and no operation or order changes.
+
     ``cuda_async_tail`` (off by default; a timing arm until measured) copies the k steps
     past the last full stage of 4 as one more, shorter stage of the cp.async pipeline,
     while the stage before it is computed, instead of one step at a time with plain loads
@@ -107,6 +113,7 @@ class RenderOptions:
     cuda_stream_min_weights: int | None = None
     cuda_rows_per_warp: int = 2
     cuda_async_tail: bool = False
+    cuda_min_blocks_per_sm: int = 0
 
     @property
     def split_tail(self) -> bool:
@@ -149,6 +156,10 @@ class RenderOptions:
             raise UserError("cuda_rows_per_warp needs cuda_x_staging 'smem'")
         if self.cuda_async_tail and self.cuda_x_staging != "smem":
             raise UserError("cuda_async_tail needs cuda_x_staging 'smem'")
+        if self.cuda_min_blocks_per_sm < 0:
+            raise UserError("cuda_min_blocks_per_sm must be 0 (no bound) or more")
+        if self.cuda_min_blocks_per_sm and self.cuda_x_staging != "smem":
+            raise UserError("cuda_min_blocks_per_sm needs cuda_x_staging 'smem'")
 
 
 @dataclass(frozen=True)
@@ -333,6 +344,7 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
         "cuda_stream_min_weights": options.stream_min_weights,
         "cuda_rows_per_warp": options.cuda_rows_per_warp,
         "cuda_async_tail": options.cuda_async_tail,
+        "cuda_min_blocks_per_sm": options.cuda_min_blocks_per_sm,
         **derived,
     }
 
