@@ -47,8 +47,11 @@ it read 0.42-0.81 of stock on 4-bit 4096 x 1024 but still 1.2-1.6x at M = 2..6 o
 1024 x 1024.
 
 ``bounds`` (from the pinned file, rendered with ``cuda_min_blocks_per_sm = 4``): the shipped
-route with ``__launch_bounds__`` capping the streamed kernel's registers at what 4 blocks
-per SM leave (128 per thread for blocks of 4 warps). The question it answers: does the
+route with ``__launch_bounds__`` capping the V = 4 streamed kernel's registers at what 4
+blocks per SM leave (128 per thread for blocks of 4 warps) and V = 2's at 5 blocks. ptxas at
+sm_90a, bf16 group 64: 8-bit V = 4 128 registers (from 161) with 44 bytes of spill stores, 16
+resident warps per SM (from 12), V = 2 unchanged (96, no spills); 4-bit V = 4 128 (from 174)
+with 32 bytes, 16 warps (from 8), V = 2 96 (from 104) with 24 bytes, 20 warps (from 16). The question it answers: does the
 8-bit V = 4 kernel (161 registers, 12 resident warps per SM; the mlxcel peer's 68, 24 warps)
 gain more from resident warps than it loses to spills, where the peer keeps 5-8% on 8-bit
 2560 x 9728 at M = 2, 3?

@@ -31,7 +31,7 @@
 #                         NAME KEY=VALUE..." lines in those sources make one arm each on that
 #                         build (scripts/cuda_bench_variants.py writes them)
 # `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`, and the
-# `split` and `rows1` peers (scripts/cuda_bench_variants.py; PEERS= for none).
+# `split`, `rows1` and `bounds` peers (scripts/cuda_bench_variants.py; PEERS= for none).
 # Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
 # (`source scripts/cuda_build_device.sh functions` only defines the steps, for the tests.)
 set -euo pipefail
@@ -58,10 +58,11 @@ if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's 
     "+refs/heads/patchkit/$short:refs/heads/patchkit/$short"
   # Our own timing variants as peers (PEERS, default the ones still to time: split, the
   # shipped route without its floor, and rows1, one row per warp without the floor: where
-  # the floor belongs; registers and tail were timed and dropped; a peer of another project,
-  # such as mlxcel's qmv.cu, is placed in .peer/<name>/ by hand).
+  # the floor belongs; bounds, the V = 4 kernel's registers capped for more resident warps;
+  # registers and tail were timed and dropped; a peer of another project, such as mlxcel's
+  # qmv.cu, is placed in .peer/<name>/ by hand).
   qmv=mlx/backend/cuda/quantized/qmm/qmv.cu
-  for kind in ${PEERS-split rows1}; do
+  for kind in ${PEERS-split rows1 bounds}; do
     base=$( [ "$kind" = tilings ] && echo "patchkit/$short" || echo "$short" )
     git -C "$clone" show "$base:$qmv" > "$repo/.device/$kind-source.cu"
     rm -rf "$repo/.peer/$kind"

@@ -93,10 +93,13 @@ class RenderOptions:
     timing arm until measured; no row's order depends on it.
 
     ``cuda_min_blocks_per_sm`` (0, no bound, by default; smem only; a timing arm until
-    measured) puts ``__launch_bounds__`` on the streamed kernel so that this many blocks
-    fit an SM by registers. ptxas gives the 8-bit V = 4 kernel 161 registers at sm_90a (12
-    resident warps per SM) where the mlxcel peer's 4-vector kernel takes 68 (24 warps); a
-    bound trades spills for latency hiding, and no operation or order changes.
+    measured) puts ``__launch_bounds__`` on the streamed kernel's V >= 4 instances so that
+    this many blocks fit an SM by registers. ptxas gives the 8-bit V = 4 kernel 161
+    registers at sm_90a (12 resident warps per SM) where the mlxcel peer's 4-vector kernel
+    takes 68 (24 warps); a bound trades spills for latency hiding, and no operation or
+    order changes. V = 2 is bounded for the 5 blocks it reaches unbounded (8-bit: 96
+    registers): with any looser bound, ptxas gave it 120-130 registers, fewer resident
+    warps than without.
 
     ``cuda_async_tail`` (off by default; a timing arm until measured) copies the k steps
     past the last full stage of 4 as one more, shorter stage of the cp.async pipeline,
