@@ -51,10 +51,10 @@ route with ``__launch_bounds__`` capping the V = 4 streamed kernel's registers a
 blocks per SM leave (128 per thread for blocks of 4 warps) and V = 2's at 5 blocks. ptxas at
 sm_90a, bf16 group 64: 8-bit V = 4 128 registers (from 161) with 44 bytes of spill stores, 16
 resident warps per SM (from 12), V = 2 unchanged (96, no spills); 4-bit V = 4 128 (from 174)
-with 32 bytes, 16 warps (from 8), V = 2 96 (from 104) with 24 bytes, 20 warps (from 16). The question it answers: does the
-8-bit V = 4 kernel (161 registers, 12 resident warps per SM; the mlxcel peer's 68, 24 warps)
-gain more from resident warps than it loses to spills, where the peer keeps 5-8% on 8-bit
-2560 x 9728 at M = 2, 3?
+with 32 bytes, 16 warps (from 8), V = 2 96 (from 104) with 24 bytes, 20 warps (from 16).
+The question it answers: does the 8-bit V = 4 kernel (the mlxcel peer's 4-vector kernel
+takes 68 registers, 24 warps) gain more from resident warps than it loses to spills, where
+the peer keeps 5-8% on 8-bit 2560 x 9728 at M = 2, 3?
 
 Usage: python scripts/cuda_bench_variants.py tilings PATCHED_QMV_CU OUT_DIR
        python scripts/cuda_bench_variants.py registers PINNED_QMV_CU OUT_DIR
