@@ -39,6 +39,14 @@ def verdict(counts: dict[str, int]) -> str:
     return "skipped" if counts["skipped"] == counts["ran"] else "passed"
 
 
+def log_lines(logdir: Path, batch: str, name: str) -> list[str] | None:
+    """The lines of test ``name``'s log in ``batch`` (None: that batch has no log of it)."""
+    try:
+        return (logdir / f"test-{batch}-{name}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+
+
 def finished_log(
     logdir: Path, name: str, batches: list[str]
 ) -> tuple[list[str], dict[str, int]] | None:
@@ -47,11 +55,13 @@ def finished_log(
     stands)."""
     found = None
     for batch in batches:
-        try:
-            lines = (logdir / f"test-{batch}-{name}.log").read_text(errors="replace").splitlines()
-            found = (lines, mlx_build.unittest_counts(lines))
-        except (OSError, UserError):
+        lines = log_lines(logdir, batch, name)
+        if lines is None:
             continue
+        try:
+            found = (lines, mlx_build.unittest_counts(lines))
+        except UserError:
+            continue  # stopped before unittest's summary: an earlier one stands
     return found
 
 
@@ -62,15 +72,8 @@ def failing_before_stop(logdir: Path, name: str, batches: list[str]) -> list[str
     the end of a run)."""
     best: list[str] = []
     for batch in batches:
-        try:
-            text = (logdir / f"test-{batch}-{name}.log").read_text(errors="replace")
-        except OSError:
-            continue
-        found = [
-            ln.strip()
-            for ln in text.splitlines()
-            if ln.rstrip().endswith((" ... FAIL", " ... ERROR"))
-        ]
+        lines = log_lines(logdir, batch, name) or []
+        found = [ln.strip() for ln in lines if ln.rstrip().endswith((" ... FAIL", " ... ERROR"))]
         if len(found) > len(best):
             best = found
     return best
@@ -111,9 +114,11 @@ def on_stock(names: list[str], logdir: Path, batches: list[str]) -> dict[str, An
     per_test: dict[str, dict[str, Any]] = {}
     for name in names:
         stock = finished_log(logdir, name, ["stock"])
+        if stock is None:
+            continue  # not run on stock to the end (most tests): nothing to compare
         patched = finished_log(logdir, name, batches)
-        if stock is None or patched is None:
-            continue  # not run on both to the end: nothing to compare
+        if patched is None:
+            continue
         stock_problems = mlx_build.unittest_problems(stock[0])
         patched_problems = mlx_build.unittest_problems(patched[0])
         per_test[name.rsplit(".", 1)[-1]] = {
