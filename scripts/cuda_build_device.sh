@@ -39,6 +39,7 @@ cmd=${1:?usage: cuda_build_device.sh prepare|start|follow|pipeline OUTDIR [SECON
 out=${2:-$PWD}
 secs=${3:-500}
 repo=${REPO:-$(cd "$(dirname "$0")/.." && pwd)}
+shard_runner=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/mlx_test_shard.py  # beside this
 
 if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's settings
   py() { python3 -c "$1"; }
@@ -227,7 +228,7 @@ tests_run() {  # $1: a name for this batch, $2: a file of unittest names; one pr
   py=$(built venv/bin/python)
   if [ -n "${3:-}" ]; then py=python3; pre="PYTHONPATH='$3':\$PYTHONPATH"; fi
   xargs -a "$2" -P "${TEST_JOBS:-6}" -I{} sh -c "cd '$tdir' && $pre exec timeout ${TEST_LIMIT:-1200} \
-    '$py' -m unittest -v {} > '$WORK/test-$batch-{}.log' 2>&1" &
+    '$py' '$shard_runner' {} > '$WORK/test-$batch-{}.log' 2>&1" &
   echo $! > "$WORK/test-$batch.pid"
   wait "$(cat "$WORK/test-$batch.pid")" || true
   touch "$WORK/test-$batch.done"
@@ -235,7 +236,20 @@ tests_run() {  # $1: a name for this batch, $2: a file of unittest names; one pr
 
 tests_stop() {  # stop a batch: no new test starts, the running ones end
   kill "$(cat "$WORK/test-$1.pid")" 2>/dev/null || true
-  pkill -f "m unittest -v test_quantized" || true
+  pkill -f "mlx_test_shard.py test_quantized" || true
+}
+
+tests_sharded() {  # the unittest names on stdin, each test SHARDS names ("test_qmm=6
+  # test_qvm=4") as that many shards (name@IofN: scripts/mlx_test_shard.py runs every N-th
+  # point of its parameter grid), one process each: such a test outlasts a lease in one
+  # process. A name already a shard stays as it is.
+  local t short n i
+  while read -r t; do
+    short=${t##*.} n=
+    for kv in ${SHARDS:-}; do [ "${kv%%=*}" = "$short" ] && n=${kv#*=}; done
+    if [ -z "$n" ] || [ "$n" -le 1 ]; then echo "$t"; continue; fi
+    for ((i = 1; i <= n; i++)); do echo "$t@${i}of$n"; done
+  done
 }
 
 test_names() {  # the unittest names of MLX's test file $1, the PR's own tests first: a
@@ -347,7 +361,7 @@ pipeline() {
   # MLX's test_quantized.py now, beside parity and the peer builds (the GPU is only checked
   # for correctness until the timing).
   names="$WORK/test-names"
-  test_names "$tests" | tests_chosen > "$names"
+  test_names "$tests" | tests_chosen | tests_sharded > "$names"
   log "MLX's test_quantized.py: $(wc -l < "$names") tests, one process each, ${TEST_JOBS:-6} at once"
   tests_run first "$names" &
   tests_first_pid=$!
@@ -455,7 +469,7 @@ stock_tests() {  # $1: the stock wheel's site folder, $2: a tests summary (tests
   {
     grep ': FAILED' "$2" 2>/dev/null | cut -d: -f1 || true
     for t in ${STOCK_TESTS-test_qmv test_qmv_wide}; do echo "$t"; done
-  } | sed 's/^/test_quantized.TestQuantized./' | sort -u | while read -r t; do
+  } | sed 's/^/test_quantized.TestQuantized./' | tests_sharded | sort -u | while read -r t; do
     grep -qxF "$t" "$WORK/stock-test-names" 2>/dev/null || echo "$t"
   done > "$names"
   [ -s "$names" ] || return 0

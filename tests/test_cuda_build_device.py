@@ -286,3 +286,56 @@ def test_the_record_takes_the_tests_after_the_stock_ones_end() -> None:
     assert no_wheel.index("tests_wait_and_rerun") < no_wheel.index("tests_into_record")
     rerun = text[text.index("tests_wait_and_rerun() {") :]
     assert "cuda_tests_record.py" not in rerun[: rerun.index("\n}\n")]
+
+
+def test_a_sharded_test_runs_each_point_of_its_grid_once(tmp_path: Path) -> None:
+    """SHARDS splits a test into N processes (name@IofN) that run every point of its outer
+    ``product`` grid exactly once between them, and each point of a nested ``product`` in
+    each; a test SHARDS does not name stays whole. Control: unsharded, one process runs the
+    whole grid."""
+    work = tmp_path / "work"
+    tests = _tests_tree(work)
+    (tests / "test_quantized.py").write_text(
+        textwrap.dedent(
+            """\
+            import os, unittest
+            from itertools import product
+            class TestQuantized(unittest.TestCase):
+                def test_grid(self):
+                    with open(os.environ["POINTS"], "a") as out:
+                        for a, b in product([1, 2, 3], [10, 20]):
+                            for c, in product([7, 8]):
+                                with self.subTest(a=a, b=b, c=c):
+                                    out.write(f"{a} {b} {c}\\n")
+                def test_other(self):
+                    pass
+            """
+        )
+    )
+    script = (
+        "printf '%s\\n' test_quantized.TestQuantized.test_grid "
+        "test_quantized.TestQuantized.test_other | tests_sharded > $WORK/names\n"
+        'cat $WORK/names; echo ---\ntests_run first "$WORK/names"\ntests_summary "$WORK/names"\n'
+    )
+    whole = {f"{a} {b} {c}" for a in (1, 2, 3) for b in (10, 20) for c in (7, 8)}
+    for shards, expect in ((3, 3), (None, 1)):
+        points = tmp_path / f"points-{shards}"
+        env = f"export POINTS={points}\n" + (f"SHARDS='test_grid={shards}'\n" if shards else "")
+        got = _bash(work, tmp_path, env + script)
+        assert got.returncode == 0, got.stderr
+        names, summary = got.stdout.split("---\n")
+        grid = [n for n in names.split() if "test_grid" in n]
+        assert len(grid) == expect
+        assert all(line.endswith("OK (0 FAIL lines)") for line in summary.splitlines())
+        ran = points.read_text().splitlines()
+        assert sorted(ran) == sorted(whole)  # every point once, none twice
+    assert names.split()[-1] == "test_quantized.TestQuantized.test_other"
+
+
+def test_a_bad_shard_is_one_line_error(tmp_path: Path) -> None:
+    got = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "mlx_test_shard.py"), "m.C.t@3of2"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert got.returncode != 0
+    assert got.stderr.strip() == "mlx_test_shard.py: bad shard '3of2' in 'm.C.t@3of2' (want @IofN)"
