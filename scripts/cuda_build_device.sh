@@ -39,7 +39,7 @@ cmd=${1:?usage: cuda_build_device.sh prepare|start|follow|pipeline OUTDIR [SECON
 out=${2:-$PWD}
 secs=${3:-500}
 repo=${REPO:-$(cd "$(dirname "$0")/.." && pwd)}
-shard_runner=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/mlx_test_shard.py  # beside this
+shard_runner=$repo/scripts/mlx_test_shard.py  # the pipeline runs from a copy in $WORK
 
 if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's settings
   py() { python3 -c "$1"; }
@@ -409,6 +409,9 @@ pipeline() {
   mkdir -p "$stock"
   cat "$WORK"/pack/part_* | xz -d | tar xf - -C "$stock"
   python3 -c "import zipfile,glob; zipfile.ZipFile(glob.glob('$WORK/pack/mlx-*.whl')[0]).extractall('$stock')"
+  # STOCK_EARLY=1: STOCK_TESTS start on the stock wheel now, beside the patched build's
+  # tests, for a lease with no time left to run them after the timing.
+  if [ -n "${STOCK_EARLY:-}" ]; then stock_tests "$stock" /dev/null & fi
   # The timing runs alone on the GPU: wait for the tests (up to TEST_WAIT s), then stop
   # what is left and run it again after the timing.
   while [ $waited -lt "${TEST_WAIT:-180}" ] && ! { [ -f "$WORK/test-first.done" ] \

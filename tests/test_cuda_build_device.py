@@ -135,6 +135,9 @@ def _tests_tree(work: Path) -> Path:
     venv_bin = work / "cache" / "builds" / "cuda-t" / "venv" / "bin"
     venv_bin.mkdir(parents=True)
     (venv_bin / "python").symlink_to(sys.executable)
+    runner = work.parent / "scripts" / "mlx_test_shard.py"  # $repo/scripts, REPO=work's parent
+    runner.parent.mkdir(exist_ok=True)
+    runner.symlink_to(ROOT / "scripts" / "mlx_test_shard.py")
     return tests
 
 
