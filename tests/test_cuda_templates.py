@@ -387,9 +387,7 @@ def _compiled_routing(launch: str, signature: str, tmp_path: Path) -> dict[tuple
 
 
 @pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler (g++ or clang++)")
-@pytest.mark.parametrize(
-    ("split", "floor"), [(False, 0), (True, 0), (False, 1 << 24), (True, 1 << 24)]
-)
+@pytest.mark.parametrize(("split", "floor"), [(False, 0), (True, 0), (True, 1 << 24)])
 def test_compiled_routing_is_dispatchs_model(split: bool, floor: int, tmp_path: Path) -> None:
     """The rendered C++ routing, compiled and run, against dispatch.cuda_streams (what
     parity labels each row with) on every M, bit width, batch and a shape either side of
@@ -398,8 +396,7 @@ def test_compiled_routing_is_dispatchs_model(split: bool, floor: int, tmp_path: 
     ctx = _ctx(staging="smem", split_tail=split, min_weights=floor)
     launch = render.render_snippet(_plan(QMV), "streamed_launch.cu.j2", ctx)
     route = render.render_snippet(_plan(QMV), "streamed_route.cu.j2", ctx)
-    full = split or bool(floor)
-    signature = "m, n, k, l, bits" if full else "m, bits"
+    signature = "m, n, k, l, bits" if split else "m, bits"
     assert f"if (cu::use_qmv_streamed({signature})) {{" in route
     table = _compiled_routing(launch, signature, tmp_path)
     opts = render.RenderOptions(cuda_split_tail=split, cuda_stream_min_weights=floor)
@@ -443,6 +440,12 @@ def test_split_tail_option() -> None:
         render.RenderOptions(cuda_split_tail=True, cuda_x_staging="global")
     with pytest.raises(UserError, match="cuda_stream_min_weights needs"):
         render.RenderOptions(cuda_stream_min_weights=1, routing="opt_in")
+    # The floor is the split's: without it there is no floor, set or unset.
+    with pytest.raises(UserError, match="cuda_stream_min_weights needs cuda_split_tail"):
+        render.RenderOptions(cuda_split_tail=False, cuda_stream_min_weights=1 << 24)
+    assert render.RenderOptions(cuda_split_tail=False).stream_min_weights == 0
+    assert render.RenderOptions(cuda_x_staging="global").stream_min_weights == 0
+    assert render.RenderOptions().stream_min_weights == render.CUDA_STREAM_MIN_WEIGHTS
 
 
 def test_rows_per_warp_option() -> None:
@@ -620,14 +623,13 @@ def test_smem_staging_changes_only_the_streamed_kernel(
         render.RenderOptions(backends=("cuda",), cuda_split_tail=True),
         render.RenderOptions(backends=("cuda",), cuda_async_tail=True),
         render.RenderOptions(backends=("cuda",), cuda_split_tail=True, cuda_async_tail=True),
-        render.RenderOptions(backends=("cuda",), cuda_stream_min_weights=1 << 24),
         render.RenderOptions(
             backends=("cuda",), cuda_split_tail=True, cuda_stream_min_weights=1 << 24
         ),
         render.RenderOptions(backends=("cuda",), cuda_rows_per_warp=1),
         render.RenderOptions(backends=("cuda",), cuda_min_blocks_per_sm=4),
     ],
-    ids=["global", "split_tail", "async_tail", "both", "floor", "split_floor", "rows1", "bounds"],
+    ids=["global", "split_tail", "async_tail", "both", "split_floor", "rows1", "bounds"],
 )
 def test_other_renders_are_clang_format_clean(
     upstream: dict[str, str], tmp_path: Path, options: render.RenderOptions

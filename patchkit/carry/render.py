@@ -77,14 +77,17 @@ class RenderOptions:
     0.60-0.84 of stock on layers of 2**24 weights and more, where without it 8-bit M = 5..7
     kept stock's per-vector kernel (0.96-1.07: the run's noise).
 
-    ``cuda_stream_min_weights`` (default ``CUDA_STREAM_MIN_WEIGHTS``, 2**24; 0: no floor):
-    below this many weights (n * k) M = 2..7 keep stock's per-vector qmv. Read from HBM
-    (ncu, caches flushed), a 1024 x 1024 4-bit layer's streamed kernel took 1.3-2.1x stock's
-    time at M = 2..7 (a grid of fewer blocks than the GPU has SMs), and the split's extra
-    graph nodes cost more than a few-microsecond call saves. From 2**24 up, the cold grid
-    read the route 0.34-0.90 of stock in every cell. Below it, 4-bit layers of 2**22 weights
-    gain too (kernel-only 0.43-0.88 at 4096 x 1024): a lower 4-bit floor awaits a timing of
-    the split at that size.
+    ``cuda_stream_min_weights`` (default ``CUDA_STREAM_MIN_WEIGHTS``, 2**24, with the split;
+    0: no floor): below this many weights (n * k) M = 2..7 keep stock's per-vector qmv. Read
+    from HBM (ncu, caches flushed), a 1024 x 1024 4-bit layer's streamed kernel took 1.3-2.1x
+    stock's time at M = 2..7 (a grid of fewer blocks than the GPU has SMs), and the split's
+    extra graph nodes cost more than a few-microsecond call saves. From 2**24 up, the cold
+    grid read the route 0.34-0.90 of stock in every cell. Below it, the split is faster at
+    some M and slower at others (kernel-only, 4096 x 1024 4-bit: 0.42-0.87 at M = 2, 3, 4, 7
+    but 1.08 at M = 5; 2048 x 1024: 1.02-1.33 at M = 2, 3, 5, 6), so one floor for every
+    width stays. The floor is part of the split's route and needs it: the route without the
+    split (the old two-argument ``use_qmv_streamed``) has no floor, which keeps the
+    renders to two forms of that function.
 
     ``cuda_rows_per_warp`` (2 by default, or 1; smem only): the rows one warp of the
     streamed kernel owns, in blocks of 8 rows. 1 gives a block 8 warps, as qmv has, for a
@@ -129,10 +132,10 @@ class RenderOptions:
 
     @property
     def stream_min_weights(self) -> int:
-        """``cuda_stream_min_weights`` as rendered: unset, the measured floor under routing
-        ``stream`` and none otherwise (``opt_in`` streams only when asked)."""
+        """``cuda_stream_min_weights`` as rendered: unset, the measured floor where the
+        split runs and none otherwise (the floor belongs to the split's route)."""
         if self.cuda_stream_min_weights is None:
-            return CUDA_STREAM_MIN_WEIGHTS if self.routing == "stream" else 0
+            return CUDA_STREAM_MIN_WEIGHTS if self.split_tail else 0
         return self.cuda_stream_min_weights
 
     def __post_init__(self) -> None:
@@ -151,8 +154,8 @@ class RenderOptions:
             raise UserError("cuda_split_tail needs routing 'stream' and cuda_x_staging 'smem'")
         if self.stream_min_weights < 0:
             raise UserError("cuda_stream_min_weights must be 0 (no floor) or more")
-        if self.stream_min_weights and self.routing != "stream":
-            raise UserError("cuda_stream_min_weights needs routing 'stream'")
+        if self.stream_min_weights and not self.split_tail:
+            raise UserError("cuda_stream_min_weights needs cuda_split_tail (routing 'stream')")
         if self.cuda_rows_per_warp not in (1, 2):
             raise UserError(f"cuda_rows_per_warp is 1 or 2, not {self.cuda_rows_per_warp}")
         if self.cuda_rows_per_warp != 2 and self.cuda_x_staging != "smem":
