@@ -74,6 +74,35 @@ def test_sm90_qmm_branch_is_modelled() -> None:
     assert patched(a100, "affine", 4, 128, 256, 8, 3, **exact) == "qmv_streamed"
 
 
+def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
+    """Every transposed point of MLX's test_qmm grid (group 128/64/32, 2/4/8 bits, M 8, 32,
+    33, 64, N and K 128/256, B = 1) takes the same kernel on the patch's default route as on
+    stock, on sm90 and sm80: M >= 8 stays on qmm. (Its non-transposed points, like
+    test_qvm's and test_qmm_non_transposed's, never reach qmv: stock's supports_qmv refuses
+    them.) So a failure of that test on the patched build is stock's code. Control: the
+    exact route takes some of the same points to the streamed kernel."""
+    devices = [
+        dispatch.DeviceInfo("cuda", "NVIDIA H200", cc_major=9),
+        dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8),
+    ]
+    grid = [
+        (dev, g, bits, m, n, k)
+        for dev in devices
+        for g in (128, 64, 32)
+        for bits in (2, 4, 8)
+        for m in (8, 32, 33, 64)
+        for n in (128, 256)
+        for k in (128, 256)
+    ]
+    exact_paths = set()
+    for dev, g, bits, m, n, k in grid:
+        stock = dispatch.kernel_path(dev, "affine", bits, k, n, m, 1, g)
+        assert stock.startswith("qmm")
+        assert dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, False, g) == stock
+        exact_paths.add(dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, True, g))
+    assert "qmv_streamed" in exact_paths
+
+
 def _upstream(path: str) -> str:
     from patchkit.carry import source
 
