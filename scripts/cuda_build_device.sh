@@ -6,7 +6,8 @@
 #   follow OUTDIR SECONDS   follow it again (the next back-to-back call), copying results out
 # The pipeline: build (`patchkit build --no-test`: `parity`, on the exact route, runs inside
 # it), with the peers' sources compiled beside it -> MLX's test_quantized.py in the
-# background (one process per test, the PR's first; TESTS="test_a test_b" runs only those)
+# background (one process per test, the PR's first; TESTS="test_a test_b" runs only those;
+# SHARDS="test_qmm=6" runs a test as 6 processes, scripts/mlx_test_shard.py)
 # -> quick parity with the default routing, in the background too -> full parity with the
 # exact route on (MLX_CUDA_QMV_EXACT=1) -> the peers swapped in and relinked -> the stock
 # wheel unpacked once a call has carried its second half -> the tests waited for (TEST_WAIT s
