@@ -412,7 +412,8 @@ pipeline() {
   python3 -c "import zipfile,glob; zipfile.ZipFile(glob.glob('$WORK/pack/mlx-*.whl')[0]).extractall('$stock')"
   # STOCK_EARLY=1: STOCK_TESTS start on the stock wheel now, beside the patched build's
   # tests, for a lease with no time left to run them after the timing.
-  if [ -n "${STOCK_EARLY:-}" ]; then stock_tests "$stock" /dev/null & fi
+  local stock_early_pid=
+  if [ -n "${STOCK_EARLY:-}" ]; then stock_tests "$stock" /dev/null & stock_early_pid=$!; fi
   # The timing runs alone on the GPU: wait for the tests (up to TEST_WAIT s), then stop
   # what is left and run it again after the timing.
   while [ $waited -lt "${TEST_WAIT:-180}" ] && ! { [ -f "$WORK/test-first.done" ] \
@@ -457,6 +458,8 @@ pipeline() {
   # read as the patch's or as stock's within this lease; then any test that failed only in
   # the rerun.
   tests_summary "$WORK/test-names" first > "$WORK/tests-first.txt"
+  # Early stock tests the timing stopped run again here, not beside themselves.
+  [ -z "$stock_early_pid" ] || wait "$stock_early_pid" || true
   stock_tests "$stock" "$WORK/tests-first.txt" &
   local stock_pid=$!
   tests_wait_and_rerun
@@ -468,16 +471,21 @@ pipeline() {
 stock_tests() {  # $1: the stock wheel's site folder, $2: a tests summary (tests_summary's
   # lines). Each test that FAILED there runs on stock MLX (the same test file), with the
   # tests STOCK_TESTS names (default: test_qmv and test_qmv_wide, which fail on sm90 where
-  # stock's qmm_sm90 applies), once per run: a test already run on stock is not run again.
-  local t names="$WORK/stock-test-names.new"
+  # stock's qmm_sm90 applies). A test that ran to its end on stock is not run again; one
+  # stopped (by the timing, with STOCK_EARLY) runs once more, never a third time.
+  local t tries names="$WORK/stock-test-names.new"
   {
     grep ': FAILED' "$2" 2>/dev/null | cut -d: -f1 || true
     for t in ${STOCK_TESTS-test_qmv test_qmv_wide}; do echo "$t"; done
   } | sed 's/^/test_quantized.TestQuantized./' | tests_sharded | sort -u | while read -r t; do
-    grep -qxF "$t" "$WORK/stock-test-names" 2>/dev/null || echo "$t"
+    tries=$(grep -cxF "$t" "$WORK/stock-test-runs" 2>/dev/null || true)
+    grep -qs '^Ran 1 test' "$WORK/test-stock-$t.log" || [ "${tries:-0}" -ge 2 ] || echo "$t"
   done > "$names"
   [ -s "$names" ] || return 0
-  cat "$names" >> "$WORK/stock-test-names"
+  cat "$names" >> "$WORK/stock-test-runs"
+  while read -r t; do
+    grep -qxsF "$t" "$WORK/stock-test-names" || echo "$t" >> "$WORK/stock-test-names"
+  done < "$names"
   log "on the stock wheel (at most ${STOCK_TEST_LIMIT:-600} s each): $(tr '\n' ' ' < "$names")"
   TEST_LIMIT=${STOCK_TEST_LIMIT:-600} tests_run stock "$names" "$1"
   tests_summary "$WORK/stock-test-names" stock | sed 's/^/stock /' > "$WORK/stock-tests.txt"

@@ -342,3 +342,41 @@ def test_a_bad_shard_is_one_line_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert got.returncode != 0
     assert got.stderr.strip() == "mlx_test_shard.py: bad shard '3of2' in 'm.C.t@3of2' (want @IofN)"
+
+
+def test_a_stopped_stock_test_runs_once_more_never_a_third_time(tmp_path: Path) -> None:
+    """With STOCK_EARLY a stock test may be stopped by the timing; the next stock_tests call
+    runs it again, and a test that never ends (here: over TEST_LIMIT each time) runs at most
+    twice. A test that ended is not run again (the other test's control)."""
+    work = tmp_path / "work"
+    tests = _tests_tree(work)
+    stock = tmp_path / "stock-site"
+    stock.mkdir()
+    (tests / "test_quantized.py").write_text(
+        textwrap.dedent(
+            """\
+            import time, unittest
+            class TestQuantized(unittest.TestCase):
+                def test_quick(self):
+                    pass
+                def test_endless(self):
+                    time.sleep(30)
+            """
+        )
+    )
+    call = (
+        f"STOCK_TEST_LIMIT=2 STOCK_TESTS='test_quick test_endless' stock_tests {stock} /dev/null\n"
+    )
+    got = _bash(work, tmp_path, call * 3 + 'cat "$WORK/stock-test-runs"; echo ---\n'
+                'cat "$WORK/stock-tests.txt"\n')  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    runs, summary = got.stdout.split("---\n")
+    assert sorted(runs.split()) == [
+        "test_quantized.TestQuantized.test_endless",
+        "test_quantized.TestQuantized.test_endless",
+        "test_quantized.TestQuantized.test_quick",
+    ]
+    assert summary.splitlines() == [
+        "stock test_endless: unfinished",
+        "stock test_quick: OK (0 FAIL lines)",
+    ]
