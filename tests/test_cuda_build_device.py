@@ -141,24 +141,27 @@ def _tests_tree(work: Path) -> Path:
     return tests
 
 
+def _test_file(work: Path, source: str) -> None:
+    """The build's test folder (:func:`_tests_tree`), holding ``source`` as MLX's test file."""
+    (_tests_tree(work) / "test_quantized.py").write_text(textwrap.dedent(source))
+
+
 def test_tests_run_stop_rerun_and_summary(tmp_path: Path) -> None:
     work = tmp_path / "work"
-    tests = _tests_tree(work)
-    (tests / "test_quantized.py").write_text(
-        textwrap.dedent(
-            """\
-            import time, unittest
-            class TestQuantized(unittest.TestCase):
-                def test_ok(self):
-                    pass
-                def test_subfail(self):
-                    for i in range(3):
-                        with self.subTest(i=i):
-                            self.assertEqual(i % 2, 0)
-                def test_slow(self):
-                    time.sleep(4)
-            """
-        )
+    _test_file(
+        work,
+        """\
+        import time, unittest
+        class TestQuantized(unittest.TestCase):
+            def test_ok(self):
+                pass
+            def test_subfail(self):
+                for i in range(3):
+                    with self.subTest(i=i):
+                        self.assertEqual(i % 2, 0)
+            def test_slow(self):
+                time.sleep(4)
+        """,
     )
     names = "\n".join(
         f"test_quantized.TestQuantized.{t}" for t in ("test_ok", "test_subfail", "test_slow")
@@ -218,22 +221,20 @@ def test_tests_that_did_not_pass_run_again_on_stock(tmp_path: Path) -> None:
     PYTHONPATH, python3), read from that batch's logs only; a passing one runs only when
     STOCK_TESTS names it; a second call runs nothing twice."""
     work = tmp_path / "work"
-    tests = _tests_tree(work)
     stock = tmp_path / "stock-site"
     stock.mkdir()
     (stock / "which_mlx.py").write_text("NAME = 'stock'\n")
-    (tests / "test_quantized.py").write_text(
-        textwrap.dedent(
-            """\
-            import unittest
-            class TestQuantized(unittest.TestCase):
-                def test_ok(self):
-                    pass
-                def test_stock_only(self):  # passes where the stock folder is importable
-                    import which_mlx
-                    self.assertEqual(which_mlx.NAME, "stock")
-            """
-        )
+    _test_file(
+        work,
+        """\
+        import unittest
+        class TestQuantized(unittest.TestCase):
+            def test_ok(self):
+                pass
+            def test_stock_only(self):  # passes where the stock folder is importable
+                import which_mlx
+                self.assertEqual(which_mlx.NAME, "stock")
+        """,
     )
     names = " ".join(f"test_quantized.TestQuantized.{t}" for t in ("test_ok", "test_stock_only"))
     script = (
@@ -297,23 +298,21 @@ def test_a_sharded_test_runs_each_point_of_its_grid_once(tmp_path: Path) -> None
     each; a test SHARDS does not name stays whole. Control: unsharded, one process runs the
     whole grid."""
     work = tmp_path / "work"
-    tests = _tests_tree(work)
-    (tests / "test_quantized.py").write_text(
-        textwrap.dedent(
-            """\
-            import os, unittest
-            from itertools import product
-            class TestQuantized(unittest.TestCase):
-                def test_grid(self):
-                    with open(os.environ["POINTS"], "a") as out:
-                        for a, b in product([1, 2, 3], [10, 20]):
-                            for c, in product([7, 8]):
-                                with self.subTest(a=a, b=b, c=c):
-                                    out.write(f"{a} {b} {c}\\n")
-                def test_other(self):
-                    pass
-            """
-        )
+    _test_file(
+        work,
+        """\
+        import os, unittest
+        from itertools import product
+        class TestQuantized(unittest.TestCase):
+            def test_grid(self):
+                with open(os.environ["POINTS"], "a") as out:
+                    for a, b in product([1, 2, 3], [10, 20]):
+                        for c, in product([7, 8]):
+                            with self.subTest(a=a, b=b, c=c):
+                                out.write(f"{a} {b} {c}\\n")
+            def test_other(self):
+                pass
+        """,
     )
     script = (
         "printf '%s\\n' test_quantized.TestQuantized.test_grid "
@@ -349,20 +348,18 @@ def test_a_stopped_stock_test_runs_once_more_never_a_third_time(tmp_path: Path) 
     runs it again, and a test that never ends (here: over TEST_LIMIT each time) runs at most
     twice. A test that ended is not run again (the other test's control)."""
     work = tmp_path / "work"
-    tests = _tests_tree(work)
     stock = tmp_path / "stock-site"
     stock.mkdir()
-    (tests / "test_quantized.py").write_text(
-        textwrap.dedent(
-            """\
-            import time, unittest
-            class TestQuantized(unittest.TestCase):
-                def test_quick(self):
-                    pass
-                def test_endless(self):
-                    time.sleep(30)
-            """
-        )
+    _test_file(
+        work,
+        """\
+        import time, unittest
+        class TestQuantized(unittest.TestCase):
+            def test_quick(self):
+                pass
+            def test_endless(self):
+                time.sleep(30)
+        """,
     )
     call = (
         f"STOCK_TEST_LIMIT=2 STOCK_TESTS='test_quick test_endless' stock_tests {stock} /dev/null\n"
