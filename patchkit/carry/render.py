@@ -65,8 +65,8 @@ class RenderOptions:
     ``cuda_split_tail`` and ``cuda_stream_min_weights`` are the CUDA default route's
     policy, measured on an H200 with compiled MLX and weights read from HBM
     (``docs/benchmark_results/cuda-compiled-h200-2026-12-01-cold.md``; decision 0004).
-    Left unset (None), they take the measured values under routing ``stream`` (with
-    ``smem`` for the split) and are off otherwise; ``split_tail`` and
+    Left unset (None), they take the measured values where the split can run (routing
+    ``stream``, ``smem``) and are off otherwise; ``split_tail`` and
     ``stream_min_weights`` give the values rendered.
 
     ``cuda_split_tail`` (default on) launches M = 5..7 of one batch (4-bit: M = 5, 6) as a
@@ -86,7 +86,7 @@ class RenderOptions:
     some M and slower at others (kernel-only, 4096 x 1024 4-bit: 0.42-0.87 at M = 2, 3, 4, 7
     but 1.08 at M = 5; 2048 x 1024: 1.02-1.33 at M = 2, 3, 5, 6), so one floor for every
     width stays. The floor is part of the split's route and needs it: the route without the
-    split (the old two-argument ``use_qmv_streamed``) has no floor, which keeps the
+    split (the two-argument ``use_qmv_streamed``) has no floor, which keeps the
     renders to two forms of that function.
 
     ``cuda_rows_per_warp`` (2 by default, or 1; smem only): the rows one warp of the
