@@ -268,11 +268,15 @@ tests_chosen() {  # the unittest names on stdin that TESTS names (short names, s
   done
 }
 
+ran_to_end() {  # whether batch $1's log of test $2 reached unittest's summary
+  grep -qs '^Ran 1 test' "$WORK/test-$1-$2.log"
+}
+
 tests_unfinished() {  # the names in file $1 that no log of the patched build's batches
   # reports as run to its end
   local t
   while read -r t; do
-    grep -qs '^Ran 1 test' "$WORK"/test-first-"$t".log "$WORK"/test-again-"$t".log || echo "$t"
+    ran_to_end first "$t" || ran_to_end again "$t" || echo "$t"
   done < "$1"
 }
 
@@ -282,7 +286,7 @@ tests_summary() {  # one line per test of file $1: its verdict, from the last of
   while read -r t; do
     log=
     for b in ${2:-first again}; do
-      if grep -qs '^Ran 1 test' "$WORK/test-$b-$t.log"; then log="$WORK/test-$b-$t.log"; fi
+      if ran_to_end "$b" "$t"; then log="$WORK/test-$b-$t.log"; fi
     done
     if [ -z "$log" ]; then echo "${t##*.}: unfinished"; continue; fi
     echo "${t##*.}: $(tail -1 "$log") ($(grep -c '\.\.\. FAIL$' "$log") FAIL lines)"
@@ -479,7 +483,7 @@ stock_tests() {  # $1: the stock wheel's site folder, $2: a tests summary (tests
     for t in ${STOCK_TESTS-test_qmv test_qmv_wide}; do echo "$t"; done
   } | sed 's/^/test_quantized.TestQuantized./' | tests_sharded | sort -u | while read -r t; do
     tries=$(grep -cxF "$t" "$WORK/stock-test-runs" 2>/dev/null || true)
-    grep -qs '^Ran 1 test' "$WORK/test-stock-$t.log" || [ "${tries:-0}" -ge 2 ] || echo "$t"
+    ran_to_end stock "$t" || [ "${tries:-0}" -ge 2 ] || echo "$t"
   done > "$names"
   [ -s "$names" ] || return 0
   cat "$names" >> "$WORK/stock-test-runs"
