@@ -9,7 +9,6 @@ one process each, stopped, found unfinished and run again, with one verdict per 
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 import subprocess
 import sys
@@ -78,7 +77,13 @@ def _build_tree(work: Path) -> Path:
 
 
 def _which(lib: Path) -> int:
-    return ctypes.CDLL(str(lib)).which()
+    """``which()`` of the tiny ``libmlx.so``, loaded in a child process: loaded here, its
+    soname would shadow MLX's own library for any later ``import mlx.core`` of this run."""
+    code = "import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).which())"
+    got = subprocess.run(
+        [sys.executable, "-c", code, str(lib)], capture_output=True, text=True, check=True
+    )
+    return int(got.stdout)
 
 
 @needs_tools
