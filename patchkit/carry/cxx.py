@@ -196,7 +196,7 @@ def find_statement(text: str, head: str) -> Span:
         end = match_brace(mask, m.end() - 1)
     else:
         end = mask.index(";", m.end() - 1) + 1
-    start = _leading_comment_start(text, text.rfind("\n", 0, m.start()) + 1)
+    start = leading_comment_start(text, text.rfind("\n", 0, m.start()) + 1)
     nl = text.find("\n", end)
     return (start, len(text) if nl < 0 else nl + 1)
 
@@ -220,7 +220,7 @@ def find_statements(
     return (lo + start, lo + end)
 
 
-def _leading_comment_start(text: str, line_start: int) -> int:
+def leading_comment_start(text: str, line_start: int) -> int:
     """Move ``line_start`` up over the ``//`` comment lines directly above it.
 
     A comment right above a statement describes it, so inserting before the

@@ -26,7 +26,7 @@ from typing import Literal
 
 import jinja2
 
-from patchkit.carry import cxx, pyedit
+from patchkit.carry import cxx, hunks, pyedit
 from patchkit.errors import AnchorError, UserError
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -46,6 +46,10 @@ STREAMED_VECS = (2, 3, 4, 5)
 # The CUDA default route's floor: layers of fewer weights (n * k) keep stock's per-vector
 # qmv at M = 2..7 (the smallest layer of the H200's cold grid where streaming won every M).
 CUDA_STREAM_MIN_WEIGHTS = 1 << 24
+# Edits whose template is a unified diff of upstream text (hunks.apply_diff), and
+# edits that delete an upstream definition by name (no template).
+PATCH_OPS = ("patch_function", "patch_file")
+REMOVE_OPS = ("remove_function", "remove_macro")
 
 
 @dataclass(frozen=True)
@@ -274,7 +278,7 @@ def _load_plan(manifest: Path, templates_dir: Path) -> FilePlan:
             Edit(
                 op=e["op"],
                 anchor=e["anchor"],
-                template=e["template"],
+                template=e.get("template", "") if e["op"] in REMOVE_OPS else e["template"],
                 index=e.get("index"),
                 within=e.get("within"),
                 through=e.get("through"),
@@ -372,6 +376,17 @@ def render_snippet(plan: FilePlan, template: str, context: dict[str, object]) ->
         raise UserError(f"{plan.path}/{template}: not UTF-8 text ({exc.reason})") from exc
 
 
+def edit_snippet(plan: FilePlan, edit: Edit, context: dict[str, object]) -> str:
+    """The text an edit inserts: a diff is read as it is (C++ braces are not Jinja)."""
+    if edit.op in PATCH_OPS:
+        path = plan.template_dir / edit.template
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"{plan.path}/{edit.template}: cannot read ({exc.strerror})") from exc
+    return render_snippet(plan, edit.template, context)
+
+
 def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:
     """Apply one edit to ``text``; snippets are separated from upstream code by a blank line.
 
@@ -383,6 +398,17 @@ def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:
         return pyedit.apply_edit(text, op, edit.anchor, snippet)
     if text is None:
         raise AnchorError(f"'{op}' needs an upstream file, and there is none")
+    if op == "patch_function":
+        fn = cxx.find_function(text, edit.anchor, edit.index)
+        start, end = fn.span
+        return text[:start] + hunks.apply_diff(text[start:end], snippet, edit.anchor) + text[end:]
+    if op == "patch_file":
+        return hunks.apply_diff(text, snippet, edit.anchor)
+    if op == "remove_function":
+        fn = cxx.find_function(text, edit.anchor, edit.index)
+        return _remove(text, fn.span)
+    if op == "remove_macro":
+        return _remove(text, cxx.find_macro(text, edit.anchor))
     if op == "after_function":
         fn = cxx.find_function(text, edit.anchor, edit.index)
         at = cxx.line_end(text, fn.span[1] - 1)
@@ -408,6 +434,15 @@ def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:
     raise UserError(f"unknown edit op '{op}' for anchor '{edit.anchor}'")
 
 
+def _remove(text: str, span: cxx.Span) -> str:
+    """``text`` without ``span``, the comment lines directly above it and one blank line."""
+    start = cxx.leading_comment_start(text, text.rfind("\n", 0, span[0]) + 1)
+    end = cxx.line_end(text, span[1] - 1)
+    if text[end : end + 1] == "\n":
+        end += 1  # the blank line that separated it from what follows
+    return text[:start] + text[end:]
+
+
 def render_file(
     plan: FilePlan,
     upstream_text: str | None,
@@ -423,7 +458,10 @@ def render_file(
     ctx = {**context(options, derived), **(extra_context or {})}
     text = upstream_text
     for edit in plan.edits:
-        snippet = render_snippet(plan, edit.template, ctx)
+        if edit.op in REMOVE_OPS:
+            text = _apply_edit(text, edit, "")
+            continue
+        snippet = edit_snippet(plan, edit, ctx)
         if not snippet.strip():
             continue  # an option turned this edit off
         text = _apply_edit(text, edit, snippet)
