@@ -9,10 +9,8 @@ using :func:`common_options`; nothing else needs to change.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -346,41 +344,61 @@ def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool
 
 
 @main.command("export-pr")
-@click.option("--onto", metavar="REV", help="Upstream commit to branch off (default: the pin).")
-@click.option("--branch", default="order-preserving-qmv", show_default=True, help="Branch name.")
-@click.option("--title", help="Commit title (default: MLX-style 'Add order-preserving ...').")
+@click.option(
+    "--backend",
+    type=click.Choice(["metal", "cuda"]),
+    default="metal",
+    show_default=True,
+    help="Which backend's PR: one commit per backend.",
+)
+@click.option(
+    "--onto",
+    metavar="REV",
+    help="Upstream commit to branch off (default: MLX's main, the clone's newest; "
+    "give pin.toml's commit for the pin).",
+)
+@click.option(
+    "--branch", help="Branch name (default: order-preserving-qmv, -cuda for the CUDA PR)."
+)
+@click.option("--force", is_flag=True, help="Move the branch if it exists already.")
+@click.option("--title", help="Commit subject (default: the backend's, from templates/pr/).")
 @click.option("--push", metavar="URL_OR_PATH", help="Push the branch there (never by default).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Patch/body dir.")
-@click.option("--author", metavar="'NAME <EMAIL>'", help="Commit author (the submitter).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="A new or empty folder for the patch and the body (default: a fresh build/pr/...).",
+)
+@click.option(
+    "--author",
+    metavar="'NAME <EMAIL>'",
+    help="Commit author (default: your git user.name/user.email).",
+)
 @click.option(
     "--install-formatters",
     is_flag=True,
     help="Install upstream's formatter pins into patchkit's own tool venv (not yours).",
 )
-@common_options
-def export_pr_cmd(as_json: bool, common: dict[str, Any], **kw: Any) -> None:
-    """One upstream-ready commit (Metal by default; --backend cuda adds CUDA) + PR body draft."""
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@click.option("--mlx-repo", metavar="PATH_OR_URL", help="MLX source to clone from.")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), help="patchkit checkout.")
+@click.option("--templates", type=click.Path(file_okay=False, path_type=Path), help="Templates.")
+def export_pr_cmd(as_json: bool, root: Path | None, templates: Path | None, **kw: Any) -> None:
+    """One upstream-ready commit for one backend, on MLX's main, plus the PR body."""
     from patchkit.carry import export_pr
 
-    given = click.get_current_context().params.get("backends") or export_pr.DEFAULT_BACKENDS
-    opts = common["options"]
-    common["options"] = dataclasses.replace(opts, backends=tuple(given), flavour="upstream")
-    author = kw.pop("author")
-    if author:
-        name, _, email = author.partition("<")
-        kw["author"] = (name.strip(), email.rstrip(">").strip())
-    kw["title"] = kw["title"] or export_pr.DEFAULT_TITLE
+    click.get_current_context().meta["json"] = as_json
+    root = (root or find_root(Path.cwd())).resolve()
     kw["out_dir"] = kw.pop("out")
-    with progress(as_json) as say, warnings.catch_warnings():
-        # Shown once below as a line of ours (and in --json), not as a Python warning.
-        warnings.simplefilter("ignore", export_pr.NoGitIdentityWarning)
-        r = export_pr.export_pr(progress=say, **common, **kw)
+    with progress(as_json) as say:
+        r = export_pr.export_pr(
+            root=root, templates_dir=templates or root / "templates", progress=say, **kw
+        )
     for line in r.warnings:
-        err_console.print(f"[yellow]warning:[/] {line}", highlight=False)
+        err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     emit(
         as_json,
         r.to_json(),
-        f"branch {r.branch} = {r.commit[:8]} on {r.base[:8]} in {r.repository}\n"
+        f"{r.backend}: branch {r.branch} = {r.commit[:8]} on {r.base[:8]} in {r.repository}\n"
         f"patch (applies with git am): {r.patch}\n"
         f"PR body: {r.body}\n  {export_pr.DRAFT_NOTICE}",
     )

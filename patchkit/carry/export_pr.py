@@ -1,54 +1,67 @@
-"""``patchkit export-pr``: one upstream-ready commit for ml-explore/mlx, plus a draft PR body.
+"""``patchkit export-pr``: one upstream-ready commit per backend for ml-explore/mlx, plus a PR body.
 
-Flow: resolve the base (the pin, or ``--onto REV``) in the cached clone ->
-render the kernel, instantiations and dispatch with :func:`workspace.render_all`
-(the same templates and code path the overlay comes from) and the test and
-benchmark files from the ``backend = "pr"`` plans via :mod:`patchkit.carry.pyedit`
--> write them in a fresh worktree -> format with the formatter versions the
-base's ``.pre-commit-config.yaml`` names and verify a second pass changes nothing
--> commit once -> branch -> ``git format-patch`` -> prove it applies to the base
-with ``git am`` and rebuilds the same tree -> render the PR body draft.
+Flow: check every argument (backend, branch, title, author, push target, out folder)
+-> prune what a killed run left -> resolve the base (MLX's default branch in the
+cached clone, or ``--onto REV``) -> render that backend's files with
+:func:`workspace.render_all` (the code path the overlay comes from) and the test
+and benchmark from the ``backend = "pr"`` plans -> write them in a fresh worktree,
+format with the versions the base's ``.pre-commit-config.yaml`` pins and check a
+second pass changes nothing -> commit once, as the submitter, dated now -> create
+the branch -> ``git format-patch`` -> prove ``git am`` on the base rebuilds the tree
+-> write the patch and the PR body into a fresh output folder, in one rename.
 
-Scope by default: Metal only. The test asserts what the Metal change delivers;
-CUDA is being measured separately and can join with ``--backend cuda``.
-
-MLX's contribution policy asks that humans write PR descriptions (and, from
-057cdc9e on, commit messages) and disclose AI use, so the commit carries only a
-title and the PR body is a DRAFT of facts for the submitter to rewrite. This
-module never pushes unless ``push`` names a remote explicitly.
+One backend per commit: the Metal commit touches no CUDA file and the CUDA commit
+no Metal file (the test and benchmark are shared paths). MLX forbids AI-written PR
+descriptions and asks for an AI-usage disclosure, so the body is upstream's PR
+template with the description and the disclosure left empty, followed by facts:
+commands, results read from this repository's measurement files
+(``templates/pr/results.toml`` names them), and what is still to measure on an
+Apple GPU. Nothing outside the new output folder, the branch and patchkit's own
+worktrees is written or deleted; nothing is pushed unless ``push`` is given.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import fcntl
 import hashlib
+import json
+import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
-import warnings
-from collections.abc import Callable, Sequence
+import tempfile
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import pin, render, source, workspace
+from patchkit.carry import render, source, workspace
 from patchkit.errors import AnchorError, ToolError, UserError
 from patchkit.util import git
 
 PR_BACKEND = "pr"
-DEFAULT_TITLE = "Add order-preserving streamed qmv for small batches"
-DEFAULT_BRANCH = "order-preserving-qmv"
-DEFAULT_BACKENDS = ("metal",)
-PR_OPTIONS = render.RenderOptions(DEFAULT_BACKENDS)
+BACKENDS = ("metal", "cuda")
+DEFAULT_BACKEND = "metal"
+# One branch per backend, so exporting the other backend never moves this one.
+DEFAULT_BRANCHES = {"metal": "order-preserving-qmv", "cuda": "order-preserving-qmv-cuda"}
+# Paths one backend's commit must not touch (the other backend's sources).
+FOREIGN_PATHS = {"metal": ("mlx/backend/cuda/",), "cuda": ("mlx/backend/metal/",)}
 # Largest M the test asserts: the smallest qmv batch limit for K, N <= 2048 on any
 # Apple GPU generation is 13, and M >= limit goes to qmm, which sums differently.
 TEST_MAX_M = 12
-# Benchmark shapes (K x N) the PR body names: a 4096-wide model's attention and MLP
-# projections, the sizes a speculative-decoding verify forward runs at small M.
+# Benchmark shapes (K x N) the test and benchmark templates name: a 4096-wide model's
+# attention and MLP projections, the sizes a speculative-decoding verify runs at small M.
 BENCH_SIZES = ((4096, 4096), (4096, 14336), (14336, 4096))
 BODY_TEMPLATE = "pr/body.md.j2"
+COMMIT_TEMPLATE = "pr/commit.txt.j2"
+RESULTS_MANIFEST = "pr/results.toml"
+BODY_FILE = "PR_BODY.draft.md"
 PR_TEMPLATE = ".github/pull_request_template.md"
-CHECKLIST_HEADING = "## Checklist"
 PRECOMMIT = ".pre-commit-config.yaml"
 CXX_SUFFIXES = (".h", ".cpp", ".metal", ".cu", ".cuh")
 # Formatter hooks of MLX's .pre-commit-config.yaml: repo URL fragment -> PyPI name.
@@ -58,15 +71,20 @@ FORMATTERS = {
     "pycqa/isort": "isort",
 }
 DRAFT_NOTICE = (
-    "DRAFT for the submitter to rewrite in their own words: MLX's CONTRIBUTING forbids"
-    " AI-written PR descriptions and asks contributors to disclose AI use."
+    "The description and the AI usage disclosure are yours to write: MLX's CONTRIBUTING"
+    " forbids AI-written PR descriptions. The sections after them are facts and commands"
+    " for you to check, rerun, keep or cut."
 )
+# Names patchkit gives what it creates, so a later run can tell its own leftovers apart.
+WORKTREE_PREFIX = "export-pr."
+STAGE_PREFIX = ".patchkit-export-pr."
+LOCK_SUFFIX = ".lock"
+ZERO_OID = "0" * 40
+AUTHOR_RE = re.compile(r"^\s*([^<>\n]*[^<>\s])\s*<([^<>\s@]+@[^<>\s@]+)>\s*$")
+
+PR_OPTIONS = render.RenderOptions()
 
 Read = Callable[[str], "str | None"]
-
-
-class NoGitIdentityWarning(UserWarning):
-    """No git user.name/user.email is set: the PR commit falls back to patchkit's identity."""
 
 
 @dataclass
@@ -74,6 +92,7 @@ class PrResult:
     """What export-pr did, for the CLI and ``--json``."""
 
     repository: Path
+    backend: str
     branch: str
     commit: str
     base: str
@@ -81,22 +100,22 @@ class PrResult:
     patch: Path
     body: Path
     formatters: dict[str, str]
+    author: tuple[str, str]
     reformatted: list[str] = field(default_factory=list)
     pushed: str | None = None
-    author: tuple[str, str] = git.FIXED_AUTHOR
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """A JSON-friendly summary (repository path, branch and commit first)."""
         return {
             "clone": str(self.repository),
+            "backend": self.backend,
             "branch": self.branch,
             "commit": self.commit,
             "base": self.base,
             "files": self.files,
             "patch": str(self.patch),
             "body": str(self.body),
-            "body_is_draft": True,
             "formatters": self.formatters,
             "reformatted": self.reformatted,
             "pushed": self.pushed,
@@ -292,23 +311,327 @@ def write_and_format(
     return changed, reformatted
 
 
+# --- arguments, checked before any work ----------------------------------------------
+
+
+def check_backend(backend: str) -> str:
+    """``backend`` if it is one a PR can carry."""
+    if backend not in BACKENDS:
+        raise UserError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def check_branch(branch: str) -> str:
+    """``branch`` if git accepts it as a new branch name (not an option, not ``a..b``)."""
+    ok = bool(branch) and not branch.startswith("-") and branch != "HEAD"
+    if ok:
+        proc = git.run(None, "check-ref-format", "--branch", branch, ok_codes=(0, 1, 128))
+        ok = proc.returncode == 0
+    if not ok:
+        raise UserError(f"--branch {branch!r} is not a valid branch name; e.g. --branch my-qmv-fix")
+    return branch
+
+
+def check_title(title: str) -> str:
+    """``title`` if it is one non-empty line (a newline would start the body or a trailer)."""
+    if not title.strip() or any(c in title for c in "\r\n") or not title.isprintable():
+        raise UserError(f"--title {title!r}: give one non-empty line of printable text")
+    return title.strip()
+
+
+def parse_author(text: str) -> tuple[str, str]:
+    """``(name, email)`` from ``'Name <email>'``; anything else is refused."""
+    found = AUTHOR_RE.match(text)
+    if not found:
+        raise UserError(f"--author {text!r}: give it as 'Name <name@example.com>'")
+    return found.group(1).strip(), found.group(2)
+
+
+def push_target(remote: str) -> str:
+    """``remote`` as something patchkit's own clone can push to: a URL or a git repo path.
+
+    The branch lives in patchkit's cached clone, which knows none of the user's
+    remote names; a bare name would fail inside git with a confusing message.
+    """
+    if "://" in remote or re.match(r"^[\w.-]+@[\w.-]+:", remote):
+        return remote
+    path = Path(remote).expanduser()
+    if path.exists():
+        probe = git.run(path, "rev-parse", "--git-dir", ok_codes=(0, 128))
+        if probe.returncode != 0 or not path.is_dir():
+            raise UserError(f"--push {remote}: not a git repository; give a clone's path or a URL")
+        return str(path.resolve())
+    raise UserError(
+        f"--push {remote}: give a URL or the path of a git repository (the branch is pushed"
+        f" from patchkit's own clone, which has no remote named {remote!r}),"
+        " e.g. git@github.com:YOU/mlx.git"
+    )
+
+
+def check_out_dir(out_dir: Path) -> Path:
+    """``out_dir`` resolved, if it is absent or an empty folder: export-pr never writes
+    into, or deletes from, a folder that holds anything."""
+    out = out_dir.expanduser().resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(
+            f"--out {out_dir}: exists and is not an empty folder; give a new or empty folder"
+            " (nothing in it is overwritten or deleted)"
+        )
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out_dir}: its parent folder {out.parent} does not exist")
+    return out
+
+
+def fresh_out_dir(parent: Path, name: str) -> Path:
+    """``parent/name``, or ``name-2``, ``name-3`` ... : the first that does not exist yet."""
+    candidate, n = parent / name, 1
+    while candidate.exists():
+        n += 1
+        candidate = parent / f"{name}-{n}"
+    return candidate
+
+
+# --- identity -------------------------------------------------------------------------
+
+
+def resolve_author(repos: Sequence[Path], author: tuple[str, str] | None) -> tuple[str, str]:
+    """The commit author: ``author`` if given, else the git identity the user's git
+    reports in the first of ``repos`` that exists (its config, then global and system).
+
+    There is no fallback: a PR commit must carry the submitter's name, never a placeholder.
+    """
+    if author is not None:
+        return author
+    for repo in repos:
+        if repo.is_dir():
+            ident = git.user_identity(repo)
+            if ident is not None:
+                return ident
+    raise UserError(
+        "no git identity for the PR commit: run git config --global user.name 'Your Name'"
+        " and git config --global user.email you@example.com, or pass --author 'Name <email>'"
+    )
+
+
+def identity_repos(root: Path, mlx_repo: str | None) -> list[Path]:
+    """Where the submitter's identity may be configured: their MLX clone (a local
+    ``--mlx-repo`` / ``PATCHKIT_MLX_REPO``), then the patchkit checkout."""
+    spec = mlx_repo or os.environ.get(source.ENV_REPO) or ""
+    local = [Path(spec).expanduser()] if spec and "://" not in spec and "@" not in spec else []
+    return [*local, root]
+
+
+def now_iso() -> str:
+    """The current time with the local UTC offset, as git writes an author date."""
+    return datetime.datetime.now().astimezone().replace(microsecond=0).isoformat()
+
+
+# --- patchkit's own worktrees and staging folders ---------------------------------------
+
+
+@contextmanager
+def _held(lock: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock`` (created) for the block; remove it after."""
+    with lock.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _is_stale(lock: Path) -> bool:
+    """Whether no live process holds ``lock`` (a missing lock counts as stale)."""
+    try:
+        fh = lock.open("r")
+    except FileNotFoundError:
+        return True
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return True
+
+
+def _worktrees_dir(clone: Path) -> Path:
+    return clone.parent / "worktrees"
+
+
+def prune_worktrees(clone: Path) -> list[Path]:
+    """Remove the worktrees a killed export-pr left in patchkit's cache; return them.
+
+    Only ``export-pr.*`` folders whose lock no live process holds: another
+    command's worktrees, and a running export's, are left alone. Git may have
+    left such a worktree registered and locked ("initializing"); it is unlocked
+    and removed from git's list too.
+    """
+    parent, removed = _worktrees_dir(clone), []
+    registered = set(map(str, git.list_worktrees(clone))) if clone.is_dir() else set()
+    names = {p.name.removesuffix(LOCK_SUFFIX) for p in parent.glob(f"{WORKTREE_PREFIX}*")}
+    for name in sorted(names):
+        path, lock = parent / name, parent / f"{name}{LOCK_SUFFIX}"
+        if not _is_stale(lock):
+            continue
+        if str(path) in registered:
+            git.run(clone, "worktree", "unlock", str(path), ok_codes=(0, 128))
+            git.run(clone, "worktree", "remove", "--force", "--force", str(path), ok_codes=(0, 128))
+        shutil.rmtree(path, ignore_errors=True)
+        lock.unlink(missing_ok=True)
+        removed.append(path)
+    if clone.is_dir():
+        git.worktree_prune(clone)
+    return removed
+
+
+def prune_stages(parent: Path) -> list[Path]:
+    """Remove staging folders a killed export-pr left in ``parent``; return them.
+
+    Only ``.patchkit-export-pr.*`` folders whose lock no live process holds, and
+    that hold nothing but what export-pr writes (``*.patch``, the body, the lock).
+    """
+    removed = []
+    for stage in sorted(parent.glob(f"{STAGE_PREFIX}*")):
+        if not stage.is_dir() or stage.is_symlink():
+            continue
+        lock = stage / LOCK_SUFFIX
+        # Without its lock file a stage is being created (or is empty): leave it.
+        ours = lock.is_file() and all(
+            f.is_file() and (f.suffix == ".patch" or f.name in (BODY_FILE, LOCK_SUFFIX))
+            for f in stage.iterdir()
+        )
+        if ours and _is_stale(lock):
+            shutil.rmtree(stage)
+            removed.append(stage)
+    return removed
+
+
+@contextmanager
+def worktree(clone: Path, commit: str) -> Iterator[Path]:
+    """A fresh detached worktree at ``commit``, locked as live while in use and always
+    removed after. It moves no ref (``refs/patchkit/base`` belongs to ``apply``)."""
+    parent = _worktrees_dir(clone)
+    parent.mkdir(parents=True, exist_ok=True)
+    path = parent / f"{WORKTREE_PREFIX}{os.getpid()}.{secrets.token_hex(4)}"
+    # The lock exists before the worktree, so a worktree without a held lock is stale.
+    with _held(parent / f"{path.name}{LOCK_SUFFIX}"):
+        git.worktree_add(clone, path, commit)
+        try:
+            yield path
+        finally:
+            git.worktree_remove(clone, path)
+
+
+@contextmanager
+def staging(out: Path) -> Iterator[Path]:
+    """A locked staging folder beside ``out``; renamed onto ``out`` (absent or empty)
+    when the block succeeds, removed when it fails. The rename is the one commit point."""
+    stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=out.parent))
+    try:
+        with _held(stage / LOCK_SUFFIX):
+            yield stage
+        os.rename(stage, out)  # POSIX: replaces an empty folder, fails on a non-empty one
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise UserError(f"cannot write {out} ({exc.strerror}); give a new or empty --out") from exc
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+# --- the commit ---------------------------------------------------------------------
+
+
+def default_base(clone: Path, progress: source.Progress = source._quiet) -> str:
+    """MLX's newest upstream commit: the clone's default branch (its HEAD), fetched first."""
+    proc = git.run(clone, "symbolic-ref", "--quiet", "--short", "HEAD", ok_codes=(0, 1, 128))
+    name = proc.stdout.strip() or "HEAD"
+    return source.resolve(clone, name, progress=progress)
+
+
+def backend_options(backend: str, options: render.RenderOptions) -> render.RenderOptions:
+    """``options`` narrowed to the one backend this PR carries, in the upstream flavour."""
+    return dataclasses.replace(options, backends=(backend,), flavour="upstream")
+
+
+def check_scope(backend: str, files: Sequence[str]) -> None:
+    """UserError when the commit of ``backend`` touches another backend's sources."""
+    foreign = [f for f in files if f.startswith(FOREIGN_PATHS[backend])]
+    if foreign:
+        raise UserError(
+            f"the {backend} PR would touch {', '.join(foreign)}: another backend's files;"
+            " check that file's edits.toml backend"
+        )
+
+
+def commit_message(templates_dir: Path, backend: str, title: str | None) -> str:
+    """Subject and body from ``templates/pr/commit.txt.j2``; ``title`` replaces the subject."""
+    text = render.environment(templates_dir).get_template(COMMIT_TEMPLATE).render(backend=backend)
+    subject, _, body = text.strip("\n").partition("\n")
+    return f"{title or subject.strip()}\n\n{body.strip()}\n"
+
+
 def commit_pr(
     clone: Path,
     base: str,
     upstream: dict[str, str | None],
     patched: dict[str, str],
-    title: str,
+    message: str,
     author: tuple[str, str],
+    *,
+    date: str,
     tools: dict[str, str] | None = None,
 ) -> tuple[str, list[str], list[str]]:
-    """One formatted commit on ``base`` in a fresh worktree; return (commit, files, reformatted)."""
-    with source.worktree(clone, base) as wt:
+    """One formatted commit on ``base`` in a fresh worktree; return (commit, files, reformatted).
+
+    Author and committer are the submitter, dated ``date`` (now): never upstream's date.
+    """
+    with worktree(clone, base) as wt:
         changed, reformatted = write_and_format(wt, upstream, patched, tools)
         if not changed:
             raise UserError(f"the templates change nothing at {base[:8]}; nothing to export")
         git.add(wt, changed)
-        head = git.commit(wt, title + "\n", date=git.commit_date(clone, base), author=author)
+        head = git.commit(wt, message, date=date, author=author)
     return head, changed, reformatted
+
+
+def branch_may_move(clone: Path, branch: str, force: bool) -> str | None:
+    """The commit ``branch`` is at now (None: absent); UserError when it exists and
+    ``force`` is off, or when it is MLX's default branch (never moved)."""
+    ref = f"refs/heads/{branch}"
+    old = git.try_rev_parse(clone, ref)
+    if old is not None and not force:
+        raise UserError(
+            f"branch {branch} already exists in {clone} (at {old[:8]}); pass --force to move it"
+            " or choose another --branch"
+        )
+    default = git.run(clone, "symbolic-ref", "--quiet", "HEAD", ok_codes=(0, 1, 128)).stdout
+    if default.strip() == ref:
+        raise UserError(f"--branch {branch} is MLX's default branch in {clone}; choose another")
+    return old
+
+
+def create_branch(clone: Path, branch: str, head: str, force: bool) -> None:
+    """Point ``branch`` at ``head``: only when it is new, unless ``force``.
+
+    Created with ``update-ref`` against the all-zero id, so two exports racing for
+    one name cannot both win; MLX's default branch is never moved, even with force.
+    """
+    old = branch_may_move(clone, branch, force)
+    ref, expected = f"refs/heads/{branch}", old or ZERO_OID
+    proc = git.run(clone, "update-ref", ref, head, expected, ok_codes=(0, 1, 128))
+    if proc.returncode != 0:
+        raise UserError(f"branch {branch} changed while exporting; run export-pr again")
+
+
+def format_patch(clone: Path, base: str, head: str, out_dir: Path) -> Path:
+    """``git format-patch`` of the single commit into ``out_dir`` (a fresh folder)."""
+    files = git.format_patch(clone, base, head, out_dir)
+    if len(files) != 1:
+        raise UserError(f"expected one commit between {base[:8]} and {head[:8]}, got {len(files)}")
+    return files[0]
 
 
 def verify_am(clone: Path, base: str, patch: Path, head: str) -> None:
@@ -317,144 +640,346 @@ def verify_am(clone: Path, base: str, patch: Path, head: str) -> None:
     This is what a reviewer's ``git am`` / GitHub's merge does with the patch;
     a mismatch would mean the format-patch output lost something.
     """
-    with source.worktree(clone, base, base_ref="refs/patchkit/pr-am-base") as wt:
+    with worktree(clone, base) as wt:
         got = git.tree_id(wt, git.am(wt, [patch]))
     want = git.tree_id(clone, head)
     if got != want:
         raise UserError(f"{patch} applied with git am gives tree {got}, not {want}")
 
 
-def format_patch(clone: Path, base: str, head: str, out_dir: Path) -> Path:
-    """``git format-patch`` of the single commit into ``out_dir``; return the file."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("*.patch"):
-        old.unlink()
-    files = git.format_patch(clone, base, head, out_dir)
-    if len(files) != 1:
-        raise UserError(f"expected one commit between {base[:8]} and {head[:8]}, got {len(files)}")
-    return files[0]
+def push_branch(clone: Path, remote: str, branch: str, head: str) -> str:
+    """Push ``head`` to ``remote`` as ``branch`` (only ever a remote the user named)."""
+    try:
+        git.push(clone, remote, f"{head}:refs/heads/{branch}")
+    except ToolError as exc:
+        lines = (exc.stderr or exc.stdout).strip().splitlines()
+        why = lines[-1] if lines else f"exit {exc.returncode}"
+        raise UserError(
+            f"push of {branch} to {remote} failed ({why}); the branch is in {clone}"
+        ) from exc
+    return remote
 
 
-def render_body(templates_dir: Path, context: dict[str, object]) -> str:
-    """The PR body draft from ``templates/pr/body.md.j2``."""
-    return render.environment(templates_dir).get_template(BODY_TEMPLATE).render(**context)
+# --- facts for the body ---------------------------------------------------------------
 
 
-def template_sections(template: str) -> tuple[str, str]:
-    """(what precedes upstream's ``## Checklist``, the checklist section verbatim).
-
-    The body fills the template's first section with the draft and keeps the
-    checklist as upstream wrote it; without that heading, the whole template is
-    carried as the second part.
-    """
-    at = template.find(CHECKLIST_HEADING)
-    if at < 0:
-        return "", template
-    return template[:at], template[at:]
-
-
-def body_context(
-    root: Path, read: Read, base: str, files: list[str], options: render.RenderOptions
-) -> dict[str, object]:
-    """Facts the body draft states: base, files, scope, routing, upstream template's checklist."""
-    _, checklist = template_sections(read(PR_TEMPLATE) or "")
+def diff_facts(clone: Path, base: str, head: str) -> dict[str, object]:
+    """What the commit changes, read from its diff: lines per file, tests and scripts
+    added, environment variables named in added C++ lines."""
+    numstat = {}
+    for line in git.out(clone, "diff", "--numstat", "--no-renames", base, head).splitlines():
+        added, removed, path = line.split("\t", 2)
+        numstat[path] = (int(added), int(removed))
+    new_files = set(
+        git.out(clone, "diff", "--name-only", "--diff-filter=A", base, head).splitlines()
+    )
+    diff = git.out(clone, "diff", "--no-renames", "--unified=0", base, head)
+    tests, env_vars, path = [], set(), ""
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") else ""
+        elif line.startswith("+") and path.startswith("python/tests/"):
+            tests += re.findall(r"^\+\s*def (test_\w+)\(", line)
+        elif line.startswith("+") and path.endswith(CXX_SUFFIXES):
+            env_vars |= set(re.findall(r'"(MLX_[A-Z0-9_]+)"', line))
+    test_file = next((p for p in numstat if p.startswith("python/tests/")), None)
     return {
-        "notice": DRAFT_NOTICE,
-        "base": base,
-        "pin": base == _pinned(root),
-        "files": files,
-        "backends": list(options.backends),
-        "routing": options.routing,
-        "max_m": TEST_MAX_M,
-        "bench_sizes": [f"{k}x{n}" for k, n in BENCH_SIZES],
-        "pr_checklist": checklist,
+        "numstat": numstat,
+        "tests": tests,
+        "test_file": test_file,
+        "benchmarks": sorted(p for p in new_files if p.startswith("benchmarks/")),
+        "env_vars": sorted(env_vars),
     }
 
 
-def _pinned(root: Path) -> str | None:
-    path = root / pin.PIN_FILE
-    return pin.load(path).commit if path.exists() else None
+def scope_warnings(backend: str, facts: dict[str, object]) -> list[str]:
+    """What issue 32 asks of an upstream PR that this commit does not meet yet."""
+    notes = []
+    if facts["env_vars"]:
+        notes.append(f"the {backend} PR adds environment variables {facts['env_vars']}")
+    if backend == "metal":
+        numstat: dict[str, tuple[int, int]] = facts["numstat"]  # type: ignore[assignment]
+        headers = [p for p in numstat if p.endswith(("/quantized.h", "/fp_quantized.h"))]
+        net = sum(numstat[p][0] - numstat[p][1] for p in headers)
+        if net > 0:
+            notes.append(f"the Metal kernel headers grow by {net} lines (the goal is <= 0)")
+    return notes
 
 
-def resolve_author(root: Path, author: tuple[str, str] | None) -> tuple[tuple[str, str], list[str]]:
-    """The commit author: ``author`` if given, else the user's git identity, else
-    patchkit's fixed identity with a warning (the PR must carry the submitter's name)."""
-    if author is not None:
-        return author, []
-    ident = git.user_identity(root)
-    if ident is not None:
-        return ident, []
-    msg = (
-        "no git user.name/user.email is set; the PR commit is authored by"
-        f" {git.FIXED_AUTHOR[0]} <{git.FIXED_AUTHOR[1]}>. Set your identity"
-        " (git config --global user.name/user.email) or pass an author."
+def _pct(x: float) -> str:
+    return f"{round(100 * x)}%"
+
+
+def _span(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def emulate_fact(data: dict) -> list[str]:
+    """Lines for a ``patchkit emulate --full --json`` record (rows vs M = 1, per build)."""
+    lines = []
+    for label, part in (("affine", data), ("fp", data.get("fp") or {})):
+        chains = part.get("toolchains") or {}
+        if not chains:
+            continue
+        rows = [c["rows_checked"] for c in chains.values()]
+        diff = [c["rows_differing"] for c in chains.values()]
+        wide = [v for c in chains.values() for k, v in c.items() if k.startswith("wide_div")]
+        line = (
+            f"{label}: {part.get('cases', '?'):,} cases; {_span(diff, str)} of"
+            f" {_span(rows, lambda x: f'{x:,}')} rows differ from M = 1 in each of"
+            f" {len(chains)} builds ({', '.join(sorted(chains))})"
+        )
+        if wide:
+            line += f"; the base's wide kernel (control) differs on {_span(wide, _pct)} of cases"
+        lines.append(line)
+    return lines
+
+
+def build_fact(data: dict) -> list[str]:
+    """Lines for a ``patchkit build`` record: MLX's test file and parity on that build."""
+    machine = data.get("machine") or {}
+    where = machine.get("gpu") or f"{machine.get('system', '?')} {machine.get('machine', '')}"
+    lines = [
+        f"MLX at {str(data.get('mlx_commit', '?'))[:8]} with this change, {data.get('backend')}"
+        f" backend, {where.strip()}, {data.get('date', '?')}"
+    ]
+    tests = data.get("tests") or {}
+    counts = [tests.get(k) for k in ("passed", "failed", "skipped")]
+    if all(isinstance(c, int) for c in counts):
+        line = f"`{tests.get('file')}`: {counts[0]} passed, {counts[1]} failed, {counts[2]} skipped"
+        failed = [t for t, s in (tests.get("per_test") or {}).items() if s == "failed"]
+        stock = (tests.get("on_stock") or {}).get("per_test") or {}
+        same = [t for t in failed if (stock.get(t) or {}).get("same_failing_subtests")]
+        if failed:
+            line += f" (failed: {', '.join(failed)}"
+            line += "; the same subtests fail on the stock build)" if same == failed else ")"
+        if tests.get("unfinished"):
+            line += f"; not finished: {', '.join(tests['unfinished'])}"
+        lines.append(line)
+    parity = data.get("parity") or {}
+    if isinstance(parity.get("rows"), int):
+        lines.append(f"parity: {parity['rows_differing']} of {parity['rows']:,} rows differ")
+    return lines
+
+
+def parity_fact(data: dict) -> list[str]:
+    """Lines for a ``patchkit parity --json`` report."""
+    device = (data.get("device") or {}).get("name", "?")
+    return [
+        f"{device}, MLX {data.get('mlx_version')}: {data.get('rows_differing')} of"
+        f" {data.get('rows_compared', 0):,} rows differ from M = 1"
+    ]
+
+
+def bench_fact(data: dict, arm: str, base: str, m_range: Sequence[int]) -> list[str]:
+    """Lines for a compiled benchmark record: ``arm``'s time over ``base``'s per cell."""
+    results = data.get("results") or {}
+    base_cells = {
+        (c["K"], c["N"], c["bits"], r["M"]): r["us"] for c in results[base] for r in c["by_m"]
+    }
+    ratios, differing = [], 0
+    for cfg in results[arm]:
+        for r in cfg["by_m"]:
+            differing += r.get("rows_differing", 0)
+            if m_range[0] <= r["M"] <= m_range[1]:
+                ratios.append(r["us"] / base_cells[(cfg["K"], cfg["N"], cfg["bits"], r["M"])])
+    above = sum(x > 1.0 for x in ratios)
+    gpu = (data.get("host") or {}).get("gpu", "?")
+    return [
+        f"{gpu}: {len(results[arm])} layer configurations, M = {m_range[0]}..{m_range[1]}:"
+        f" {_span(ratios, lambda x: f'{x:.2f}')}x the base's time ({above} of {len(ratios)}"
+        f" cells above 1.00); {differing} rows differ from M = 1",
+        f"command: `{data.get('command', '?')}`",
+    ]
+
+
+def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[list[dict], list[str]]:
+    """([{title, lines, source}], warnings) from the files ``templates/pr/results.toml``
+    names for ``backend``: numbers are read from the files, never written in code."""
+    manifest = templates_dir / RESULTS_MANIFEST
+    if not manifest.is_file():
+        return [], [f"no {manifest}: the PR body lists no measured results"]
+    entries = tomllib.loads(manifest.read_text()).get(backend, {}).get("result", [])
+    found, notes = [], []
+    for entry in entries:
+        path = root / entry["file"]
+        try:
+            data = json.loads(path.read_text())
+            kind = entry["kind"]
+            if kind == "emulate":
+                lines = emulate_fact(data)
+            elif kind == "build":
+                lines = build_fact(data)
+            elif kind == "parity":
+                lines = parity_fact(data)
+            else:
+                lines = bench_fact(data, entry["arm"], entry["base"], entry["m"])
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+            notes.append(
+                f"{entry.get('file')}: cannot read the result ({exc}); left out of the body"
+            )
+            continue
+        found.append({"title": entry["title"], "lines": lines, "source": entry["file"]})
+    return found, notes
+
+
+def template_has_description(template: str) -> bool:
+    """Whether upstream's PR template has its own place for the description."""
+    return re.search(r"^#+\s*(Proposed changes|Description)", template, re.M | re.I) is not None
+
+
+def body_context(
+    backend: str,
+    base: str,
+    branch: str,
+    template: str,
+    facts: dict[str, object],
+    results: list[dict],
+) -> dict[str, object]:
+    """Everything the body template states, each value computed or read, none written here."""
+    return {
+        "notice": DRAFT_NOTICE,
+        "backend": backend,
+        "base": base,
+        "branch": branch,
+        "template": template,
+        "template_has_description": template_has_description(template),
+        "files": facts["numstat"],
+        "tests": facts["tests"],
+        "test_file": facts["test_file"],
+        "benchmarks": facts["benchmarks"],
+        "env_vars": facts["env_vars"],
+        "results": results,
+    }
+
+
+def render_body(templates_dir: Path, context: dict[str, object]) -> str:
+    """The PR body from ``templates/pr/body.md.j2``."""
+    return render.environment(templates_dir).get_template(BODY_TEMPLATE).render(**context)
+
+
+# --- the command ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """export-pr's arguments, checked (see :func:`check_request`)."""
+
+    backend: str
+    branch: str
+    title: str | None
+    author: tuple[str, str]
+    push: str | None
+    out: Path | None
+    force: bool
+
+
+def check_request(
+    root: Path,
+    *,
+    backend: str,
+    branch: str | None,
+    title: str | None,
+    author: str | tuple[str, str] | None,
+    push: str | None,
+    out_dir: Path | None,
+    mlx_repo: str | None,
+    force: bool,
+) -> Request:
+    """Every argument checked before any work: the first bad one is one UserError."""
+    backend = check_backend(backend)
+    branch = check_branch(DEFAULT_BRANCHES[backend] if branch is None else branch)
+    title = None if title is None else check_title(title)
+    if isinstance(author, str):
+        author = parse_author(author)
+    return Request(
+        backend=backend,
+        branch=branch,
+        title=title,
+        author=resolve_author(identity_repos(root, mlx_repo), author),
+        push=push_target(push) if push is not None else None,
+        out=check_out_dir(out_dir) if out_dir is not None else None,
+        force=force,
     )
-    warnings.warn(msg, NoGitIdentityWarning, stacklevel=3)
-    return git.FIXED_AUTHOR, [msg]
-
-
-def push_target(remote: str) -> str:
-    """``remote`` as something patchkit's own clone can push to: a URL or a path.
-
-    The branch lives in patchkit's cached clone, which knows none of the user's
-    remote names; a bare name would fail inside git with a confusing message.
-    """
-    if "://" in remote or remote.startswith("git@") or Path(remote).expanduser().exists():
-        return str(Path(remote).expanduser()) if Path(remote).expanduser().exists() else remote
-    raise UserError(
-        f"--push {remote}: give a URL or a path (the branch is pushed from patchkit's own "
-        f"clone, which has no remote named {remote!r}), e.g. git@github.com:YOU/mlx.git"
-    )
-
-
-def push_branch(clone: Path, remote: str, branch: str, head: str) -> str:
-    """Push ``head`` to ``remote`` as ``branch`` (only ever a remote the user named)."""
-    git.push(clone, remote, f"{head}:refs/heads/{branch}")
-    return remote
 
 
 def export_pr(
     *,
     root: Path,
+    backend: str = DEFAULT_BACKEND,
     onto: str | None = None,
-    branch: str = DEFAULT_BRANCH,
-    title: str = DEFAULT_TITLE,
+    branch: str | None = None,
+    title: str | None = None,
     push: str | None = None,
     out_dir: Path | None = None,
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
     options: render.RenderOptions = PR_OPTIONS,
-    author: tuple[str, str] | None = None,
+    author: str | tuple[str, str] | None = None,
+    force: bool = False,
+    date: str | None = None,
     install_formatters: bool = False,
     progress: source.Progress = source._quiet,
 ) -> PrResult:
-    """Build the PR branch, its patch and the body draft; see the module doc.
+    """Build one backend's PR branch, its patch and the body; see the module doc.
 
-    ``author`` defaults to the user's git identity (see :func:`resolve_author`).
+    ``author`` defaults to the user's git identity; ``date`` to now.
     """
-    push = push_target(push) if push else None  # before any work: a bad target fails fast
-    author, notes = resolve_author(root, author)
-    pinned = _pinned(root)
-    rev = onto or pinned
-    if rev is None:
-        raise UserError(f"no {pin.PIN_FILE} in {root}; pass --onto REV")
+    req = check_request(
+        root,
+        backend=backend,
+        branch=branch,
+        title=title,
+        author=author,
+        push=push,
+        out_dir=out_dir,
+        mlx_repo=mlx_repo,
+        force=force,
+    )
     clone = source.open_source(mlx_repo, progress=progress)
-    base = source.resolve(clone, rev, progress=progress)
+    for stale in prune_worktrees(clone):
+        progress(f"removed {stale.name}, left by an interrupted export-pr")
+    branch_may_move(clone, req.branch, req.force)
+    base = source.resolve(clone, onto, progress=progress) if onto else default_base(clone, progress)
     read = optional_reader(clone, base)
     wanted = formatter_versions(read(PRECOMMIT) or "")
     tools = ensure_formatters(wanted, install_formatters)
-    progress("rendering")
-    upstream, patched = render_pr(read, options, templates_dir)
+    progress(f"rendering the {req.backend} change onto {base[:8]}")
+    upstream, patched = render_pr(read, backend_options(req.backend, options), templates_dir)
+    check_scope(req.backend, [p for p in patched if patched[p] != upstream[p]])
     progress("formatting and committing")
-    head, files, reformatted = commit_pr(clone, base, upstream, patched, title, author, tools)
-    git.branch_force(clone, branch, head)
-    out = (out_dir or root / "build" / "pr" / base[:8]).resolve()
-    patch = format_patch(clone, base, head, out)
-    progress("checking the patch with git am")
-    verify_am(clone, base, patch, head)
-    body = out / "PR_BODY.draft.md"
-    body.write_text(render_body(templates_dir, body_context(root, read, base, files, options)))
-    pushed = push_branch(clone, push, branch, head) if push else None
+    message = commit_message(templates_dir, req.backend, req.title)
+    head, files, reformatted = commit_pr(
+        clone, base, upstream, patched, message, req.author, date=date or now_iso(), tools=tools
+    )
+    facts = diff_facts(clone, base, head)
+    results, notes = measured_results(root, templates_dir, req.backend)
+    notes = scope_warnings(req.backend, facts) + notes
+    context = body_context(req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results)
+    out = req.out or fresh_out_dir(root / "build" / "pr", f"{req.backend}-{base[:8]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in prune_stages(out.parent):
+        progress(f"removed {stale}, left by an interrupted export-pr")
+    with staging(out) as stage:
+        patch = format_patch(clone, base, head, stage)
+        progress("checking the patch with git am")
+        verify_am(clone, base, patch, head)
+        (stage / BODY_FILE).write_text(render_body(templates_dir, context))
+    create_branch(clone, req.branch, head, req.force)
+    pushed = push_branch(clone, req.push, req.branch, head) if req.push else None
     return PrResult(
-        clone, branch, head, base, files, patch, body, wanted, reformatted, pushed, author, notes
+        repository=clone,
+        backend=req.backend,
+        branch=req.branch,
+        commit=head,
+        base=base,
+        files=files,
+        patch=out / patch.name,
+        body=out / BODY_FILE,
+        formatters=wanted,
+        author=req.author,
+        reformatted=reformatted,
+        pushed=pushed,
+        warnings=notes,
     )
