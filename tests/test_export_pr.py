@@ -9,6 +9,7 @@ skip, saying which is missing.
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -193,85 +194,92 @@ def test_wrong_formatter_version_is_refused_with_the_install_command() -> None:
         export_pr.ensure_formatters({"black": "0.0.1"}, install=False)
 
 
-UPSTREAM_PR_TEMPLATE = (
+PIN_TEMPLATE = (
     "## Proposed changes\n\nPlease include a description.\n\n"
     "## Checklist\n\n- [ ] I have read CONTRIBUTING\n"
 )
+# The shape of main's template (#4331): a statement and an empty disclosure line.
+MAIN_TEMPLATE = (
+    "- I understand it is prohibited to use AI to write PR description\n- AI usage disclosure: \n"
+)
+FACTS = {
+    "numstat": {TEST_PATH: (118, 0), "mlx/backend/metal/kernels/quantized.h": (95, 200)},
+    "tests": ["test_qmv_small_batch_matches_single_vector"],
+    "test_file": TEST_PATH,
+    "benchmarks": [BENCH_PATH],
+    "env_vars": [],
+}
+RESULT = {"title": "Rows on the CPU", "lines": ["0 of 12 rows differ"], "source": "docs/x.json"}
 
 
-def _body(**over: object) -> str:
-    _, checklist = export_pr.template_sections(UPSTREAM_PR_TEMPLATE)
-    context = {
-        "notice": export_pr.DRAFT_NOTICE,
-        "base": PIN_SHA,
-        "pin": True,
-        "files": [TEST_PATH],
-        "backends": ["metal"],
-        "routing": "stream",
-        "max_m": 12,
-        "bench_sizes": ["4096x4096"],
-        "pr_checklist": checklist,
-        **over,
-    }
-    return export_pr.render_body(TEMPLATES, context)
+def _body(template: str = MAIN_TEMPLATE, backend: str = "metal", **over: object) -> str:
+    context = export_pr.body_context(backend, PIN_SHA, "b", template, FACTS, [RESULT])
+    return export_pr.render_body(TEMPLATES, {**context, **over})
 
 
-def test_body_is_a_draft_in_the_upstream_template() -> None:
+def test_body_follows_mains_template_and_leaves_the_disclosure_empty() -> None:
     body = _body()
-    assert body.splitlines()[1] == export_pr.DRAFT_NOTICE
-    assert "# DRAFT - rewrite before posting" in body
-    # Upstream's headings, in upstream's order; the checklist verbatim at the end.
-    assert body.index("## Proposed changes") < body.index("## Checklist")
-    assert body.endswith("## Checklist\n\n- [ ] I have read CONTRIBUTING\n")
-    assert "Please include a description." not in body
+    # Upstream's lines verbatim; the disclosure line ends where upstream's ends: empty.
+    assert MAIN_TEMPLATE in body
+    assert "\n- AI usage disclosure: \n" in body
+    # Before the template only a comment: no prose in the submitter's place.
+    before = body[: body.index(MAIN_TEMPLATE)]
+    assert re.sub(r"<!--.*?-->", "", before, flags=re.S).strip() == ""
+    assert "Your description of the change, in your own words." in before
 
 
-def test_body_states_the_routing_and_cites_only_mlx() -> None:
+def test_body_on_the_pins_template_keeps_its_own_description_section() -> None:
+    body = _body(PIN_TEMPLATE)
+    assert PIN_TEMPLATE in body and "Your description" not in body
+    assert body.index("## Proposed changes") < body.index("## Tests")
+
+
+def test_body_gives_commands_results_and_what_is_owed_on_a_mac() -> None:
     body = _body()
-    for claim in (
-        "| affine, generation 15+, 2 <= M < batch limit | `affine_qmv_wide` |",
-        "| affine, generations 13/14, M >= 2 | one `qmv` per vector | unchanged |",
-        "| nvfp4 with global scales (`mx.qqmm`), 2 <= M < batch limit | one `fp_qmv` per vector",
-        "`MLX_QMV_STREAMED`, default 1; 0 restores",
-    ):
-        assert claim in body, claim
-    assert "patchkit" not in body.split("-->", 1)[1]
-    assert "docs/" not in body
-    opt_in = _body(routing="opt_in")
-    assert "`MLX_QMV_STREAMED`, default 0" in opt_in
+    cmd = f"python {TEST_PATH} TestQuantized.test_qmv_small_batch_matches_single_vector"
+    assert cmd in body
+    assert "generation 15 or later" in body and "qmv_wide" in body
+    assert f"python {BENCH_PATH} --json pr.json" in body
+    assert "- 0 of 12 rows differ" in body and "<!-- from docs/x.json -->" in body
+    owed = body[body.index("## Still to measure on an Apple GPU") : body.index("## Files")]
+    for item in ("bundled benchmark", "`mlx.metallib` size", "Compile time"):
+        assert item in owed, item
+    assert owed.count("- [ ]") == 4 and "- [x]" not in body
+    assert "| `mlx/backend/metal/kernels/quantized.h` | 95 | 200 |" in body
 
 
-def test_body_carries_the_mac_only_evidence_checklist() -> None:
-    body = _body()
-    mac = body[body.index("### Evidence that needs a Mac") : body.index("## Checklist")]
-    for item in ("Generation 15+", "Generation 13 / 14", "a base, a Max and an Ultra",
-                 "`mlx.metallib` size", "`metal` and `jit`"):  # fmt: skip
-        assert f"- [ ] {item}" in mac or item in mac, item
-    assert mac.count("- [ ]") == 5
-    assert _body(backends=["metal", "cuda"]).count("- [ ] CUDA") == 1
+def test_cuda_body_says_its_tests_pass_on_main() -> None:
+    body = _body(backend="cuda")
+    assert "pass on main too" in body and "Apple GPU" not in body.split("## Still")[1]
 
 
-def test_template_without_a_checklist_is_carried_whole() -> None:
-    assert export_pr.template_sections("free text\n") == ("", "free text\n")
+def test_commit_message_has_a_short_subject_and_a_body() -> None:
+    for backend in export_pr.BACKENDS:
+        msg = export_pr.commit_message(TEMPLATES, backend, None)
+        subject, blank, *body = msg.splitlines()
+        assert 10 < len(subject) <= 72 and blank == "" and 2 <= len(body) <= 12, backend
+        assert not subject.endswith(".") and subject[0].isupper()
+        assert all(len(line) <= 80 for line in body)
+    assert export_pr.commit_message(TEMPLATES, "metal", "Fix it").startswith("Fix it\n\n")
 
 
 def test_author_defaults_to_the_git_identity(tmp_path: Path) -> None:
     git.run(None, "init", "--quiet", str(tmp_path))
-    assert export_pr.resolve_author(tmp_path, ("A", "a@x")) == (("A", "a@x"), [])
+    assert export_pr.resolve_author([tmp_path], ("A", "a@x")) == ("A", "a@x")
     git.run(tmp_path, "config", "user.name", "Ada")
     git.run(tmp_path, "config", "user.email", "ada@x")
-    assert export_pr.resolve_author(tmp_path, None) == (("Ada", "ada@x"), [])
+    assert export_pr.resolve_author([tmp_path / "absent", tmp_path], None) == ("Ada", "ada@x")
 
 
-def test_no_git_identity_falls_back_with_a_warning(
+def test_no_git_identity_is_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     git.run(None, "init", "--quiet", str(tmp_path))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "none"))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    with pytest.warns(export_pr.NoGitIdentityWarning, match="user.name"):
-        author, notes = export_pr.resolve_author(tmp_path, None)
-    assert author == git.FIXED_AUTHOR and len(notes) == 1
+    with pytest.raises(UserError, match=r"user\.name.*--author") as err:
+        export_pr.resolve_author([tmp_path], None)
+    assert "\n" not in str(err.value)
 
 
 # --- against a real clone -------------------------------------------------------------
@@ -314,8 +322,10 @@ def pr(tmp_path_factory: pytest.TempPathFactory) -> export_pr.PrResult:
     out = tmp_path_factory.mktemp("pr")
     return export_pr.export_pr(
         root=ROOT,
+        onto=PIN_SHA,
         branch="patchkit-test/export-pr",
-        out_dir=out,
+        force=True,
+        out_dir=out / "pin",
         mlx_repo=SPEC,
         author=("Test Author", "test@example.com"),
     )
@@ -325,7 +335,10 @@ def pr(tmp_path_factory: pytest.TempPathFactory) -> export_pr.PrResult:
 def test_export_pr_makes_one_formatted_commit_on_the_pin(pr: export_pr.PrResult) -> None:
     clone = pr.repository
     assert pr.base == PIN_SHA and git.out(clone, "rev-parse", f"{pr.commit}^") == PIN_SHA
-    assert git.subject(clone, pr.commit) == export_pr.DEFAULT_TITLE
+    subject = export_pr.commit_message(TEMPLATES, "metal", None).splitlines()[0]
+    assert git.subject(clone, pr.commit) == subject
+    # The submitter's date (now), not upstream's.
+    assert git.out(clone, "log", "-1", "--format=%aI", pr.commit) != git.commit_date(clone, PIN_SHA)
     assert git.rev_parse(clone, pr.branch) == pr.commit
     assert git.out(clone, "diff", "--name-only", PIN_SHA, pr.commit).splitlines() == sorted(
         [*KERNEL_FILES, "mlx/backend/metal/quantized.cpp", TEST_PATH, BENCH_PATH]
@@ -334,11 +347,9 @@ def test_export_pr_makes_one_formatted_commit_on_the_pin(pr: export_pr.PrResult)
     with source.worktree(clone, pr.commit, base_ref="refs/patchkit/test-pr") as wt:
         export_pr.run_formatters(wt, pr.files, check=True)  # raises if anything would change
     body = pr.body.read_text()
-    assert "DRAFT" in body and "docs/" not in body
     assert git.out(clone, "log", "-1", "--format=%an <%ae>", pr.commit) == pr.to_json()["author"]
-    # Upstream's checklist, verbatim, closes the body.
-    _, checklist = export_pr.template_sections(git.show_file(clone, PIN_SHA, export_pr.PR_TEMPLATE))
-    assert checklist.strip() and body.endswith(checklist)
+    # The pin's own PR template, verbatim.
+    assert git.show_file(clone, PIN_SHA, export_pr.PR_TEMPLATE) in body
 
 
 @needs_clone
@@ -403,7 +414,10 @@ def test_formatters_found_beside_the_interpreter_when_not_on_path(
 
 
 def test_push_needs_a_url_or_path_not_a_remote_name(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="give a URL or a path"):
+    with pytest.raises(UserError, match="give a URL or the path of a git repository"):
         export_pr.push_target("myfork")
     assert export_pr.push_target("git@github.com:me/mlx.git") == "git@github.com:me/mlx.git"
-    assert export_pr.push_target(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(UserError, match="not a git repository"):
+        export_pr.push_target(str(tmp_path))
+    git.run(None, "init", "--quiet", "--bare", str(tmp_path / "fork.git"))
+    assert export_pr.push_target(str(tmp_path / "fork.git")) == str(tmp_path / "fork.git")

@@ -357,8 +357,9 @@ def push_target(remote: str) -> str:
         return remote
     path = Path(remote).expanduser()
     if path.exists():
-        probe = git.run(path, "rev-parse", "--git-dir", ok_codes=(0, 128))
-        if probe.returncode != 0 or not path.is_dir():
+        # A clone's top folder or a bare repository; not a file or a folder inside a clone.
+        bare = (path / "HEAD").is_file() and (path / "objects").is_dir()
+        if not ((path / ".git").exists() or bare):
             raise UserError(f"--push {remote}: not a git repository; give a clone's path or a URL")
         return str(path.resolve())
     raise UserError(
