@@ -4,7 +4,13 @@ from __future__ import annotations
 
 
 class PatchkitError(Exception):
-    """Base class for every error patchkit raises on purpose."""
+    """Base class for every error patchkit raises on purpose.
+
+    The message's first line is what the CLI prints as the error; ``details`` (an
+    upstream diff, say) follows it on stderr and goes into ``--json`` as is.
+    """
+
+    details: str = ""
 
 
 class UserError(PatchkitError):
@@ -17,6 +23,14 @@ class AnchorError(UserError):
 
 class BlobMismatchError(UserError):
     """An upstream file's git blob hash is not the one pin.toml records."""
+
+
+class BusyError(UserError):
+    """Another patchkit run holds the lock of the checkout or clone this one writes."""
+
+
+class GitLockError(UserError):
+    """git found a ``.lock`` file (a running git, or one a killed process left)."""
 
 
 class ToolError(PatchkitError):

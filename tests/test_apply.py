@@ -137,7 +137,7 @@ def test_failures_write_nothing(env: dict, tmp_path: Path, failure: str) -> None
     if failure in ("blob-mismatch", "dirty-outputs"):
         run_apply(env)
     if failure == "unknown-rev":
-        rev, match = "0123456789abcdef", "unknown revision '0123456789abcdef'"
+        rev, match = "0123456789abcdef", "'0123456789abcdef' is not a revision of "
     elif failure == "missing-anchor":
         kw["templates_dir"] = write_templates(tmp_path / "bad", BAD_ANCHOR, "// payload\n")
         expected, match = AnchorError, f"{QH}: function 'no_such_function_anywhere' not found"
@@ -168,7 +168,7 @@ def test_clone_is_reused_offline(env: dict, upstream: dict) -> None:
     spec = str(upstream["path"])
     clone = source.ensure_clone(spec)
     assert source.resolve(clone, env["old"][:10]) == env["old"]  # cached commit: no fetch
-    with pytest.raises(UserError, match="fetching failed"):
+    with pytest.raises(UserError, match=r"fetching .* failed"):
         source.resolve(clone, "main-that-does-not-exist")
 
 
@@ -186,7 +186,7 @@ def test_cli_apply_check_status_json(env: dict) -> None:
     res = runner.invoke(cli.main, ["check", *args])
     assert res.exit_code == 1 and '"ok": false' in res.output  # control: drift fails CI
     res = runner.invoke(cli.main, ["apply", "--pin", "nope", *args])
-    assert res.exit_code == 1 and "unknown revision 'nope'" in res.output
+    assert res.exit_code == 1 and "'nope' is not a revision of" in res.output
 
 
 def test_exported_series_reproduces_the_branch_with_git_am(env: dict, tmp_path: Path) -> None:

@@ -7,7 +7,12 @@ backend with a fixed author and the upstream commit's date -> branch
 ``pin.toml``. Outputs are staged and renamed into place only after every step
 succeeded, and the worktree is always removed, so a failure leaves nothing
 half-applied. Because every input is fixed, running apply twice produces the
-same commit ids and byte-identical ``patches/``.
+same commit ids and byte-identical ``patches/``, committed to git or not.
+
+Apply holds the checkout's lock and then the clone's for the whole run, so two
+applies at once run one after the other (the second waits, or with ``wait=False``
+is refused); under the lock, an interrupted earlier write is finished or rolled
+back first.
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ from patchkit.carry.workspace import (
     begin_outputs,
     build,
     ensure_outputs_clean,
-    recover_outputs,
     today,
     touched,
     tree_blobs,
     write_outputs,
+    writer,
 )
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.util import git
@@ -73,19 +78,36 @@ def apply(
     options: render.RenderOptions = DEFAULT_OPTIONS,
     release: str | None = None,
     progress: source.Progress = source._quiet,
+    wait: bool = True,
 ) -> ApplyResult:
     """Apply the patch at ``rev`` and export ``root/patches/<short>``; see the module doc."""
     if release:
         pin.check_release(release)
-    recover_outputs(root, progress)
-    ensure_outputs_clean(root)
-    pin_path = root / pin.PIN_FILE
-    old = pin.load(pin_path) if pin_path.exists() else None
-    if rev is None:
-        if old is None:
-            raise UserError("no pin.toml here yet: pass --pin REV for the first apply")
-        rev = old.commit
-    clone = source.open_source(mlx_repo, old.url if old else pin.UPSTREAM_URL, progress=progress)
+    with writer(root, wait=wait, progress=progress):
+        ensure_outputs_clean(root)
+        pin_path = root / pin.PIN_FILE
+        old = pin.load(pin_path) if pin_path.exists() else None
+        if rev is None and old is None:
+            raise UserError(f"no {pin_path} yet: pass --pin REV for the first apply")
+        url = old.url if old else pin.UPSTREAM_URL
+        clone = source.open_source(mlx_repo, url, progress=progress)
+        with source.locked_clone(clone, wait=wait, progress=progress):
+            return _apply(
+                rev or old.commit, old, clone, root, templates_dir, options, release, progress
+            )
+
+
+def _apply(
+    rev: str,
+    old: pin.Pin | None,
+    clone: Path,
+    root: Path,
+    templates_dir: Path,
+    options: render.RenderOptions,
+    release: str | None,
+    progress: source.Progress,
+) -> ApplyResult:
+    """The work of :func:`apply`, under its locks."""
     upstream = source.resolve(clone, rev, progress=progress)
     if old and old.commit != upstream:
         raise UserError(

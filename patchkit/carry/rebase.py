@@ -8,6 +8,10 @@ anything is written, rebase:
    M = 1 kernels whose lane mapping and summation order the streamed kernel
    reproduces) and *called* ones (helpers it calls or derives from);
 2. refuses if any mirrored function changed, naming it;
+2b. refuses if any *routing* function changed (``routing`` in ``[depends]``: the
+   upstream functions that decide which kernel a shape reaches), naming it and
+   showing upstream's diff, until the user passes ``accept_routing=True``
+   (``--accept-routing-change``) after reading it; parity still runs after;
 3. re-renders against the new tree (structural anchors follow moved code); a
    file whose anchor is gone falls back to a 3-way ``git merge-file`` of old
    upstream -> new upstream into the old rendered file, and conflicts are
@@ -17,19 +21,22 @@ anything is written, rebase:
 
 Only then are ``patches/<new>/`` and ``pin.toml`` written (staged, then renamed),
 and the old ``patches/<old>/`` dropped. Every refusal raises before any write.
+Rebase holds the checkout's and the clone's locks throughout, like apply.
 """
 
 from __future__ import annotations
 
-import tempfile
+import difflib
+import hashlib
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from patchkit.carry import export, pin, render, source, workspace
+from patchkit.carry import cxx, export, pin, render, source, workspace
 from patchkit.errors import AnchorError, BlobMismatchError, UserError
-from patchkit.util import git
+from patchkit.util import git, staging
 
 PARITY_FILE = "mlx/backend/metal/kernels/quantized.h"
 FP_PARITY_FILE = "mlx/backend/metal/kernels/fp_quantized.h"
@@ -38,6 +45,10 @@ FP_TYPE_FILES = ("mlx/backend/metal/kernels/fp4.h", "mlx/backend/metal/kernels/f
 
 class RebaseRefused(UserError):
     """The new tree changes what the patch means (a mirrored function, or parity fails)."""
+
+
+class RoutingChanged(RebaseRefused):
+    """Upstream changed a function that decides which kernel a shape reaches."""
 
 
 class MergeConflictError(UserError):
@@ -103,6 +114,9 @@ class RebaseResult:
     new: str
     changed_mirrored: dict[str, list[str]] = field(default_factory=dict)
     changed_called: dict[str, list[str]] = field(default_factory=dict)
+    changed_routing: dict[str, list[str]] = field(default_factory=dict)
+    routing: dict[str, str] = field(default_factory=dict)  # "path: name" -> fingerprint at old
+    unfingerprinted: list[str] = field(default_factory=list)  # declared, found at neither pin
     merged_files: list[str] = field(default_factory=list)
     parity: Parity | None = None
     fp_parity: Parity | None = None
@@ -118,12 +132,16 @@ class RebaseResult:
         parity = self.parity.summary if self.parity else "not run"
         if self.fp_parity:
             parity += f"; fp: {self.fp_parity.summary}"
+        routing = ", ".join(f for fs in self.changed_routing.values() for f in fs)
         rows = [
             ("changed called functions", called),
+            ("routing changes accepted", routing or "none"),
             ("parity", parity),
             ("merged by 3-way", ", ".join(self.merged_files) or "none"),
             ("wrote", self.patches_dir),
         ]
+        if self.unfingerprinted:
+            rows.append(("not fingerprinted", ", ".join(self.unfingerprinted)))
         width = max(len(k) for k, _ in rows)
         head = f"rebased {self.old[:8]} -> {self.new[:8]} (patch head {self.head[:8]})"
         return "\n".join([head, *(f"  {k.ljust(width)}  {v}" for k, v in rows)])
@@ -135,6 +153,9 @@ class RebaseResult:
             "new": self.new,
             "changed_mirrored": self.changed_mirrored,
             "changed_called": self.changed_called,
+            "changed_routing": self.changed_routing,
+            "routing": self.routing,
+            "unfingerprinted": self.unfingerprinted,
             "merged_files": self.merged_files,
             "parity": None
             if self.parity is None
@@ -160,6 +181,97 @@ def changed_dependencies(
         if c := render.changed_functions(old_text, new_text, plan.called):
             called[plan.path] = c
     return mirrored, called
+
+
+@dataclass(frozen=True)
+class RoutingFunction:
+    """An upstream function that decides which kernel a shape reaches."""
+
+    path: str  # upstream file that defines it
+    name: str  # as cxx finds it; Class::method for a member defined out of line
+    manifest: str  # the edits.toml that declares it
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.name}"
+
+
+def routing_functions(plans: list[render.FilePlan]) -> list[RoutingFunction]:
+    """``routing`` of every plan's ``[depends]``: ``"name"`` (in the plan's own file) or
+    ``{ function = "name", path = "upstream/file" }`` (a file the patch does not edit)."""
+    found = []
+    for plan in plans:
+        manifest = plan.template_dir / render.MANIFEST
+        deps = tomllib.loads(manifest.read_text(encoding="utf-8")).get("depends", {})
+        for entry in deps.get("routing", ()):
+            if isinstance(entry, str):
+                found.append(RoutingFunction(plan.path, entry, str(manifest)))
+            elif isinstance(entry, dict) and {"function"} <= entry.keys() <= {"function", "path"}:
+                path = entry.get("path", plan.path)
+                found.append(RoutingFunction(path, entry["function"], str(manifest)))
+            else:
+                raise UserError(
+                    f"{manifest}: routing entries are names or {{ function = ..., path = ... }},"
+                    f" not {entry!r}"
+                )
+    return found
+
+
+def _definitions(clone: Path, commit: str, fn: RoutingFunction) -> list[str] | None:
+    """Text of every definition of ``fn`` at ``commit``; None when its file is absent."""
+    if git.blob_id(clone, commit, fn.path) is None:
+        return None
+    text = git.show_file(clone, commit, fn.path)
+    try:
+        return [f.text(text) for f in cxx.find_functions(text, fn.name)]
+    except AnchorError:
+        return []  # unbalanced text: nothing to fingerprint
+
+
+def fingerprint(definitions: list[str]) -> str:
+    """A short id of a function's definitions, for reports."""
+    return hashlib.sha256("\0".join(definitions).encode()).hexdigest()[:16]
+
+
+def changed_routing(
+    fns: list[RoutingFunction], clone: Path, old: str, new: str
+) -> tuple[dict[str, str], dict[RoutingFunction, str], list[str]]:
+    """``(fingerprints at old, {changed: upstream diff}, unfingerprinted)`` between two pins."""
+    prints, changed, missing = {}, {}, []
+    for fn in fns:
+        before = _definitions(clone, old, fn)
+        if not before:
+            missing.append(f"{fn} (declared in {fn.manifest})")
+            continue
+        prints[str(fn)] = fingerprint(before)
+        after = _definitions(clone, new, fn) or []
+        if after != before:
+            diff = difflib.unified_diff(
+                "\n".join(before).splitlines(keepends=True),
+                "\n".join(after).splitlines(keepends=True),
+                f"{fn.path} @ {old[:8]} ({fn.name})",
+                f"{fn.path} @ {new[:8]} ({fn.name}{'' if after else ': gone'})",
+            )
+            changed[fn] = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
+    return prints, changed, missing
+
+
+def gate_routing(
+    result: RebaseResult, clone: Path, fns: list[RoutingFunction], accept: bool
+) -> None:
+    """Refuse a routing change (named, its diff attached) unless ``accept``; record it."""
+    result.routing, changed, missing = changed_routing(fns, clone, result.old, result.new)
+    result.unfingerprinted += missing
+    for fn in changed:
+        result.changed_routing.setdefault(fn.path, []).append(fn.name)
+    if changed and not accept:
+        names = "; ".join(map(str, changed))
+        exc = RoutingChanged(
+            f"{result.new[:8]} changes upstream routing, which decides the kernel each shape"
+            f" reaches ({names}); read the diff below, update the templates if the patch's"
+            " route must follow, then retry with --accept-routing-change"
+        )
+        exc.details = "".join(changed.values())
+        raise exc
 
 
 STATEMENT_OPS = ("before_statement", "replace_statement")
@@ -206,7 +318,7 @@ def conflicts_in(path: str, text: str) -> list[Conflict]:
 
 def merge_three(base: str, current: str, other: str, path: str) -> tuple[str, list[Conflict]]:
     """``git merge-file``: carry base -> other into current; return text and conflicts."""
-    with tempfile.TemporaryDirectory(prefix="patchkit-merge.") as tmp:
+    with staging.scratch("merge") as tmp:
         files = {}
         for name, text in (("current", current), ("base", base), ("other", other)):
             files[name] = Path(tmp) / name
@@ -305,6 +417,8 @@ def rebase(
     parity_check: ParityCheck = emulator_parity,
     fp_parity_check: FpParityCheck | None = emulator_fp_parity,
     allow_downgrade: bool = False,
+    accept_routing: bool = False,
+    wait: bool = True,
 ) -> RebaseResult:
     """Move the pin to ``rev``; see the module doc for the gates. Writes only on success.
 
@@ -314,15 +428,42 @@ def rebase(
     """
     if release:
         pin.check_release(release)
-    workspace.recover_outputs(root, progress)
-    workspace.ensure_outputs_clean(root)
-    old_pin = pin.load(root / pin.PIN_FILE)
-    clone = source.open_source(mlx_repo, old_pin.url, progress=progress)
-    new = source.resolve(clone, rev, progress=progress)
-    old = source.resolve(clone, old_pin.commit, progress=progress)
-    result = RebaseResult(old, new)
-    if new == old:
-        return result
+    with workspace.writer(root, wait=wait, progress=progress):
+        workspace.ensure_outputs_clean(root)
+        old_pin = pin.load(root / pin.PIN_FILE)
+        clone = source.open_source(mlx_repo, old_pin.url, progress=progress)
+        with source.locked_clone(clone, wait=wait, progress=progress):
+            new = source.resolve(clone, rev, progress=progress)
+            old = source.resolve(clone, old_pin.commit, progress=progress)
+            result = RebaseResult(old, new)
+            if new == old:
+                return result
+            _refuse_bad_move(clone, rev, old_pin, result, allow_downgrade)
+            plans = workspace.plans(options, templates_dir)
+            workspace.touched(options, templates_dir)  # no templates at all is an error
+            _gate_dependencies(result, clone, plans, accept_routing, progress)
+            progress("rendering")
+            old_read, new_read = source.reader(clone, old), source.reader(clone, new)
+            rendered, result.merged_files, conflicts = render_or_merge(
+                plans, old_read, new_read, options
+            )
+            if conflicts:
+                raise MergeConflictError(
+                    f"3-way merge conflicts ({'; '.join(dict.fromkeys(map(str, conflicts)))});"
+                    " update those templates' anchors for the new upstream and retry"
+                    " (nothing was written)"
+                )
+            progress("parity")
+            gate_parity(result, rendered, parity_check, fp_parity_check, new_read)
+            _write(result, root, clone, old_pin, rendered, release)
+            return result
+
+
+def _refuse_bad_move(
+    clone: Path, rev: str, old_pin: pin.Pin, result: RebaseResult, allow_downgrade: bool
+) -> None:
+    """Refuse a target that does not descend from the pin, or a clone that is not the pin."""
+    old, new = result.old, result.new
     if not allow_downgrade and not git.is_ancestor(clone, old, new):
         older = git.is_ancestor(clone, new, old)
         raise RebaseRefused(
@@ -334,35 +475,56 @@ def rebase(
         raise BlobMismatchError(
             f"pin.toml blobs do not match {old[:8]} ({', '.join(bad)}); run `patchkit check`"
         )
-    plans = workspace.plans(options, templates_dir)
-    workspace.touched(options, templates_dir)  # no templates at all is an error
-    old_read, new_read = source.reader(clone, old), source.reader(clone, new)
+
+
+def _gate_dependencies(
+    result: RebaseResult,
+    clone: Path,
+    plans: list[render.FilePlan],
+    accept_routing: bool,
+    progress: source.Progress,
+) -> None:
+    """Mirrored functions, then routing, then anchored statements: each names what changed.
+
+    Functions come before anchors: an anchor's block (``namespace mlx::core {``) can
+    hold a mirrored function, and the refusal must name the function.
+    """
+    old_read = source.reader(clone, result.old)
+    new_read = source.reader(clone, result.new)
     result.changed_mirrored, result.changed_called = changed_dependencies(plans, old_read, new_read)
+    result.unfingerprinted = unfingerprinted(plans, old_read)
+    if result.changed_mirrored:
+        names = "; ".join(f"{p}: {', '.join(fs)}" for p, fs in result.changed_mirrored.items())
+        raise RebaseRefused(
+            f"{result.new[:8]} changes functions the streamed kernel mirrors ({names}); its"
+            " M = 1 summation order may differ: update the templates to match, then retry"
+        )
+    gate_routing(result, clone, routing_functions(plans), accept_routing)
+    for name in result.unfingerprinted:
+        progress(f"warning: {name} is not found at {result.old[:8]}, so not fingerprinted")
     moved = changed_anchors(plans, old_read, new_read)
     if moved:
         names = "; ".join(f"{p}: {', '.join(es)}" for p, es in moved.items())
         raise RebaseRefused(
-            f"{new[:8]} edits upstream statements the patch is anchored to or replaces ({names});"
-            " the patch may now shadow upstream's new rule there: review those blocks, update the"
-            " templates, then retry"
+            f"{result.new[:8]} edits upstream statements the patch is anchored to or replaces"
+            f" ({names}); the patch may now shadow upstream's new rule there: review those"
+            " blocks, update the templates, then retry"
         )
-    if result.changed_mirrored:
-        names = "; ".join(f"{p}: {', '.join(fs)}" for p, fs in result.changed_mirrored.items())
-        raise RebaseRefused(
-            f"{new[:8]} changes functions the streamed kernel mirrors ({names}); its M = 1"
-            " summation order may differ: update the templates to match, then retry"
-        )
-    progress("rendering")
-    rendered, result.merged_files, conflicts = render_or_merge(plans, old_read, new_read, options)
-    if conflicts:
-        raise MergeConflictError(
-            f"3-way merge conflicts ({'; '.join(dict.fromkeys(map(str, conflicts)))}); update"
-            " those templates' anchors for the new upstream and retry (nothing was written)"
-        )
-    progress("parity")
-    gate_parity(result, rendered, parity_check, fp_parity_check, new_read)
-    _write(result, root, clone, old_pin, rendered, release)
-    return result
+
+
+def unfingerprinted(plans: list[render.FilePlan], old_read: Callable[[str], str]) -> list[str]:
+    """Declared mirrored/called names with no definition at the pin (a change would pass)."""
+    missing = []
+    for plan in plans:
+        text = old_read(plan.path)
+        for name in (*plan.mirrored, *plan.called):
+            try:
+                found = cxx.find_functions(text, name)
+            except AnchorError:
+                found = []
+            if not found:
+                missing.append(f"{plan.path}: {name}")
+    return missing
 
 
 def kept_release(old_pin: pin.Pin, new_blobs: dict[str, str]) -> str:
@@ -387,6 +549,9 @@ def _write(
     new = result.new
     called = sorted({f for fs in result.changed_called.values() for f in fs})
     note = "changed called functions: " + (", ".join(called) or "none")
+    routing = sorted({f for fs in result.changed_routing.values() for f in fs})
+    if routing:
+        note += "; routing changes accepted: " + ", ".join(routing)
     if result.parity is not None:
         note += f"; parity: {result.parity.summary}"
     blobs = workspace.tree_blobs(clone, new, sorted(rendered.upstream))

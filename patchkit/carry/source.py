@@ -9,7 +9,13 @@ patchkit creates never land in the user's checkout.
 The clone is made in a staging directory and renamed into place, so an
 interrupted clone never leaves a half-populated cache. It is reused offline: a
 revision already present is used without touching the network, and a fetch that
-fails is only an error when the revision is still unknown afterwards.
+fails is only an error when the revision is still unknown afterwards. Read-only
+commands pass ``fetch=False`` and get the fetch as advice instead.
+
+Commands that move refs in the clone hold its lock (:func:`locked_clone`); under
+it, what killed runs left (worktrees, ref ``.lock`` files) is cleared first.
+Worktree folders carry their owner's process id, so any run can prune those
+whose process is gone.
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ from pathlib import Path
 import platformdirs
 
 from patchkit.carry.pin import UPSTREAM_URL
-from patchkit.errors import ToolError, UserError
-from patchkit.util import git
+from patchkit.errors import BusyError, ToolError, UserError
+from patchkit.util import git, staging
 
 ENV_REPO = "PATCHKIT_MLX_REPO"
 ENV_CACHE = "PATCHKIT_CACHE_DIR"
@@ -115,38 +121,58 @@ def _clone(spec: str, dest: Path, progress: Progress) -> None:
     except ToolError as exc:
         raise UserError(
             f"cannot clone {spec} and no cached copy exists; check the network or pass"
-            f" --mlx-repo PATH to a local MLX clone (git said: {_last_line(exc)})"
+            f" --mlx-repo PATH to a local MLX clone (git said: {_git_said(exc)})"
         ) from exc
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _last_line(exc: ToolError) -> str:
-    lines = (exc.stderr or exc.stdout).strip().splitlines()
-    return lines[-1] if lines else f"exit {exc.returncode}"
+def _git_said(exc: ToolError) -> str:
+    """git's first line that says something (not "Cloning into ..."): the cause, usually."""
+    for line in (exc.stderr or exc.stdout).splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Cloning into", "warning: You appear")):
+            return line
+    return f"exit {exc.returncode}"
 
 
 def _looks_like_sha(rev: str) -> bool:
     return re.fullmatch(r"[0-9a-fA-F]{4,40}", rev) is not None
 
 
-def resolve(clone: Path, rev: str, *, progress: Progress = _quiet) -> str:
+def resolve(clone: Path, rev: str, *, progress: Progress = _quiet, fetch: bool = True) -> str:
     """Full commit id of ``rev``; fetches only when needed, works offline when it can.
 
     A hex id already in the cache is used as is (commits are immutable); a
     branch or tag name is refreshed first so "main" means upstream's main now.
+    ``fetch=False`` (check, status) never fetches: an unknown ``rev`` is an error
+    whose message gives the fetch to run.
     """
     if _looks_like_sha(rev):
         found = git.try_rev_parse(clone, rev)
         if found:
             return found
         _refuse_ambiguous(clone, rev)
+    if not fetch:
+        found = git.try_rev_parse(clone, rev)
+        if found:
+            return found
+        raise UserError(
+            f"{rev} is not in patchkit's cached clone {clone} and this command does not fetch;"
+            f" run `patchkit apply` (or `git -C {clone} fetch --tags origin"
+            " '+refs/heads/*:refs/heads/*'`), then retry"
+        )
+    if not git.has_commits(clone):
+        raise UserError(
+            f"{git.remote_url(clone) or clone} is an empty repository (cached in {clone});"
+            " point --mlx-repo or PATCHKIT_MLX_REPO at a clone of MLX"
+        )
     fetch_error = None
     progress(f"fetching {rev}")
     try:
         git.fetch(clone)
     except ToolError as exc:
-        fetch_error = _last_line(exc)
+        fetch_error = _git_said(exc)
     found = git.try_rev_parse(clone, rev)
     if found:
         if fetch_error and not _looks_like_sha(rev):
@@ -154,8 +180,16 @@ def resolve(clone: Path, rev: str, *, progress: Progress = _quiet) -> str:
         return found
     if _looks_like_sha(rev):
         _refuse_ambiguous(clone, rev)
-    why = f"; fetching failed ({fetch_error})" if fetch_error else ""
-    raise UserError(f"unknown revision '{rev}' in {clone}{why}; check the name or the network")
+    origin = git.remote_url(clone) or str(clone)
+    if fetch_error:
+        raise UserError(
+            f"'{rev}' is not in the cached clone {clone} and fetching {origin} failed"
+            f" ({fetch_error}); check the network, or pass --mlx-repo PATH to a clone that has it"
+        )
+    raise UserError(
+        f"'{rev}' is not a revision of {origin} (cached in {clone}); check the name, or point"
+        " --mlx-repo or PATCHKIT_MLX_REPO at a clone that has it"
+    )
 
 
 def _refuse_ambiguous(clone: Path, rev: str) -> None:
@@ -175,10 +209,11 @@ def worktree(clone: Path, commit: str, *, base_ref: str | None = BASE_REF) -> It
     The worktree is always removed on exit, success or failure, so nothing is
     left half-applied; results must be kept as commits/branches in the clone.
     """
-    parent = clone.parent / "worktrees"
+    parent = worktrees_dir(clone)
     parent.mkdir(parents=True, exist_ok=True)
-    git.worktree_prune(clone)  # forget worktrees a killed run left registered
-    path = Path(tempfile.mkdtemp(prefix=f"{commit[:8]}.", dir=parent))
+    prune_worktrees(clone)  # what a killed run left registered
+    # The process id in the name tells a later run whether the owner is still alive.
+    path = Path(tempfile.mkdtemp(prefix=f"{commit[:8]}.{os.getpid()}.", dir=parent))
     path.rmdir()  # git worktree add wants to create it
     git.worktree_add(clone, path, commit)
     try:
@@ -187,6 +222,74 @@ def worktree(clone: Path, commit: str, *, base_ref: str | None = BASE_REF) -> It
         yield path
     finally:
         git.worktree_remove(clone, path)
+
+
+def worktrees_dir(clone: Path) -> Path:
+    """Where :func:`worktree` puts its worktrees."""
+    return clone.parent / "worktrees"
+
+
+_OWNED = re.compile(r"[0-9a-f]{8}\.(\d+)\.")
+
+
+def prune_worktrees(clone: Path) -> list[Path]:
+    """Remove the worktrees of ``clone`` that killed runs left; return their paths.
+
+    A worktree of ours whose process is gone is removed with its folder; one whose
+    folder is gone is forgotten even when ``git worktree add`` left it locked.
+    Worktrees of live runs, and any outside :func:`worktrees_dir`, are left alone.
+    """
+    parent = worktrees_dir(clone).resolve()
+    removed = []
+    for wt in git.worktrees(clone)[1:]:
+        if wt.path.parent.resolve() != parent:
+            continue
+        m = _OWNED.match(wt.path.name)
+        if wt.path.exists() and not (m and not staging.alive(int(m.group(1)))):
+            continue
+        if wt.path.exists():
+            git.worktree_remove(clone, wt.path)
+        elif wt.locked:
+            git.worktree_unlock(clone, wt.path)
+        removed.append(wt.path)
+    git.worktree_prune(clone)
+    return removed
+
+
+def clear_stale_ref_locks(clone: Path) -> list[Path]:
+    """Delete ref ``.lock`` files in ``clone``; only under :func:`locked_clone`.
+
+    The clone is patchkit's own cache and every patchkit run that moves its refs
+    holds the clone's lock, so a ref lock seen by the holder was left by a run
+    that was killed inside git.
+    """
+    found = [*(clone / "refs").rglob("*.lock"), clone / "packed-refs.lock"]
+    stale = [p for p in found if p.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+@contextmanager
+def locked_clone(clone: Path, *, wait: bool = True, progress: Progress = _quiet) -> Iterator[Path]:
+    """Hold ``clone``'s lock for a command that moves its refs; clear what killed runs left."""
+    lock = clone / "patchkit.lock"
+    try:
+        with staging.exclusive(
+            lock,
+            wait=wait,
+            on_wait=lambda: progress(f"waiting for another patchkit run using {clone}"),
+        ):
+            for path in clear_stale_ref_locks(clone):
+                progress(f"removed {path}, which a killed git left")
+            for path in prune_worktrees(clone):
+                progress(f"removed the worktree {path}, which a killed run left")
+            yield clone
+    except staging.Busy:
+        raise BusyError(
+            f"another patchkit run is using the clone {clone} (lock {lock});"
+            " retry when it ends, or drop --no-wait to wait for it"
+        ) from None
 
 
 def reader(clone: Path, commit: str) -> Callable[[str], str]:

@@ -11,16 +11,19 @@ command module is one step that uses them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
 from patchkit.carry import export, pin, render, source
-from patchkit.errors import AnchorError, UserError
-from patchkit.util import git
-from patchkit.util.staging import Transaction, recover, same_tree
+from patchkit.errors import AnchorError, BusyError, UserError
+from patchkit.util import git, staging
+from patchkit.util.staging import Transaction, atomic_write_text, recover, same_tree
 
 PATCHES = "patches"
 DEFAULT_OPTIONS = render.RenderOptions()
@@ -164,6 +167,47 @@ def tree_blobs(clone: Path, commit: str, paths: list[str]) -> dict[str, str]:
 
 
 TXN_DIR = ".txn"  # under patches/: one in-flight write of patches/ and pin.toml
+LOCK = "patchkit.lock"  # in the checkout's git directory (else in the cache)
+RECORD = "patchkit-written.json"  # in the checkout's git directory: what apply last wrote
+
+
+def lock_path(root: Path) -> Path:
+    """The checkout's lock file: in its git directory, else in the cache (never in the tree)."""
+    in_git = git.git_path(root, LOCK)
+    if in_git is not None:
+        return in_git
+    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    return source.cache_root() / "locks" / f"{root.name}-{digest}.lock"
+
+
+@contextmanager
+def writer(
+    root: Path, *, wait: bool = True, progress: source.Progress = source._quiet
+) -> Iterator[None]:
+    """Hold the checkout's lock for a command that writes it; first clear what killed runs left.
+
+    A second writer waits (saying so) or, with ``wait=False``, is refused in one
+    line. Under the lock, scratch folders of dead runs are pruned and an interrupted
+    write of patches/ and pin.toml is finished or rolled back.
+    """
+    if not root.is_dir():
+        raise UserError(f"{root} is not a folder; pass --root PATCHKIT_CHECKOUT")
+    lock = lock_path(root)
+    try:
+        with staging.exclusive(
+            lock,
+            wait=wait,
+            on_wait=lambda: progress(f"waiting for another patchkit run writing {root}"),
+        ):
+            for leftover in staging.prune_scratch():
+                progress(f"removed {leftover}, which a killed run left")
+            recover_outputs(root, progress)
+            yield
+    except staging.Busy:
+        raise BusyError(
+            f"another patchkit run is writing {root} (lock {lock});"
+            " retry when it ends, or drop --no-wait to wait for it"
+        ) from None
 
 
 def recover_outputs(root: Path, progress: source.Progress = source._quiet) -> None:
@@ -173,20 +217,74 @@ def recover_outputs(root: Path, progress: source.Progress = source._quiet) -> No
         progress(f"an interrupted write of patches/ and pin.toml was found and {done}")
 
 
+def outputs_state(root: Path) -> str | None:
+    """Read only: "new" when a killed write committed (the next writer finishes it), "old"
+    when one did not (the next writer deletes its leftover), None when none was killed."""
+    return {"committed": "new", "uncommitted": "old", None: None}[
+        staging.pending(root / PATCHES / TXN_DIR)
+    ]
+
+
+def output_path(root: Path, target: Path) -> Path | None:
+    """Where ``target``'s current content is, a killed write's committed state included."""
+    return staging.view(root, root / PATCHES / TXN_DIR, target)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _record_file(root: Path) -> Path | None:
+    return git.git_path(root, RECORD) if git.try_rev_parse(root, "HEAD") else None
+
+
+def _read_record(root: Path) -> dict[str, list[str]]:
+    path = _record_file(root)
+    try:
+        data = json.loads(path.read_text()) if path and path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def record_written(root: Path, files: dict[str, bytes]) -> None:
+    """Remember the digests of files patchkit is writing (relative paths), beside older ones.
+
+    :func:`ensure_outputs_clean` accepts an uncommitted file whose content patchkit
+    wrote: a re-run before the output is committed is a no-op, not a refusal.
+    """
+    path = _record_file(root)
+    if path is None:
+        return
+    record = _read_record(root)
+    for rel, data in files.items():
+        digests = [d for d in record.get(rel, []) if d != _digest(data)]
+        record[rel] = [_digest(data), *digests][:4]  # the last few generations
+    atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
 def begin_outputs(root: Path) -> Transaction:
     """A transaction for the next write of patches/ and pin.toml (renames stay in one fs)."""
     return Transaction.begin(root, root / PATCHES / TXN_DIR)
 
 
 def ensure_outputs_clean(root: Path) -> None:
-    """Refuse to overwrite hand edits: in a git checkout, pin.toml and patches/ must be clean."""
+    """Refuse to overwrite hand edits: in a git checkout, pin.toml and patches/ must be clean.
+
+    Uncommitted files patchkit itself wrote (see :func:`record_written`) and deleted
+    files (git still has them) are not hand edits.
+    """
     if git.try_rev_parse(root, "HEAD") is None:
         return  # not a git checkout (or no commits yet): nothing committed to protect
     dirty = git.status_porcelain(root, [pin.PIN_FILE, PATCHES])
-    if dirty.strip():
-        first = dirty.splitlines()[0][3:]
+    record = _read_record(root) if dirty.strip() else {}
+    for line in dirty.splitlines():
+        rel = line[3:].split(" -> ")[-1].strip('"')
+        path = root / rel
+        if not path.is_file() or _digest(path.read_bytes()) in record.get(rel, []):
+            continue
         raise UserError(
-            f"uncommitted changes in {root / first};"
+            f"uncommitted changes in {path} that patchkit did not write;"
             " commit or stash pin.toml and patches/ and retry"
         )
 
@@ -225,8 +323,14 @@ def write_outputs(
     if pin_changed:
         (txn.stage / pin.PIN_FILE).write_text(text)
         txn.install(txn.stage / pin.PIN_FILE, pin_path)
+    files = {f"{PATCHES}/{new_pin.short}/{p}": (staged / p).read_bytes() for p in _files(staged)}
+    record_written(root, {**files, pin.PIN_FILE: text.encode()})  # before the commit point
     txn.commit()
     return Written(patches_changed, pin_changed, removed)
+
+
+def _files(tree: Path) -> list[str]:
+    return sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
 
 
 def today() -> str:

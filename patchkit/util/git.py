@@ -15,6 +15,7 @@ Output-shaping flags carry a comment saying why they are there.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -24,7 +25,7 @@ from pathlib import Path
 from git.cmd import Git
 from git.exc import CommandError
 
-from patchkit.errors import ToolError
+from patchkit.errors import GitLockError, ToolError
 
 # Pinned identity for commits patchkit makes, so the same tree + parent + message
 # always gives the same commit id and re-running is a true no-op.
@@ -98,8 +99,22 @@ def _execute(
     except CommandError as exc:
         raise ToolError(cmd, 127, "", str(exc)) from exc
     if code not in ok_codes:
+        _raise_lock(stderr)
         raise ToolError(cmd, code, _text(stdout), stderr)
     return cmd, code, stdout, stderr
+
+
+_LOCK = re.compile(r"Unable to create '([^']+\.lock)': File exists")
+
+
+def _raise_lock(stderr: str) -> None:
+    """One line instead of git's paragraph when a ``.lock`` file blocked the command."""
+    m = _LOCK.search(stderr or "")
+    if m:
+        raise GitLockError(
+            f"git lock file {m.group(1)} exists: another git process is using that"
+            " repository, or a killed one left the file; if none is running, delete it and retry"
+        )
 
 
 def run(
@@ -147,6 +162,25 @@ def try_rev_parse(repo: Path, rev: str) -> str | None:
     """Like :func:`rev_parse` but ``None`` when ``rev`` does not name a commit."""
     proc = run(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", ok_codes=(0, 1, 128))
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def git_path(repo: Path, name: str) -> Path | None:
+    """``name`` inside ``repo``'s git directory (per worktree), or None outside a repository."""
+    proc = run(repo, "rev-parse", "--git-path", name, ok_codes=(0, 128))
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return Path(repo) / proc.stdout.strip()  # relative to repo unless git made it absolute
+
+
+def has_commits(repo: Path) -> bool:
+    """Whether any ref of ``repo`` names a commit (an empty repository has none)."""
+    return bool(out(repo, "rev-list", "--all", "--max-count=1"))
+
+
+def remote_url(repo: Path, remote: str = "origin") -> str | None:
+    """The URL configured for ``remote`` in ``repo``, or None."""
+    proc = run(repo, "config", "--get", f"remote.{remote}.url", ok_codes=(0, 1))
+    return proc.stdout.strip() or None
 
 
 def disambiguate(repo: Path, prefix: str) -> list[str]:
@@ -229,9 +263,36 @@ def worktree_add(repo: Path, path: Path, rev: str) -> None:
 
 
 def worktree_remove(repo: Path, path: Path) -> None:
-    """Remove a worktree and its administrative files, even if it has changes."""
-    run(repo, "worktree", "remove", "--force", str(path))
+    """Remove a worktree and its administrative files, even if it has changes or is locked."""
+    # --force twice: a worktree `git worktree add` left locked ("initializing") when it
+    # was killed goes too.
+    run(repo, "worktree", "remove", "--force", "--force", str(path))
     worktree_prune(repo)
+
+
+@dataclass(frozen=True)
+class Worktree:
+    """One registered worktree: its path, and whether it is locked."""
+
+    path: Path
+    locked: bool
+
+
+def worktrees(repo: Path) -> list[Worktree]:
+    """Every worktree registered in ``repo`` (the main one first), with its lock state."""
+    found: list[Worktree] = []
+    for record in out(repo, "worktree", "list", "--porcelain").split("\n\n"):
+        lines = record.splitlines()
+        paths = [ln[len("worktree ") :] for ln in lines if ln.startswith("worktree ")]
+        if paths:
+            locked = any(ln == "locked" or ln.startswith("locked ") for ln in lines)
+            found.append(Worktree(Path(paths[0]), locked))
+    return found
+
+
+def worktree_unlock(repo: Path, path: Path) -> None:
+    """Unlock a registered worktree (so prune may forget it when its folder is gone)."""
+    run(repo, "worktree", "unlock", str(path))
 
 
 def worktree_prune(repo: Path) -> None:

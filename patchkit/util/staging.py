@@ -7,18 +7,45 @@ update of several paths (a new ``patches/<sha>/``, the old one dropped, a new
 directory, a journal listing the renames is written atomically (the commit
 point), then the renames run; :func:`recover` at the next start rolls an
 uncommitted transaction back and finishes a committed one, so a kill at any
-moment leaves the old state or the new one.
+moment leaves the old state or the new one. :func:`view` lets a read-only
+command see that state without recovering it.
+
+The module also holds the other pieces of "nothing torn, nothing left behind":
+:func:`exclusive`, an inter-process lock (``filelock``) that a second writer
+waits on or is refused by, and :func:`scratch_dir`, temporary folders tagged
+with their owner's process id so the next run can prune those of killed runs
+(:func:`prune_scratch`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import filelock
+
 JOURNAL = "journal.json"
+# Tests only: SIGKILL this process just before its N-th rename (every os.replace this
+# module makes, staging writes included), to prove a kill anywhere leaves old or new.
+KILL_AT_RENAME = "PATCHKIT_TEST_KILL_AT_RENAME"
+_renames = 0
+
+
+def _replace(src: Path | str, dst: Path | str) -> None:
+    """``os.replace`` with the test hook above; the only way this module renames."""
+    global _renames
+    _renames += 1
+    if os.environ.get(KILL_AT_RENAME) == str(_renames):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.replace(src, dst)
 
 
 def atomic_write_text(path: Path, text: str) -> bool:
@@ -36,7 +63,7 @@ def atomic_write_text(path: Path, text: str) -> bool:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -96,7 +123,7 @@ class Transaction:
         tmp.write_text(json.dumps(self.ops))
         with tmp.open("rb") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, self.dir / JOURNAL)
+        _replace(tmp, self.dir / JOURNAL)
         _replay(self.base, self.dir)
 
     def abort(self) -> None:
@@ -117,13 +144,13 @@ def _replay(base: Path, txn_dir: Path) -> None:
             src, dst = base / op["from"], base / op["to"]
             if src.exists() or src.is_symlink():  # not yet moved in
                 if dst.exists():
-                    os.replace(dst, trash / f"{i}")
+                    _replace(dst, trash / f"{i}")
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(src, dst)
+                _replace(src, dst)
         elif op["op"] == "remove":
             path = base / op["path"]
             if path.exists():
-                os.replace(path, trash / f"{i}")
+                _replace(path, trash / f"{i}")
     # Journal first: a kill during the deletion below leaves an uncommitted
     # directory, which recovery simply deletes.
     (txn_dir / JOURNAL).unlink()
@@ -139,3 +166,128 @@ def recover(base: Path, txn_dir: Path) -> str | None:
         return "completed"
     shutil.rmtree(txn_dir)
     return "rolled back"
+
+
+def pending(txn_dir: Path) -> str | None:
+    """State of an interrupted transaction, read only: "committed", "uncommitted" or None.
+
+    Committed: the journal was written, so the new state is the outcome and the next
+    writer finishes the renames. Uncommitted: the old state stands and the next writer
+    deletes the leftover.
+    """
+    if (txn_dir / JOURNAL).is_file():
+        return "committed"
+    return "uncommitted" if txn_dir.exists() else None
+
+
+def view(base: Path, txn_dir: Path, target: Path) -> Path | None:
+    """Where ``target``'s committed content is now (None: absent), without recovering.
+
+    Between the journal and the end of its renames the new file may still sit in the
+    stage; a read-only command reads it there, so it sees the new state whole.
+    """
+    if pending(txn_dir) != "committed":
+        return target if target.exists() else None
+    rel = os.path.relpath(target, base)
+    for op in json.loads((txn_dir / JOURNAL).read_text()):
+        if op["op"] == "install" and op["to"] == rel:
+            src = base / op["from"]
+            return src if src.exists() else (target if target.exists() else None)
+        if op["op"] == "remove" and op["path"] == rel:
+            return None
+    return target if target.exists() else None
+
+
+def journal_targets(base: Path, txn_dir: Path) -> tuple[list[Path], list[Path]]:
+    """``(installed, removed)`` targets of a committed journal (empty lists otherwise)."""
+    if pending(txn_dir) != "committed":
+        return [], []
+    ops = json.loads((txn_dir / JOURNAL).read_text())
+    return (
+        [base / op["to"] for op in ops if op["op"] == "install"],
+        [base / op["path"] for op in ops if op["op"] == "remove"],
+    )
+
+
+class Busy(Exception):
+    """Another process holds the lock and the caller asked not to wait."""
+
+
+@contextmanager
+def exclusive(
+    path: Path, *, wait: bool = True, on_wait: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Hold an inter-process lock on ``path`` for the block (created if needed).
+
+    A free lock is taken at once. A held one raises :class:`Busy` when ``wait`` is
+    false; otherwise ``on_wait`` is called once (to say who waits on what) and the
+    call blocks until the holder ends. The kernel drops the lock of a killed process.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        if not wait:
+            raise Busy(str(path)) from None
+        if on_wait is not None:
+            on_wait()
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+_SCRATCH = re.compile(r"patchkit-[\w-]+\.(\d+)\.")
+
+
+def scratch_dir(kind: str, parent: Path | None = None) -> Path:
+    """A fresh temporary folder ``patchkit-<kind>.<pid>.<random>`` (see :func:`prune_scratch`)."""
+    return Path(tempfile.mkdtemp(prefix=f"patchkit-{kind}.{os.getpid()}.", dir=parent))
+
+
+@contextmanager
+def scratch(kind: str, parent: Path | None = None) -> Iterator[Path]:
+    """:func:`scratch_dir` for the block, removed afterwards."""
+    path = scratch_dir(kind, parent)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a pid of ours that ended may be reused; rare)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+# Folders from before the pid tag: only ones no run could still be using.
+_LEGACY_AGE_S = 24 * 3600
+
+
+def prune_scratch(parent: Path | None = None) -> list[Path]:
+    """Remove ``patchkit-*`` scratch folders whose process is gone; return them."""
+    parent = Path(parent or tempfile.gettempdir())
+    removed = []
+    for path in parent.glob("patchkit-*"):
+        if not path.is_dir() or path.is_symlink():
+            continue
+        m = _SCRATCH.match(path.name)
+        if m:
+            stale = not alive(int(m.group(1)))
+        else:
+            try:
+                stale = time.time() - path.stat().st_mtime > _LEGACY_AGE_S
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
