@@ -447,6 +447,12 @@ def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, as_json: bool) -> No
     help="Default: metal on macOS, cuda where nvidia-smi lists a GPU, else cpu.",
 )
 @click.option("--mlx-repo", metavar="PATH_OR_URL", help="Clone the branch lives in (as apply).")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Take MLX's dependencies from the dependency directory (`patchkit deps`), not the "
+    "network; implied by --deps or PATCHKIT_DEPS_DIR.",
+)
 @_DEPS_OPTION
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel compile jobs.")
 @click.option("--cmake-arg", "cmake_args", multiple=True, help="Extra CMake argument (repeat).")
@@ -456,9 +462,15 @@ def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, as_json: bool) -> No
     help="Let patchkit's venv see this Python's packages (an offline host without MLX).",
 )
 @click.option(
+    "--into",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    metavar="VENV",
+    help="Also pip-install the patched wheel into this virtual environment (never otherwise).",
+)
+@click.option(
     "--record-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write the build record here (default: docs/builds in the checkout).",
+    help="Write the build record here (default: docs/results in the checkout).",
 )
 @click.option(
     "--no-test",
@@ -471,9 +483,14 @@ def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, as_json: bool) -> No
 @click.option("--dry-run", is_flag=True, help="Print the exact commands and env; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def build_cmd(
-    dry_run: bool, as_json: bool, record_dir: Path | None, cmake_args: tuple[str, ...], **kw: Any
+    dry_run: bool,
+    as_json: bool,
+    record_dir: Path | None,
+    cmake_args: tuple[str, ...],
+    into: Path | None,
+    **kw: Any,
 ) -> None:
-    """Build MLX from the patched tree in patchkit's own venv, offline; run its tests and parity."""
+    """Build an MLX wheel from the patched tree in patchkit's own venv; run its tests, parity."""
     from patchkit.carry import mlx_build
 
     click.get_current_context().meta["json"] = as_json
@@ -484,17 +501,29 @@ def build_cmd(
         return
     with progress(as_json) as say:
         rec = mlx_build.execute(plan, root, say)
-    path = mlx_build.write_record(rec, record_dir or root / "docs" / "builds")
+        if into is not None and rec["wheel"]:
+            say(f"installing {Path(rec['wheel']).name} into {into}")
+            rec["installed_into"] = {"venv": str(into), "mlx_version": mlx_build.install_into(
+                Path(rec["wheel"]), into, plan.layout.python)}  # fmt: skip
+    path = mlx_build.write_record(rec, record_dir or root / "docs" / "results")
     t, p = rec["tests"], rec["parity"]
-    emit(
-        as_json,
-        {**rec, "record": str(path), "log": str(plan.layout.log)},
-        f"built MLX {rec['mlx_version']} ({rec['backend']}) in {plan.layout.worktree}\n"
-        + mlx_build.tests_line(t).removeprefix("- ")
-        + "\n"
+    wheel = Path(rec["wheel"]) if rec["wheel"] else None
+    lines = [
+        f"built MLX {rec['mlx_version']} ({rec['backend']}) in {plan.layout.worktree}",
+        mlx_build.tests_line(t).removeprefix("- "),
         f"parity: {p['rows_differing']}/{p['rows']} rows differ "
-        f"(paths {', '.join(p['kernel_paths'])})\nrecord: {path}\nlog: {plan.layout.log}",
-    )
+        f"(paths {', '.join(p['kernel_paths'])})",
+        f"record: {path}",
+        f"log: {plan.layout.log}",
+    ]
+    if wheel:
+        lines += [f"wheel: {wheel}", "install it into your environment:",
+                  f"  {mlx_build.install_line(wheel)}"]  # fmt: skip
+    if "installed_into" in rec:
+        lines.append(f"installed into {into}: mlx {rec['installed_into']['mlx_version']}")
+    emit(as_json, {**rec, "record": str(path), "log": str(plan.layout.log),
+                   "install": mlx_build.install_line(wheel) if wheel else None},
+         "\n".join(lines))  # fmt: skip
     if t and (t["failed"] or t["errors"]):
         raise UserError(f"MLX's test_quantized.py failed on the build; log: {plan.layout.log}")
     if p["rows_differing"]:
@@ -514,7 +543,7 @@ def build_cmd(
     "backends",
     multiple=True,
     type=click.Choice(["cpu", "cuda", "metal"]),
-    help="Which backends' dependencies (repeat; default cpu and cuda).",
+    help="Which backends' dependencies (repeat; default: the one `patchkit build` would pick).",
 )
 @click.option(
     "--rev",
@@ -535,26 +564,28 @@ def deps_cmd(
     as_json: bool,
 ) -> None:
     """Fill the dependency directory an offline `patchkit build` reads, from local clones."""
-    from patchkit.carry import mlx_deps, pin, source
+    from patchkit.carry import mlx_build, mlx_deps, pin, source
 
     click.get_current_context().meta["json"] = as_json
     root = find_root(Path.cwd())
     p = pin.load(root / pin.PIN_FILE)
+    subs = dict(r.split("=", 1) for r in revs if "=" in r)
+    if len(subs) != len(revs):
+        raise UserError("--rev takes NAME=REV, e.g. --rev nvtx3=v3.1.0")
+    backends = backends or (mlx_build.detect_backend(),)
     with progress(as_json) as say:
         clone = source.ensure_clone(source.source_spec(mlx_repo, p.url), progress=say)
         read = source.reader(clone, p.commit)
-        deps = {d.name: d for b in backends or ("cpu", "cuda") for d in mlx_deps.declared(read, b)}
+        deps = {d.name: d for b in backends for d in mlx_deps.declared(read, b)}
         target = deps_dir or mlx_deps.deps_root()
-        subs = dict(r.split("=", 1) for r in revs if "=" in r)
-        if len(subs) != len(revs):
-            raise UserError("--rev takes NAME=REV, e.g. --rev nvtx3=v3.1.0")
         filled = mlx_deps.fill(list(deps.values()), search, target, say, subs)
     emit(
         as_json,
-        {"deps": str(target), "filled": filled, "declared": sorted(deps)},
-        f"{target}: {len(deps)} sources for {p.short} ({', '.join(sorted(deps))}); "
-        f"exported {', '.join(filled) or 'none (all current)'}",
-    )
+        {"deps": str(target), "filled": filled, "declared": sorted(deps),
+         "backends": list(backends)},
+        f"{target}: {len(deps)} sources for {p.short}, {'/'.join(backends)} "
+        f"({', '.join(sorted(deps))}); exported {', '.join(filled) or 'none (all current)'}",
+    )  # fmt: skip
 
 
 @main.command("bench")

@@ -1,8 +1,9 @@
-"""`patchkit build` and `patchkit deps`: the plan, the offline hand-over, the user's env untouched.
+"""`patchkit build` and `patchkit deps`: the plan (online: MLX's own pins; offline: the
+dependency directory), the preflight, the user's env untouched unless asked.
 
 The planning tests run on a tiny MLX-shaped repository (real git, CMake files
 declaring the same FetchContent sources as MLX); the real build is behind
-``--mlx-build`` because it compiles MLX (minutes on 2 cores with a warm ccache).
+``--mlx-build`` because it compiles MLX (about 15 minutes on 2 cores cold).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from patchkit.util import git
 ROOT = Path(__file__).resolve().parents[1]
 
 TOP_CMAKE = """\
+cmake_minimum_required(VERSION 3.25)
 FetchContent_Declare(
   json
   URL https://github.com/nlohmann/json/releases/download/v3.11.3/json.tar.xz)
@@ -40,6 +42,15 @@ FetchContent_Declare(
     gguflib
     GIT_REPOSITORY https://github.com/antirez/gguf-tools/
     GIT_TAG 8fa6eb65236618e28fd7710a0fba565f7faa1848)
+"""
+VERSION_H = """\
+#define MLX_VERSION_MAJOR 0
+#define MLX_VERSION_MINOR 32
+#define MLX_VERSION_PATCH 1
+"""
+SETUP_PY = """\
+if __name__ == "__main__":
+    version = get_version()
 """
 CUDA_CMAKE = """\
 FetchContent_Declare(
@@ -66,7 +77,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     upstream.mkdir()
     git.init(upstream)
     files = {"CMakeLists.txt": TOP_CMAKE, "mlx/io/CMakeLists.txt": IO_CMAKE,
-             "mlx/backend/cuda/CMakeLists.txt": CUDA_CMAKE, "setup.py": ""}  # fmt: skip
+             "mlx/backend/cuda/CMakeLists.txt": CUDA_CMAKE, "setup.py": SETUP_PY,
+             "mlx/version.h": VERSION_H}  # fmt: skip
     commit = _commit(upstream, files)
     root = tmp_path / "project"
     root.mkdir()
@@ -125,9 +137,28 @@ def test_declarations_come_from_the_trees_cmake() -> None:
     assert deps["fmt"].cmake_var == "FETCHCONTENT_SOURCE_DIR_FMT"
 
 
-def test_plan_is_offline_isolated_and_writes_nothing(project: dict[str, Path]) -> None:
+def test_plan_is_online_by_default_with_mlxs_own_pins(project: dict[str, Path]) -> None:
+    """With network, MLX's CMake fetches its dependencies: no FetchContent override at all."""
+    plan = mlx_build.plan(project["root"], backend="cpu")
+    assert not plan.offline
+    build = next(s for s in plan.steps if s.stage == "build")
+    assert "FETCHCONTENT" not in build.env["CMAKE_ARGS"]
+    assert build.env["CMAKE_ARGS"].split() == ["-DMLX_BUILD_METAL=OFF"]
+    # The record names the pins MLX's own CMake files declare (dlfcn-win32 is Windows-only).
+    assert plan.deps == {
+        "json": "nlohmann/json v3.11.3 (fetched by MLX's CMake)",
+        "fmt": "fmtlib/fmt 12.1.0 (fetched by MLX's CMake)",
+        "gguflib": "antirez/gguf-tools 8fa6eb65236618e28fd7710a0fba565f7faa1848 "
+        "(fetched by MLX's CMake)",
+    }
+    assert f"{mlx_build.FETCH_HOST[0]} reachable" in mlx_build.preflight_checks(plan)
+    assert not plan.layout.base.exists(), "planning must not create anything"
+
+
+def test_plan_offline_is_isolated_and_writes_nothing(project: dict[str, Path]) -> None:
     _fill_stamps(project["deps"], CPU_STAMPS)
     plan = mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])
+    assert plan.offline  # a dependency directory given means offline
     assert set(plan.deps) == {"json", "fmt", "gguflib"}  # dlfcn-win32 is Windows-only
     build = next(s for s in plan.steps if s.stage == "build")
     args = build.env["CMAKE_ARGS"].split()
@@ -142,7 +173,29 @@ def test_plan_is_offline_isolated_and_writes_nothing(project: dict[str, Path]) -
         if "pip" in step.argv:
             assert step.argv[0] == str(venv / "bin" / "python"), step.argv
     assert plan.steps[0].argv == [sys.executable, "-m", "venv", str(venv)]
+    # The wheel: named with the patch, built into the build's dist/, installed from there only.
+    assert plan.version == f"0.32.1+patchkit.{plan.patch_commit[:12]}"
+    assert build.argv[-3:] == ["--wheel-dir", str(plan.layout.dist), "."]
+    install = next(s for s in plan.steps if s.stage == "install")
+    assert install.argv[-1] == f"mlx=={plan.version}" and "--no-index" in install.argv
     assert not plan.layout.base.exists(), "planning must not create anything"
+
+
+def test_plan_installs_the_build_and_parity_requirements(project: dict[str, Path]) -> None:
+    """parity runs patchkit from the checkout in the build's venv: patchkit's own
+    dependencies go in with MLX's build requirements, and the preflight imports them all."""
+    (project["root"] / "pyproject.toml").write_text(
+        '[project]\ndependencies = ["Jinja2>=3.1,<4", "GitPython>=3.1", "unidiff"]\n'
+    )
+    plan = mlx_build.plan(project["root"], backend="cpu")
+    pip = next(s for s in plan.steps if "pip" in s.argv and "install" in s.argv)
+    assert pip.stage == "environment"
+    assert {"setuptools>=80", "numpy", "Jinja2>=3.1,<4", "GitPython>=3.1"} <= set(pip.argv)
+    modules = mlx_build.venv_modules(project["root"])
+    assert modules["jinja2"] == "Jinja2" and modules["git"] == "GitPython"
+    assert modules["setuptools.command.bdist_wheel"] == "setuptools>=80"
+    stages = [s.stage for s in plan.steps]
+    assert stages.index("preflight") < stages.index("build")
 
 
 def test_missing_dependency_source_is_one_line(project: dict[str, Path]) -> None:
@@ -200,7 +253,7 @@ def test_a_base_interpreter_in_a_venv_lends_its_packages(
         system_site_packages=True, cache=tmp_path / "cache",
     )  # fmt: skip
     env_steps = [s for s in build.steps if s.stage == "environment"]
-    assert len(env_steps) == 3 and "--system-site-packages" in env_steps[0].argv
+    assert len(env_steps) == 2 and "--system-site-packages" in env_steps[0].argv
     for step in env_steps[:2]:  # run them: the child venv must see the parent's site folder
         subprocess.run([str(a) for a in step.argv], cwd=step.cwd, check=True)
     seen = subprocess.run(
@@ -240,13 +293,13 @@ def test_a_numpy_found_another_way_is_lent_too(
         capture_output=True, text=True, check=True, env=clean,
     ).stdout.strip()  # fmt: skip
     assert got == "elsewhere"
-    # The last environment step checks parity's imports before the compile, in parity's
-    # folder and with the PYTHONPATH parity itself gets (the checkout, then the lent
-    # folders, which the .pth alone did not make importable on one GPU host); without
-    # numpy it fails, in seconds.
-    check = env_steps[-1]
+    # The preflight step checks parity's imports before the compile, in parity's folder
+    # and with the PYTHONPATH parity itself gets (the checkout, then the lent folders,
+    # which the .pth alone did not make importable on one GPU host); without numpy it
+    # fails, in seconds, with one line naming what to install.
+    check = next(s for s in build.steps if s.stage == "preflight")
     parity = next(s for s in build.steps if s.stage == "parity")
-    assert check.argv[1:] == ["-c", "import patchkit.verify.mlx_parity"]
+    assert check.argv[1:3] == ["-c", mlx_build.VENV_PROBE]
     assert (check.cwd, check.env) == (parity.cwd, parity.env)
     assert check.env["PYTHONPATH"].split(os.pathsep)[0] == str(project["root"])
     assert str(lib) in check.env["PYTHONPATH"].split(os.pathsep)
@@ -256,7 +309,11 @@ def test_a_numpy_found_another_way_is_lent_too(
         [str(bare / "bin" / "python"), *check.argv[1:]], capture_output=True, text=True,
         env={**clean, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
-    assert refused.returncode != 0 and "numpy" in refused.stderr
+    assert refused.returncode == 1
+    line = refused.stdout.strip()
+    assert "\n" not in line and line.startswith("preflight: the build's venv lacks")
+    assert "numpy" in line and "'setuptools>=80'" in line and "-m pip install" in line
+    assert mlx_build.cause(refused.stdout.splitlines()) == line
 
 
 def test_cuda_parity_checks_the_exact_route_and_the_record_says_so(
@@ -270,7 +327,7 @@ def test_cuda_parity_checks_the_exact_route_and_the_record_says_so(
         project["root"], backend="cuda", deps_dir=project["deps"], cache=tmp_path / "cache"
     )
     parity = next(s for s in build.steps if s.stage == "parity")
-    check = [s for s in build.steps if s.stage == "environment"][-1]
+    check = next(s for s in build.steps if s.stage == "preflight")
     tests = next(s for s in build.steps if s.stage == "test")
     assert parity.env["MLX_CUDA_QMV_EXACT"] == "1" and check.env == parity.env
     assert "MLX_CUDA_QMV_EXACT" not in tests.env
@@ -284,6 +341,9 @@ def test_cuda_parity_checks_the_exact_route_and_the_record_says_so(
     assert "parity` on it (route: MLX_CUDA_QMV_EXACT=1): 0 of 8" in mlx_build.markdown(rec)
 
 
+STAGES = ["environment", "environment", "preflight", "build", "install", "test", "parity"]
+
+
 def test_dry_run_cli_prints_the_commands(
     project: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,21 +351,25 @@ def test_dry_run_cli_prints_the_commands(
     (project["root"] / "templates").mkdir()
     (project["root"] / "pyproject.toml").write_text("")
     monkeypatch.chdir(project["root"])
-    monkeypatch.setenv(mlx_deps.ENV_DEPS, str(project["deps"]))
     r = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--json"])
     assert r.exit_code == 0, r.output
     plan = json.loads(r.stdout)
-    assert plan["dry_run"] and [s["stage"] for s in plan["steps"]] == [
-        "environment", "environment", "environment", "build", "test", "parity",
-    ]  # fmt: skip
+    assert plan["dry_run"] and [s["stage"] for s in plan["steps"]] == STAGES
+    assert not plan["offline"] and plan["version"].startswith("0.32.1+patchkit.")
     quick = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--json",
                                       "--no-test"])  # fmt: skip
     assert [s["stage"] for s in json.loads(quick.stdout)["steps"]] == [
-        "environment", "environment", "environment", "build", "parity",
-    ]  # fmt: skip
+        s for s in STAGES if s != "test"
+    ]
     assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
+    online = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run"])
+    assert "FETCHCONTENT" not in online.stdout and "# preflight: " in online.stdout
+    monkeypatch.setenv(mlx_deps.ENV_DEPS, str(project["deps"]))  # implies --offline
     human = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run"])
     assert "FETCHCONTENT_FULLY_DISCONNECTED=ON" in human.stdout
+    monkeypatch.delenv(mlx_deps.ENV_DEPS)
+    offline = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--offline"])
+    assert offline.exit_code == 1 and "patchkit deps --from" in offline.output  # default dir empty
     bad = CliRunner().invoke(main, ["build", "--backend", "cpu", "--deps", "/nonexistent"])
     assert bad.exit_code == 1 and "missing" in bad.output and "Traceback" not in bad.output
 
@@ -360,14 +424,21 @@ def test_unittest_summary_parsed() -> None:
 
 @pytest.mark.mlx_build
 @pytest.mark.skipif(mlx_clone() is None, reason="needs a full MLX clone: set PATCHKIT_MLX_REPO")
-def test_real_cpu_build(tmp_path: Path) -> None:
-    """The whole thing: build, MLX's test_quantized.py, parity (needs `patchkit deps` filled)."""
-    plan = mlx_build.plan(ROOT, backend="cpu", mlx_repo=mlx_clone())
+def test_real_cpu_build_offline(tmp_path: Path) -> None:
+    """The whole thing, offline: build the wheel, MLX's test_quantized.py, parity (needs
+    `patchkit deps --backend cpu` filled), then the wheel into a fresh venv of the user's."""
+    plan = mlx_build.plan(ROOT, backend="cpu", mlx_repo=mlx_clone(), offline=True)
     rec = mlx_build.execute(plan, ROOT, lambda _: None)
     assert rec["built"] and rec["tests"]["failed"] == 0 and rec["tests"]["errors"] == 0
     assert rec["tests"]["passed"] > 30
     assert rec["parity"]["rows"] > 0 and rec["parity"]["rows_differing"] == 0
-    assert mlx_build.write_record(rec, tmp_path).is_file()
+    assert rec["mlx_version"] == plan.version == rec["wheel_version"]
+    assert mlx_build.write_record(rec, tmp_path) == tmp_path / "build-cpu.json"
+    user = tmp_path / "user-venv"
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "venv", str(user)], check=True)
+    assert mlx_build.install_into(Path(rec["wheel"]), user, plan.layout.python) == plan.version
 
 
 def test_a_failing_step_is_one_line_naming_the_log(

@@ -8,16 +8,20 @@ benchmark files rendered on top. Where it builds and installs is patchkit's:
   (never the user's checkout), reused so a rebuild is incremental;
 - a virtual environment under ``<cache>/builds/<backend>-<pin>/venv``; the user's
   own environment is only read (to create the venv), never installed into or
-  uninstalled from;
-- MLX's documented ``pip install .`` with ``CMAKE_ARGS`` per backend, and every
-  configure-time download replaced by a local source (:mod:`mlx_deps`), so the
-  build never touches the network.
+  uninstalled from, unless ``--into`` names it;
+- MLX's documented build with ``CMAKE_ARGS`` per backend, as a wheel whose version
+  names the patch (``0.32.1+patchkit.<sha>``) in ``<cache>/builds/<backend>-<pin>/dist``.
+  Online, MLX's CMake fetches its dependencies at MLX's own pins; offline, every
+  configure-time download is replaced by a local source (:mod:`mlx_deps`).
 
+Every environment step runs on every build (each is idempotent, and pip is fast when
+satisfied), a broken venv is recreated, and a preflight checks the tools, system
+libraries and Python packages every later step needs before the compile starts.
 Then, in that environment: MLX's own ``python/tests/test_quantized.py`` (the
 whole file, the PR's test included) and ``patchkit parity`` on the fresh MLX.
 :func:`plan` only reads; ``--dry-run`` prints it. :func:`execute` runs it with
 every command's output in one log, and :func:`record` is the build record
-committed under ``docs/builds/``.
+(``docs/results/build-<backend>.json``).
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ import platform
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,8 +56,25 @@ CMAKE_ARGS = {
     "cuda": ["-DMLX_BUILD_CUDA=ON"],
     "cpu": ["-DMLX_BUILD_METAL=OFF"],
 }
-# What MLX's pyproject.toml asks for at build time, plus numpy for its tests.
+# What MLX's pyproject.toml asks for at build time (cmake comes from the system: the
+# preflight checks its version), plus numpy for its tests. patchkit's own dependencies
+# (pyproject.toml) join them: parity runs patchkit from the checkout in the build's venv.
 BUILD_REQUIREMENTS = ("setuptools>=80", "wheel", "typing_extensions", "numpy")
+# Modules the build and MLX's tests import in the venv, with the requirement that brings each.
+# setuptools' bdist_wheel command moved into setuptools in 70.1; MLX's setup.py imports it.
+VENV_MODULES = {
+    "setuptools.command.bdist_wheel": "setuptools>=80",
+    "wheel": "wheel",
+    "typing_extensions": "typing_extensions",
+    "numpy": "numpy",
+}
+# Import names whose distribution is named otherwise (for the preflight's install hint).
+DISTRIBUTIONS = {"git": "GitPython", "yaml": "PyYAML", "jinja2": "Jinja2"}
+# Where MLX's CMake downloads from when online (the preflight's network check).
+FETCH_HOST = ("github.com", 443)
+# MLX's setup.py names the version; the build puts the patch into it (a PEP 440 local
+# version: it sorts with 0.32.1 and satisfies ==0.32.1 and >=0.32.1 in mlx-lm's pins).
+SETUP_VERSION_LINE = "    version = get_version()\n"
 TEST_FILE = "test_quantized"
 _NINJA = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in")
@@ -87,6 +111,10 @@ class Layout:
     def parity_json(self) -> Path:
         return self.base / "parity.json"
 
+    @property
+    def dist(self) -> Path:
+        return self.base / "dist"
+
 
 def layout(backend: str, short: str, cache: Path | None = None) -> Layout:
     """The cache folders for ``backend`` at pin ``short``."""
@@ -122,6 +150,20 @@ class BuildPlan:
     layout: Layout
     deps: dict[str, str]  # FetchContent name -> its stamp (source and revision)
     steps: list[Step]
+    version: str = ""  # the wheel's version: MLX's own + the patch commit
+    offline: bool = True  # dependencies from the dependency directory, not the network
+    python: str = sys.executable  # the interpreter that creates the venv
+    cmake_min: str = "3.25"  # MLX's cmake_minimum_required
+
+    @property
+    def wheel_requirement(self) -> str:
+        """The requirement that installs exactly this build's wheel."""
+        return f"mlx=={self.version}"
+
+    def wheel(self) -> Path | None:
+        """The wheel this plan built, once it has."""
+        found = sorted(self.layout.dist.glob(f"mlx-{self.version}-*.whl"))
+        return found[-1] if found else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,6 +175,10 @@ class BuildPlan:
             "venv": str(self.layout.venv),
             "log": str(self.layout.log),
             "deps": self.deps,
+            "offline": self.offline,
+            "version": self.version,
+            "dist": str(self.layout.dist),
+            "preflight": preflight_checks(self),
             "steps": [
                 {"stage": s.stage, "why": s.why, "argv": s.argv, "cwd": str(s.cwd), "env": s.env}
                 for s in self.steps
@@ -142,7 +188,9 @@ class BuildPlan:
     def describe(self) -> str:
         head = [
             f"# check out {self.patch_commit[:12]} in {self.layout.worktree}"
-            " and render the PR's test and benchmark files into it"
+            " and render the PR's test and benchmark files into it",
+            f"# setup.py's version: {self.version}",
+            "# preflight: " + "; ".join(preflight_checks(self)),
         ]
         return "\n".join(head + [f"# [{s.stage}] {s.why}\n{s.shell()}" for s in self.steps])
 
@@ -206,6 +254,7 @@ def plan(
     backend: str | None = None,
     mlx_repo: str | None = None,
     deps_dir: Path | None = None,
+    offline: bool = False,
     python: str = sys.executable,
     jobs: int | None = None,
     cmake_args: tuple[str, ...] = (),
@@ -213,7 +262,11 @@ def plan(
     cache: Path | None = None,
     run_tests: bool = True,
 ) -> BuildPlan:
-    """The build's commands; reads the pin, the clone and the dependency folder, writes nothing."""
+    """The build's commands; reads the pin, the clone and the dependency folder, writes nothing.
+
+    Online (the default) MLX's CMake fetches its dependencies at MLX's own pins; with
+    ``offline`` (or a ``deps_dir``) every one comes from the dependency directory.
+    """
     backend = backend or detect_backend()
     if backend not in BACKENDS:
         raise UserError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
@@ -223,61 +276,49 @@ def plan(
     if not clone.exists() or (head := git.try_rev_parse(clone, branch)) is None:
         raise UserError(f"no branch {branch} in the cached clone; run `patchkit apply` first")
     read = source.reader(clone, head)
-    deps = mlx_deps.declared(read, backend)
-    deps_root = deps_dir or mlx_deps.deps_root()
-    folders = mlx_deps.resolve(deps, deps_root)
+    declared = mlx_deps.declared(read, backend)
+    offline = offline or deps_dir is not None
+    if offline:
+        folders = mlx_deps.resolve(declared, deps_dir or mlx_deps.deps_root())
+        deps, fetch_args = mlx_deps.stamps(folders), mlx_deps.cmake_args(declared, folders)
+    else:  # MLX's own FetchContent calls, untouched
+        deps, fetch_args = (
+            {d.name: f"{d.repo} {d.tag} (fetched by MLX's CMake)" for d in declared},
+            [],
+        )
     if system_site_packages and _base_has_mlx(python):
         raise UserError(
             f"{python} can import mlx, which would mix with the build in a venv that sees its "
             "packages; drop --system-site-packages or use an interpreter without MLX"
         )
     where = layout(backend, p.short, cache)
-    vpy = str(where.python)
-    venv_argv = [
-        python,
-        "-m",
-        "venv",
-        *(["--system-site-packages"] if system_site_packages else []),
-    ]
-    steps = [
-        Step("environment", "patchkit's own virtual environment (yours is not touched)",
-             [*venv_argv, str(where.venv)], root),
-    ]  # fmt: skip
     sites = _lent_sites(python) if system_site_packages else []
-    if sites:
-        steps.append(
-            Step("environment", f"the site folders of {python}'s venv and of its numpy, by a .pth",
-                 [vpy, "-c", PTH_WRITER, "\n".join(sites)], root)
-        )  # fmt: skip
     # The steps that import numpy also get the lent folders on PYTHONPATH, after patchkit's
     # checkout: on one GPU host the .pth alone left numpy unimportable after the compile,
     # while the check before it passed. No lent folder holds an mlx (_base_has_mlx above).
     python_env = {"PYTHONPATH": os.pathsep.join([str(root), *sites])}
-    if not system_site_packages:
-        steps.append(
-            Step("environment", "MLX's build requirements, into that environment",
-                 [vpy, "-m", "pip", "install", "--quiet", *BUILD_REQUIREMENTS], root)
-        )  # fmt: skip
     parity_env = {**python_env, **PARITY_ROUTE_ENV.get(backend, {})}
-    # Parity runs after the compile: find out now, not minutes later, that it could not start
-    # (the same interpreter, folder and environment as the parity step).
-    steps.append(
-        Step("environment", "the parity step's imports (numpy), checked before the compile",
-             [vpy, "-c", "import patchkit.verify.mlx_parity"], where.base, parity_env)
-    )  # fmt: skip
-    cmake = [*CMAKE_ARGS[backend], *mlx_deps.cmake_args(deps, folders), *cmake_args]
+    version = f"{_mlx_version(read)}+patchkit.{head[:12]}"
     build_env = {
-        "CMAKE_ARGS": " ".join(cmake),
+        "CMAKE_ARGS": " ".join([*CMAKE_ARGS[backend], *fetch_args, *cmake_args]),
         "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs or os.cpu_count() or 1),
     }
     if shutil.which("ninja"):
         build_env["CMAKE_GENERATOR"] = "Ninja"  # [n/N] progress lines
-    parity_argv = [vpy, "-m", "patchkit.verify.mlx_parity", "--patched", "--out",
-                   str(where.parity_json)]  # fmt: skip
-    steps += [
-        Step("build", f"MLX's documented Python build, {backend} backend, offline",
-             [vpy, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "."],
-             where.worktree, build_env),
+    how = "offline (the dependency directory)" if offline else "MLX's CMake fetching its deps"
+    vpy = str(where.python)
+    steps = [
+        *_environment_steps(root, where, python, sites, system_site_packages),
+        # Parity runs after the compile: find out now, not minutes later, that a step could
+        # not start (the same interpreter, folder and environment as the parity step).
+        Step("preflight", "every module the build, MLX's tests and parity import, in the venv",
+             [vpy, "-c", VENV_PROBE, json.dumps(venv_modules(root))], where.base, parity_env),
+        Step("build", f"MLX's documented Python build as a wheel, {backend} backend, {how}",
+             [vpy, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
+              "--wheel-dir", str(where.dist), "."], where.worktree, build_env),
+        Step("install", "that wheel, into patchkit's venv only",
+             [vpy, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+              str(where.dist), "--force-reinstall", "--no-deps", f"mlx=={version}"], root),
     ]  # fmt: skip
     if run_tests:
         steps.append(
@@ -285,11 +326,207 @@ def plan(
                  [vpy, "-m", "unittest", "-v", TEST_FILE], where.worktree / "python" / "tests",
                  python_env, ok_codes=(0, 1))
         )  # fmt: skip
-    steps += [
+    steps.append(
         Step("parity", "patchkit parity on the MLX just built (exit 1 = rows differ)",
-             parity_argv, where.base, parity_env, ok_codes=(0, 1)),
+             [vpy, "-m", "patchkit.verify.mlx_parity", "--patched", "--out",
+              str(where.parity_json)], where.base, parity_env, ok_codes=(0, 1))
+    )  # fmt: skip
+    return BuildPlan(
+        backend, p.commit, head, clone, where, deps, steps, version=version, offline=offline,
+        python=python, cmake_min=_cmake_min(read),
+    )  # fmt: skip
+
+
+def _environment_steps(
+    root: Path, where: Layout, python: str, sites: list[str], system_site_packages: bool
+) -> list[Step]:
+    """The venv and what goes into it; each step is idempotent and runs on every build."""
+    vpy = str(where.python)
+    venv = [python, "-m", "venv", *(["--system-site-packages"] if system_site_packages else [])]
+    steps = [
+        Step("environment", "patchkit's own virtual environment (yours is not touched)",
+             [*venv, str(where.venv)], root),
     ]  # fmt: skip
-    return BuildPlan(backend, p.commit, head, clone, where, mlx_deps.stamps(folders), steps)
+    if sites:
+        steps.append(
+            Step("environment", f"the site folders of {python}'s venv and of its numpy, by a .pth",
+                 [vpy, "-c", PTH_WRITER, "\n".join(sites)], root)
+        )  # fmt: skip
+    if not system_site_packages:  # an offline GPU host brings its own packages instead
+        constraints = root / "constraints.txt"
+        pins = ["-c", str(constraints)] if constraints.is_file() else []
+        steps.append(
+            Step("environment", "MLX's build requirements and parity's, into that environment",
+                 [vpy, "-m", "pip", "install", "--quiet", *pins, *BUILD_REQUIREMENTS,
+                  *_own_requirements(root)], root)
+        )  # fmt: skip
+    return steps
+
+
+def _own_requirements(root: Path) -> list[str]:
+    """patchkit's declared dependencies (parity imports patchkit from the checkout)."""
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    return list(tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", []))
+
+
+def _mlx_version(read: Callable[[str], str]) -> str:
+    """MLX's release version from the tree's ``mlx/version.h`` (what setup.py reads)."""
+    text = read("mlx/version.h")
+    parts = [
+        re.search(rf"#define MLX_VERSION_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")
+    ]
+    if not all(parts):
+        raise UserError("mlx/version.h at the patch commit names no MLX_VERSION_MAJOR/MINOR/PATCH")
+    return ".".join(m.group(1) for m in parts if m)
+
+
+def _cmake_min(read: Callable[[str], str]) -> str:
+    """The tree's ``cmake_minimum_required`` version."""
+    m = re.search(r"cmake_minimum_required\(VERSION\s+([\d.]+)", read("CMakeLists.txt"))
+    return m.group(1) if m else "3.25"
+
+
+def venv_modules(root: Path) -> dict[str, str]:
+    """Every module the venv must import, with the requirement that brings it."""
+    modules = dict(VENV_MODULES)
+    imports = {dist: module for module, dist in DISTRIBUTIONS.items()}
+    for req in _own_requirements(root):
+        name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
+        modules.setdefault(imports.get(name, name.lower().replace("-", "_")), name)
+    return modules
+
+
+# Run by the build's venv python: imports every module (json {module: requirement}) and
+# parity's own module; prints one line naming what to install, exits 1 when any is missing.
+VENV_PROBE = """\
+import importlib, json, sys
+need, missing = json.loads(sys.argv[1]), []
+for module, requirement in need.items():
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        missing.append(requirement)
+try:
+    importlib.import_module("patchkit.verify.mlx_parity")
+except ImportError as exc:
+    missing.append(getattr(exc, "name", None) or str(exc))
+if missing:
+    pins = " ".join(repr(m) if set(m) & set("<>=") else m for m in dict.fromkeys(missing))
+    print(f"preflight: the build's venv lacks {', '.join(dict.fromkeys(missing))}; "
+          f"install: {sys.executable} -m pip install {pins}")
+    sys.exit(1)
+"""
+
+# What the preflight asks of the machine, and what to install for each (Debian/Ubuntu, macOS).
+INSTALL = {
+    "compiler": ("a C++ compiler", "g++", "xcode-select --install"),
+    "cmake": ("cmake", "cmake", "brew install cmake"),
+    "venv": ("Python's venv module", "python3-venv", ""),
+    "blas": ("BLAS/LAPACK headers and libraries (cblas.h, lapacke.h)",
+             "libblas-dev liblapack-dev liblapacke-dev", ""),
+    "nvcc": ("the CUDA toolkit (nvcc)", "nvidia-cuda-toolkit", ""),
+    "metal": ("Xcode's metal compiler", "",
+              "Xcode, then sudo xcode-select -s /Applications/Xcode.app"),
+}  # fmt: skip
+_BLAS_PROBE = "#include <cblas.h>\n#include <lapacke.h>\nint main() { return 0; }\n"
+
+
+def preflight_checks(build: BuildPlan) -> list[str]:
+    """What :func:`preflight` checks for this plan, in words (``--dry-run`` shows them)."""
+    checks = ["a C++ compiler", f"cmake >= {build.cmake_min}", "Python's venv module"]
+    if _needs_blas(build.backend):
+        checks.append("BLAS/LAPACK headers and libraries")
+    checks += {"cuda": ["nvcc"], "metal": ["xcrun metal"]}.get(build.backend, [])
+    checks.append("the dependency directory" if build.offline else f"{FETCH_HOST[0]} reachable")
+    return [*checks, "the venv's Python modules (a step after the environment's)"]
+
+
+def _needs_blas(backend: str, system: str | None = None) -> bool:
+    """MLX's CPU backend links LAPACK and BLAS on Linux (macOS: Accelerate); CUDA builds it too."""
+    return (system or platform.system()) == "Linux" and backend in ("cpu", "cuda")
+
+
+def missing_tools(build: BuildPlan) -> list[str]:
+    """Keys of :data:`INSTALL` this machine lacks for ``build``; each check takes < 2 s."""
+    missing = []
+    cxx = (
+        shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
+    )
+    if cxx is None:
+        missing.append("compiler")
+    have = _tool_version(["cmake", "--version"])
+    if have is None or _as_tuple(have) < _as_tuple(build.cmake_min):
+        missing.append("cmake")
+    if not build.layout.python.exists() and _fails([build.python, "-c", "import ensurepip, venv"]):
+        missing.append("venv")
+    if cxx and _needs_blas(build.backend) and not _links(cxx, _BLAS_PROBE, ["-llapack", "-lblas"]):
+        missing.append("blas")
+    if build.backend == "cuda" and not (
+        shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()
+    ):
+        missing.append("nvcc")
+    if build.backend == "metal" and _fails(["xcrun", "-sdk", "macosx", "-f", "metal"]):
+        missing.append("metal")
+    return missing
+
+
+def preflight(build: BuildPlan, system: str | None = None) -> None:
+    """Raise one line naming what to install, or that the network is out of reach; else pass."""
+    missing = missing_tools(build)
+    if missing:
+        mac = (system or platform.system()) == "Darwin"
+        what = ", ".join(INSTALL[k][0] + (f" >= {build.cmake_min}" if k == "cmake" else "")
+                         for k in missing)  # fmt: skip
+        if mac:
+            how = "; ".join(dict.fromkeys(INSTALL[k][2] for k in missing if INSTALL[k][2]))
+        else:
+            how = "apt-get install " + " ".join(INSTALL[k][1] for k in missing if INSTALL[k][1])
+        raise UserError(f"preflight: missing {what}; install: {how}")
+    if not build.offline and not _reachable(*FETCH_HOST):
+        raise UserError(
+            f"preflight: {FETCH_HOST[0]} is out of reach, where MLX's CMake fetches its "
+            "dependencies; fill a dependency directory with `patchkit deps --from DIR` and "
+            "build with --offline"
+        )
+
+
+def _tool_version(argv: list[str]) -> str | None:
+    """The first x.y[.z] in ``argv``'s output, or None when it does not run."""
+    if shutil.which(argv[0]) is None:
+        return None
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=10).stdout
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", out)
+    return m.group(1) if m else None
+
+
+def _as_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def _fails(argv: list[str]) -> bool:
+    """Whether ``argv`` is missing or exits non-zero."""
+    if shutil.which(argv[0]) is None and not Path(argv[0]).exists():
+        return True
+    return subprocess.run(argv, capture_output=True, check=False, timeout=10).returncode != 0
+
+
+def _links(cxx: str, program: str, libs: list[str]) -> bool:
+    """Whether ``program`` compiles and links with ``libs`` (headers and libraries present)."""
+    with tempfile.TemporaryDirectory(prefix="patchkit-preflight-") as tmp:
+        argv = [cxx, "-x", "c++", "-", "-o", str(Path(tmp) / "a.out"), *libs]
+        proc = subprocess.run(argv, input=program, capture_output=True, text=True, check=False)
+        return proc.returncode == 0
+
+
+def _reachable(host: str, port: int, timeout: float = 5.0) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def prepare_worktree(build: BuildPlan, root: Path) -> None:
@@ -297,7 +534,7 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
 
     An existing worktree is moved to the commit in place (``checkout --force``),
     so the build folder MLX's setup.py keeps inside it survives and a rebuild is
-    incremental.
+    incremental. setup.py gets the build's version (:func:`set_version`).
     """
     wt = build.layout.worktree
     if (wt / ".git").exists():
@@ -313,6 +550,32 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
         target = wt / plan_.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(export_pr.render_pr_file(plan_, text, options))
+    setup = wt / "setup.py"
+    setup.write_text(set_version(setup.read_text(), build.version))
+
+
+def set_version(setup_py: str, version: str) -> str:
+    """MLX's setup.py with its computed version replaced by ``version`` (wheel and mx.__version__:
+    setup.py hands the same string to CMake as MLX_VERSION)."""
+    if setup_py.count(SETUP_VERSION_LINE) != 1:
+        raise UserError(
+            "MLX's setup.py has no single `version = get_version()` line; patchkit cannot "
+            "name the wheel's version (has setup.py changed upstream?)"
+        )
+    return setup_py.replace(SETUP_VERSION_LINE, f"    version = {version!r}  # patchkit build\n")
+
+
+def venv_broken(layout_: Layout) -> str | None:
+    """Why the build's venv cannot be reused (a killed creation, a removed interpreter), or None."""
+    if not layout_.venv.exists():
+        return None
+    if not layout_.python.exists():
+        return f"{layout_.python} is missing"
+    probe = subprocess.run([str(layout_.python), "-m", "pip", "--version"], capture_output=True,
+                           text=True, check=False, timeout=60)  # fmt: skip
+    if probe.returncode != 0:
+        return cause((probe.stderr or probe.stdout).splitlines()) or "pip does not run"
+    return None
 
 
 def _run_logged(step: Step, log: TextIO, progress: Progress) -> tuple[int, list[str]]:
@@ -379,25 +642,61 @@ def series_id(root: Path, short: str) -> str:
     return digest.hexdigest()
 
 
+# Lines that frame a failure without saying what it was (pip's and setuptools' wrappers).
+_FRAME = re.compile(
+    r"^(hint:|note:|\[end of output\]|\u00d7|╰─>|│|error: (subprocess-exited-with-error|"
+    r"metadata-generation-failed|failed-wheel-build)|ERROR: (Failed (building|to build)|"
+    r"Could not build wheels)|ninja: build stopped|subprocess\.CalledProcessError|"
+    r"Traceback \(most recent call last\))"
+)
+# What a cause looks like, in order of preference: a compiler's first diagnostic, CMake's
+# message, a Python exception, patchkit's own preflight, any other error line.
+_CAUSES = (
+    (re.compile(r"(^|: )(fatal )?error: "), "first"),
+    (re.compile(r"^CMake Error"), "first"),
+    (re.compile(r"^\w+(Error|Exception)\b:?"), "last"),
+    (re.compile(r"^preflight: "), "last"),
+    (re.compile(r"\b(error|failed|not found|missing)\b", re.I), "last"),
+)
+
+
+def cause(lines: list[str]) -> str:
+    """The line of a step's output that says why it failed (pip's frames skipped), one line."""
+    text = [ln.strip() for ln in lines if ln.strip() and not _FRAME.match(ln.strip())]
+    for pattern, which in _CAUSES:
+        hits = [i for i, ln in enumerate(text) if pattern.search(ln)]
+        if not hits:
+            continue
+        i = hits[0] if which == "first" else hits[-1]
+        line = text[i]
+        if line.startswith("CMake Error") and i + 1 < len(text):
+            line += " " + text[i + 1]  # "CMake Error at X:" names where; the next line what
+        return line[:300]
+    return (text[-1] if text else "")[:300]
+
+
 def fail(step: Step, code: int, lines: list[str], log: Path) -> None:
-    """Raise the one-line error for a failed step: its stage, its last output line, the log."""
-    tail = next((ln for ln in reversed(lines) if ln.strip()), "").strip()[:160]
-    raise UserError(f"{step.stage} failed (exit {code}: {tail}); the whole log: {log}")
+    """Raise the one-line error for a failed step: its stage, its cause, the log."""
+    raise UserError(f"{step.stage} failed (exit {code}: {cause(lines)}); the whole log: {log}")
 
 
 def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
-    """Run the plan; returns the build record. A failing step raises, naming the log."""
+    """Run the plan; returns the build record. A failing step raises, naming its cause and log."""
+    preflight(build)  # tools, system libraries, the network: seconds, before anything is made
     progress(f"log: {build.layout.log}")
+    if why := venv_broken(build.layout):
+        progress(f"the build's venv is broken ({why}); recreating it")
+        shutil.rmtree(build.layout.venv)
     build.layout.parity_json.unlink(missing_ok=True)  # only this run's report counts
     incremental = (build.layout.worktree / "build").is_dir()  # setup.py's build folder
     prepare_worktree(build, root)
     build.layout.log.parent.mkdir(parents=True, exist_ok=True)
+    for old in build.layout.dist.glob("mlx-*.whl"):  # one wheel: this build's
+        old.unlink()
     walls: dict[str, float] = {}
     outputs: dict[str, list[str]] = {}
     with build.layout.log.open("w") as log:
-        for step in build.steps:
-            if step.stage == "environment" and build.layout.python.exists():
-                continue  # the venv from an earlier build is reused
+        for step in build.steps:  # every step, every time: each is idempotent
             progress(f"[{step.stage}] {step.why}")
             start = time.monotonic()
             code, lines = _run_logged(step, log, progress)
@@ -416,7 +715,62 @@ def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
         except UserError as exc:
             raise UserError(f"{exc}; the whole log: {build.layout.log}") from exc
     rec = record(build, root, tests, parity, walls)
-    return {**rec, "incremental": incremental}
+    wheel = build.wheel()
+    return {**rec, "incremental": incremental, "wheel": str(wheel) if wheel else None}
+
+
+def install_line(wheel: Path) -> str:
+    """The one command that puts the patched MLX into the user's active environment."""
+    return f"python -m pip install --force-reinstall {shlex.quote(str(wheel))}"
+
+
+# Split packages of stock MLX that ship their own libmlx: the patched wheel carries its own,
+# so one of these beside it would leave two owners of the same files.
+_SPLIT_PACKAGES = re.compile(r"^mlx[-_](cpu|metal|cuda(-\d+)?)$", re.I)
+
+
+def install_into(wheel: Path, venv: Path, build_python: Path) -> str:
+    """``pip install`` the wheel into the venv at ``venv`` (asked for by ``--into``); its version.
+
+    The venv must run the Python the wheel was built for and hold no stock split package
+    (``mlx-cpu``, ``mlx-metal``, ``mlx-cuda-*``), whose libmlx the wheel would overwrite.
+    """
+    py = venv / "bin" / "python"
+    if not py.exists():
+        raise UserError(f"--into {venv}: no bin/python there; pass a virtual environment's folder")
+    ask = "import sys; print('%d.%d' % sys.version_info[:2])"
+    mine, theirs = (
+        subprocess.run([str(x), "-c", ask], capture_output=True, text=True, check=False)
+        .stdout.strip()
+        for x in (build_python, py)
+    )  # fmt: skip
+    if mine != theirs:
+        raise UserError(f"--into {venv}: it runs Python {theirs}, the wheel is for {mine}; "
+                        f"build with --python of that venv's version")  # fmt: skip
+    listed = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], capture_output=True,
+                            text=True, check=False)  # fmt: skip
+    if listed.returncode != 0:
+        raise UserError(
+            f"--into {venv}: pip does not run there ({cause(listed.stderr.splitlines())})"
+        )
+    split = [d["name"] for d in json.loads(listed.stdout) if _SPLIT_PACKAGES.match(d["name"])]
+    if split:
+        raise UserError(
+            f"--into {venv}: it has {', '.join(split)}, stock MLX's own library, which the patched "
+            f"wheel replaces; remove it first: {py} -m pip uninstall -y {' '.join(split)}"
+        )
+    proc = subprocess.run([str(py), "-m", "pip", "install", "--force-reinstall", "--no-deps",
+                           str(wheel)], capture_output=True, text=True, check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise UserError(
+            f"--into {venv}: pip failed ({cause((proc.stdout + proc.stderr).splitlines())})"
+        )
+    got = subprocess.run([str(py), "-c", "import mlx.core as mx; print(mx.__version__)"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    if got.returncode != 0:
+        raise UserError(f"--into {venv}: mlx.core does not import after the install "
+                        f"({cause(got.stderr.splitlines())})")  # fmt: skip
+    return got.stdout.strip()
 
 
 def _machine(backend: str) -> dict[str, Any]:
@@ -460,7 +814,7 @@ def record(
     parity: dict[str, Any],
     walls: dict[str, float],
 ) -> dict[str, Any]:
-    """The build record (``docs/builds/<backend>-<date>.json``)."""
+    """The build record (``docs/results/build-<backend>.json``)."""
     paths = sorted({m["path"] for r in parity["rows"] for m in r.get("by_m", [])})
     short = build.mlx_commit[:8]
     return {
@@ -474,6 +828,8 @@ def record(
         "built": True,
         "compiled": COMPILED_NOTE[build.backend],
         "mlx_version": parity.get("mlx_version"),
+        "wheel_version": build.version,
+        "offline": build.offline,
         "deps": build.deps,
         "tests": None if tests is None else {"file": f"python/tests/{TEST_FILE}.py", **tests},
         "parity": {
@@ -487,7 +843,9 @@ def record(
         "wall_s": {k: round(v, 1) for k, v in walls.items()},
         "machine": _machine(build.backend),
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "command": "patchkit build --backend " + build.backend,
+        "command": "patchkit build --backend "
+        + build.backend
+        + (" --offline" if build.offline else ""),
     }
 
 
@@ -554,16 +912,23 @@ def markdown(rec: dict[str, Any]) -> str:
             + (f", {m['gpu']}" if m.get("gpu") else "")
             + ".",
             "",
-            f"Command: `{rec['command']}` (the dependency directory from `patchkit deps`).",
+            f"Command: `{rec['command']}` ("
+            + (
+                "the dependency directory from `patchkit deps`"
+                if rec.get("offline", True)
+                else "MLX's CMake fetched its dependencies"
+            )
+            + ").",
             "",
         ]
     )
 
 
 def write_record(rec: dict[str, Any], out_dir: Path) -> Path:
-    """Write ``<backend>-<date>.json`` and ``.md`` into ``out_dir``; returns the JSON path."""
+    """Write ``build-<backend>.json`` and ``.md`` into ``out_dir``, replacing the previous
+    record of that backend (the date is inside); returns the JSON path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return write_record_at(rec, out_dir / f"{rec['backend']}-{rec['date']}.json")
+    return write_record_at(rec, out_dir / f"build-{rec['backend']}.json")
 
 
 def write_record_at(rec: dict[str, Any], path: Path) -> Path:

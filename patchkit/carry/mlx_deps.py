@@ -10,8 +10,11 @@ module owns that hand-over:
   rather than remembered;
 - :func:`fill` exports each one from a local git clone of its repository into the
   dependency directory (one folder per FetchContent name, stamped with its source
-  and tag), and :func:`resolve` turns that directory into CMake arguments, or a
-  one-line error naming what is missing or stale.
+  and tag; all or nothing), and :func:`resolve` turns that directory into CMake
+  arguments, or a one-line error naming what is missing or stale.
+
+Only offline builds read it (``patchkit build --offline``); online, MLX's CMake
+fetches the same sources itself.
 
 Third-party sources live in the cache (``PATCHKIT_DEPS_DIR``), never in this repository.
 """
@@ -229,40 +232,61 @@ def fill(
 
     ``revs`` substitutes another revision for a dependency whose tag the local
     clone lacks (a partial mirror); the stamp records the substitution, and
-    build records carry the stamps. Each folder is written beside its final
-    place and renamed in, so an interrupted fill leaves the old folder or the new one.
+    build records carry the stamps. All or nothing: every clone and revision is
+    found first (one error names every problem), then everything is exported into
+    one staging folder beside the final ones and renamed into place only when all
+    exports succeeded, so a failure leaves the directory as it was.
     """
     revs = revs or {}
     unknown = sorted(set(revs) - {d.name for d in deps})
     if unknown:
         raise UserError(f"--rev names no declared dependency: {', '.join(unknown)}")
-    root.mkdir(parents=True, exist_ok=True)
-    done = []
+    todo = []
     for dep in deps:
-        folder = root / dep.name
         rev = revs.get(dep.name, dep.tag)
         stamp = dep.stamp + (f"exported from {rev}\n" if rev != dep.tag else "")
-        if (folder / STAMP).is_file() and (folder / STAMP).read_text() == stamp:
+        current = root / dep.name / STAMP
+        if not (current.is_file() and current.read_text() == stamp):
+            todo.append((dep, rev, stamp))
+    sources = _sources(todo, search)
+    if not todo:
+        return []
+    root.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=root))
+    try:
+        for dep, rev, stamp in todo:
+            progress(f"exporting {dep.repo} {rev}")
+            out = stage / dep.name
+            _export(sources[dep.name], rev, out, dep.subdir)
+            for path, sub_repo in SUBMODULES.get(dep.name, {}).items():
+                commit = _submodule_commit(sources[dep.name], rev, path)
+                _export(find_clone(sub_repo, search), commit, out / path)
+            _release_layout(dep.name, out)
+            (out / STAMP).write_text(stamp)
+        for dep, _, _ in todo:  # every export succeeded: swap each folder in
+            if (root / dep.name).exists():
+                shutil.rmtree(root / dep.name)
+            (stage / dep.name).rename(root / dep.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return [dep.name for dep, _, _ in todo]
+
+
+def _sources(todo: list[tuple[Dependency, str, str]], search: Path) -> dict[str, Path]:
+    """Each dependency's clone, checked to hold its revision; one error naming every problem."""
+    found, problems = {}, []
+    for dep, rev, _ in todo:
+        try:
+            clone = find_clone(dep.repo, search)
+        except UserError as exc:
+            problems.append(str(exc))
             continue
-        clone = find_clone(dep.repo, search)
         if git.try_rev_parse(clone, rev) is None:
-            raise UserError(
+            problems.append(
                 f"{clone} has no {rev} (needed for {dep.name}); fetch it, or substitute a "
                 f"revision the clone has with --rev {dep.name}=REV"
             )
-        progress(f"exporting {dep.repo} {rev}")
-        stage = Path(tempfile.mkdtemp(prefix=f".{dep.name}.", dir=root))
-        try:
-            _export(clone, rev, stage, dep.subdir)
-            for path, sub_repo in SUBMODULES.get(dep.name, {}).items():
-                commit = _submodule_commit(clone, rev, path)
-                _export(find_clone(sub_repo, search), commit, stage / path)
-            _release_layout(dep.name, stage)
-            (stage / STAMP).write_text(stamp)
-            if folder.exists():
-                shutil.rmtree(folder)
-            stage.rename(folder)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-        done.append(dep.name)
-    return done
+        found[dep.name] = clone
+    if problems:
+        raise UserError("; ".join(problems) + "; nothing was exported")
+    return found
