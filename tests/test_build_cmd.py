@@ -463,3 +463,209 @@ def test_a_failing_step_is_one_line_naming_the_log(
     msg = str(err.value)
     assert "\n" not in msg and "build failed (exit 3: error: boom)" in msg
     assert str(plan.layout.log) in msg and "error: boom" in plan.layout.log.read_text()
+
+
+# What pip printed when MLX's setup.py met a setuptools without bdist_wheel (the log's tail).
+PIP_SETUPTOOLS = [
+    "  Traceback (most recent call last):",
+    '    File "<string>", line 2, in <module>',
+    "  ModuleNotFoundError: No module named 'setuptools.command.bdist_wheel'",
+    "  [end of output]",
+    "  note: This error originates from a subprocess, and is likely not a problem with pip.",
+    "error: metadata-generation-failed",
+    "\u00d7 Encountered error while generating package metadata.",
+    "╰─> See above for output.",
+    "note: This is an issue with the package mentioned above, not pip.",
+    "hint: See above for details.",
+]
+CMAKE_BLAS = [
+    "  -- Found LAPACK: /usr/lib/x86_64-linux-gnu/liblapack.so",
+    "  CMake Error at /usr/share/cmake-3.25/Modules/FPHSA.cmake:230 (message):",
+    "    Could NOT find BLAS (missing: BLAS_LIBRARIES)",
+    "  Call Stack (most recent call first):",
+    "  subprocess.CalledProcessError: Command '['cmake', '/src']' returned non-zero exit status 1.",
+    "  error: subprocess-exited-with-error",
+    "ERROR: Failed building wheel for mlx",
+]
+COMPILE = [
+    "  [12/128] Building CXX object CMakeFiles/mlx.dir/mlx/array.cpp.o",
+    "  FAILED: CMakeFiles/mlx.dir/mlx/backend/cpu/quantized.cpp.o",
+    "  /src/mlx/backend/cpu/quantized.cpp:42:7: error: 'qmv_streamed' was not declared",
+    "  /src/mlx/backend/cpu/quantized.cpp:50:1: error: expected '}' at end of input",
+    "  ninja: build stopped: subcommand failed.",
+    "  subprocess.CalledProcessError: Command '['cmake', '--build', '.']' returned non-zero exit",
+    "hint: See above for details.",
+]
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (PIP_SETUPTOOLS, "ModuleNotFoundError: No module named 'setuptools.command.bdist_wheel'"),
+        # CMake's "at FILE:LINE" with the message on the next line
+        (CMAKE_BLAS, "CMake Error at /usr/share/cmake-3.25/Modules/FPHSA.cmake:230 (message): "
+                     "Could NOT find BLAS (missing: BLAS_LIBRARIES)"),
+        # the compiler's first error, not the cascade after it
+        (COMPILE, COMPILE[2].strip()),
+        (["compiling", "error: boom"], "error: boom"),
+    ],
+)  # fmt: skip
+def test_a_failed_steps_cause_is_named_not_see_above(lines: list[str], expected: str) -> None:
+    assert mlx_build.cause(lines) == expected
+    step = mlx_build.Step("build", "b", ["true"], Path("."))
+    with pytest.raises(UserError) as err:
+        mlx_build.fail(step, 1, lines, Path("/x/build.log"))
+    msg = str(err.value)
+    assert "\n" not in msg and expected in msg and "See above" not in msg
+    assert msg.endswith("the whole log: /x/build.log")
+
+
+def _tools(tmp_path: Path, **scripts: str) -> str:
+    """A PATH of fake tools (name -> shell body) and nothing else."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(parents=True, exist_ok=True)
+    for name, body in scripts.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    return str(bin_)
+
+
+def test_preflight_names_every_missing_tool_in_one_line(
+    project: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An old cmake and a compiler that cannot link BLAS/LAPACK: one line naming both and
+    the packages that bring them, before anything is created."""
+    plan = mlx_build.plan(project["root"], backend="cpu")
+    path = _tools(tmp_path, cmake="echo 'cmake version 3.18.4'", **{"c++": "exit 1"})
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(UserError) as err:
+        mlx_build.preflight(plan, system="Linux")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("preflight: missing cmake >= 3.25, BLAS/LAPACK")
+    assert msg.endswith("install: apt-get install cmake libblas-dev liblapack-dev liblapacke-dev")
+    assert mlx_build.missing_tools(plan) == ["cmake", "blas"]
+    monkeypatch.setenv("PATH", _tools(tmp_path / "none"))
+    assert mlx_build.missing_tools(plan)[:2] == ["compiler", "cmake"]
+    with pytest.raises(UserError, match="; install: xcode-select --install; brew install cmake"):
+        mlx_build.preflight(plan, system="Darwin")
+    assert not plan.layout.base.exists()
+
+
+def test_preflight_online_without_network_says_use_offline(
+    project: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(mlx_build, "FETCH_HOST", ("127.0.0.1", port))
+    monkeypatch.setattr(mlx_build, "missing_tools", lambda _: [])
+    with pytest.raises(UserError, match=r"out of reach.*`patchkit deps --from DIR`.*--offline"):
+        mlx_build.preflight(mlx_build.plan(project["root"], backend="cpu"))
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    offline = mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])
+    mlx_build.preflight(offline)  # offline builds never ask for the network
+
+
+def test_a_broken_venv_is_detected(tmp_path: Path) -> None:
+    """A venv whose creation was killed before pip (or whose python is gone) is not reused."""
+    import subprocess
+
+    where = mlx_build.Layout(tmp_path / "b")
+    assert mlx_build.venv_broken(where) is None  # none yet: nothing to recreate
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where.venv)], check=True)
+    assert "No module named pip" in (mlx_build.venv_broken(where) or "")
+    where.python.unlink()
+    assert mlx_build.venv_broken(where) == f"{where.python} is missing"
+
+
+def test_setup_py_gets_the_builds_version() -> None:
+    text = "def get_version():\n    ...\n\n" + SETUP_PY
+    out = mlx_build.set_version(text, "0.32.1+patchkit.abc")
+    assert "    version = '0.32.1+patchkit.abc'  # patchkit build\n" in out
+    assert out.count("version = get_version()") == 0 and "def get_version" in out
+    with pytest.raises(UserError, match="no single `version = get_version\\(\\)` line"):
+        mlx_build.set_version("setup()\n", "1")
+
+
+def test_the_record_replaces_the_previous_one(project: dict[str, Path], tmp_path: Path) -> None:
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    plan = mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])
+    report = {"rows_compared": 8, "rows_differing": 0, "mlx_version": plan.version, "rows": []}
+    out = tmp_path / "docs" / "results"
+    for walls in ({"build": 1.0}, {"build": 2.0}):
+        path = mlx_build.write_record(
+            mlx_build.record(plan, project["root"], None, report, walls), out
+        )
+    assert sorted(p.name for p in out.iterdir()) == ["build-cpu.json", "build-cpu.md"]
+    rec = json.loads(path.read_text())
+    assert rec["wall_s"] == {"build": 2.0} and rec["wheel_version"] == plan.version
+    assert rec["offline"] and "--offline" in rec["command"]
+
+
+def _clone_with_tag(search: Path, repo: str, tag: str, files: dict[str, str]) -> None:
+    owner, name = repo.split("/")
+    path = search / f"{owner}+{name}" / "repo"
+    path.mkdir(parents=True)
+    git.init(path)
+    _commit(path, files)
+    git.run(path, "tag", tag)
+
+
+def test_fill_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing clone is found before anything is exported, and an export that fails
+    half-way leaves the dependency directory exactly as it was: no partial folder."""
+    search, out = tmp_path / "mirrors", tmp_path / "deps"
+    _clone_with_tag(search, "fmtlib/fmt", "12.1.0", {"include/fmt/core.h": "// v12\n"})
+    fmt = mlx_deps.Dependency("fmt", "fmtlib/fmt", "12.1.0", archive=False)
+    json_dep = mlx_deps.Dependency("json", "nlohmann/json", "v3.11.3", archive=True)
+    gguf = mlx_deps.Dependency("gguflib", "antirez/gguf-tools", "v1", archive=False)
+    with pytest.raises(UserError) as err:
+        mlx_deps.fill([fmt, json_dep, gguf], search, out)
+    msg = str(err.value)
+    assert "nlohmann/json" in msg and "antirez/gguf-tools" in msg and "nothing was exported" in msg
+    assert not out.exists()
+    _clone_with_tag(search, "nlohmann/json", "v3.11.3", {"single_include/json.hpp": "//\n"})
+
+    def broken(name: str, tree: Path) -> None:
+        if name == "json":
+            raise OSError("disk full")
+
+    monkeypatch.setattr(mlx_deps, "_release_layout", broken)
+    with pytest.raises(OSError):
+        mlx_deps.fill([fmt, json_dep], search, out)
+    assert list(out.iterdir()) == [], "fmt was exported but must not land without json"
+    monkeypatch.undo()
+    assert mlx_deps.fill([fmt, json_dep], search, out) == ["fmt", "json"]
+    assert sorted(p.name for p in out.iterdir()) == ["fmt", "json"]
+
+
+def test_deps_cli_fetches_only_the_chosen_backends_sources(
+    project: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU machine's `patchkit deps` asks for no CUDA source (cutlass): CPU's are enough."""
+    search = tmp_path / "mirrors"
+    _clone_with_tag(search, "fmtlib/fmt", "12.1.0", {"include/fmt/core.h": "//\n"})
+    _clone_with_tag(search, "nlohmann/json", "v3.11.3", {"single_include/json.hpp": "//\n"})
+    gguf = search / "antirez+gguf-tools" / "repo"
+    gguf.mkdir(parents=True)
+    git.init(gguf)
+    _commit(gguf, {"gguflib.c": "//\n"})
+    (project["root"] / "templates").mkdir()
+    (project["root"] / "pyproject.toml").write_text("")
+    monkeypatch.chdir(project["root"])
+    monkeypatch.setattr(mlx_build, "detect_backend", lambda *a, **k: "cpu")
+    # The gguf clone here lacks upstream's commit: the stamp records the substitute.
+    sub = f"gguflib={git.rev_parse(gguf, 'HEAD')}"
+    r = CliRunner().invoke(main, ["deps", "--from", str(search), "--deps", str(project["deps"]),
+                                  "--rev", sub, "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["backends"] == ["cpu"] and got["declared"] == ["fmt", "gguflib", "json"]
+    assert sorted(p.name for p in project["deps"].iterdir()) == ["fmt", "gguflib", "json"]
+    cuda = CliRunner().invoke(main, ["deps", "--from", str(search), "--deps",
+                                     str(project["deps"]), "--backend", "cuda"])  # fmt: skip
+    assert cuda.exit_code == 1 and "NVIDIA/cutlass" in cuda.output
+    assert "cutlass" not in {p.name for p in project["deps"].iterdir()}
