@@ -1,12 +1,13 @@
-"""The streamed kernel is bit-identical to M = 1 on the CPU execution path, and the
-harness can see a difference when there is one.
+"""The patched kernels at vecs_per_tg > 1 are bit-identical to upstream's M = 1
+kernels on the CPU execution path, and the harness sees a difference when there is one.
 
-These run the real kernel source: upstream's functions from the pinned wheel's
-quantized.h (hash-checked) and ours rendered onto it by the templates.
+These run the real kernel source: the pinned wheel's quantized.h (hash-checked),
+as upstream has it and with the patch rendered in by the templates.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -21,8 +22,9 @@ from click.testing import CliRunner
 from patchkit.cli import main
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.verify import emulate
+from patchkit.verify.dispatch import STREAMED_VECS
 from patchkit.verify.emulate import build, extract, parity, sanitize, suite
-from patchkit.verify.emulate.families import AFFINE, DTYPES
+from patchkit.verify.emulate.families import AFFINE, DTYPES, FP
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,8 +35,15 @@ def upstream_header() -> str:
 
 
 @pytest.fixture(scope="module")
-def patched(upstream_header: str) -> str:
-    return emulate.patched_header(upstream_header)
+def patched(upstream_header: str) -> emulate.Sources:
+    """The pin's quantized.h, upstream (the M = 1 reference) and patched."""
+    return emulate.sources(upstream_header, AFFINE)
+
+
+def mutate(src: emulate.Sources, old: str, new: str, count: int) -> emulate.Sources:
+    """``src`` with ``old`` replaced in the patched text, which must hold it ``count`` times."""
+    assert src.patched.count(old) == count, old
+    return dataclasses.replace(src, patched=src.patched.replace(old, new))
 
 
 @pytest.fixture(scope="module", params=["gcc", "clang"])
@@ -57,7 +66,7 @@ def _cases_for(toolchain: build.Toolchain) -> list[parity.Case]:
 
 
 @pytest.fixture(scope="module")
-def report(patched: str, toolchain: build.Toolchain) -> suite.Report:
+def report(patched: emulate.Sources, toolchain: build.Toolchain) -> suite.Report:
     return suite.run(patched, _cases_for(toolchain), toolchain)
 
 
@@ -85,15 +94,13 @@ SUM_CASES = [
 STORE = "result[v][row] = simd_sum(result[v][row]);"
 
 
-def test_simd_sum_inputs_catch_what_one_tree_hides(patched: str) -> None:
-    # Mutation: the streamed kernels swap lane l's partial sum with lane
+def test_simd_sum_inputs_catch_what_one_tree_hides(patched: emulate.Sources) -> None:
+    # Mutation: the patched kernels swap lane l's partial sum with lane
     # l ^ 16's before simd_sum. The shim's butterfly adds exactly those pairs
     # first, so every output keeps its bits; a tree that pairs lanes otherwise
     # would not. The input comparison must fail every output of every case.
-    assert patched.count(STORE) == 2
-    mutated = patched.replace(
-        STORE, "result[v][row] = simd_sum(simd_shuffle_xor(result[v][row], 16));"
-    )
+    new = "result[v][row] = simd_sum(simd_shuffle_xor(result[v][row], 16));"
+    mutated = mutate(patched, STORE, new, 3)  # qmv_fast_impl, qmv_impl's two branches
     mutant = suite.run(mutated, SUM_CASES, build.TOOLCHAINS["gcc"], controls=False)
     for r in mutant.streamed():
         assert r.rows_differing == 0, r.case.label()
@@ -101,18 +108,17 @@ def test_simd_sum_inputs_catch_what_one_tree_hides(patched: str) -> None:
     assert len(mutant.failures()) == len(SUM_CASES)
 
 
-def test_simd_sum_keys_are_confirmed_by_the_stores(patched: str) -> None:
+def test_simd_sum_keys_are_confirmed_by_the_stores(patched: emulate.Sources) -> None:
     # The key of a streamed call (vector = call // rows, row = call % rows) is
     # derived from the store loop's order, and checked against the kernel's own
     # stores. Mutation: the store loops run rows outside vectors, the same
     # outputs in another call order. Keys derived for the old order no longer
     # match the stored elements, so the calls count as unconfirmed and the
     # cases fail instead of comparing the wrong outputs' inputs.
-    v_loop = "for (int v = 0; v < vecs_per_tg; v++) {"
+    v_loop = "for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {"
     row_loop = "for (int row = 0; row < results_per_simdgroup; row++) {"
-    loops = f"  {v_loop}\n    {row_loop}\n      {STORE}"
-    assert patched.count(loops) == 1  # qmv_fast_streamed_impl's store loops
-    swapped = patched.replace(loops, f"  {row_loop}\n    {v_loop}\n      {STORE}")
+    loops = f"\n  {v_loop}\n    {row_loop}\n      {STORE}"
+    swapped = mutate(patched, loops, f"\n  {row_loop}\n    {v_loop}\n      {STORE}", 1)
     mutant = suite.run(swapped, SUM_CASES[:1], build.TOOLCHAINS["gcc"], controls=False)
     (r,) = mutant.streamed()
     assert r.rows_differing == 0 and r.sum_calls_unconfirmed > 0
@@ -122,7 +128,7 @@ def test_matrix_reaches_every_m1_path_and_tile(report: suite.Report) -> None:
     ran = {(r.m1_kernel, r.V, r.case.B > 1, r.case.dtype) for r in report.streamed()}
     for m1, V, batched, dtype in itertools.product(
         ("qmv_fast", "qmv"),  # both M = 1 kernels
-        (2, 3, 4, 5),  # every tile size
+        STREAMED_VECS,  # every instantiated tile size
         (False,),  # unbatched everywhere; batched is checked below
         DTYPES,
     ):
@@ -139,21 +145,21 @@ def test_negative_control_qmv_wide_diverges(report: suite.Report) -> None:
     assert report.control_divergence() >= AFFINE.min_control
 
 
-def test_harness_catches_a_reordered_streamed_kernel(patched: str) -> None:
-    # Mutation: the streamed kernels add qdot's bias term to the row's sum
+def test_harness_catches_a_reordered_streamed_kernel(patched: emulate.Sources) -> None:
+    # Mutation: the patched kernels add qdot's bias term to the row's sum
     # before the scaled dot product, the same value in exact arithmetic,
     # rounded in another order. A harness that cannot see this could not prove
     # identity.
-    call = (
-        "result[v][row] +=\n"
-        "            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);"
+    call = "result[v][row] +=\n"
+    dot = "qdot<U, values_per_thread, bits>(wl, x_thread[v], s, b, sum[v]);"
+    reordered = (
+        "result[v][row] = (result[v][row] + sum[v] * b) +\n"
+        "qdot<U, values_per_thread, bits>(wl, x_thread[v], s, U(0), U(0));"
     )
-    assert patched.count(call) == 2  # qmv_fast_streamed_impl, qmv_streamed_impl
-    mutated = patched.replace(
-        call,
-        "result[v][row] = (result[v][row] + sum * b[row]) +\n"
-        "            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], U(0), U(0));",
-    )
+    mutated = patched
+    for indent in (" " * 12, " " * 14):  # qmv_fast_impl; qmv_impl's two branches
+        count = 1 if len(indent) == 12 else 2
+        mutated = mutate(mutated, call + indent + dot, reordered, count)
     cases = [
         parity.Case.affine(1024, 64, 4, 64, "float32", 5),
         parity.Case.affine(640, 37, 4, 64, "float32", 7),
@@ -163,35 +169,36 @@ def test_harness_catches_a_reordered_streamed_kernel(patched: str) -> None:
     assert len(mutant.failures()) == len(cases)
 
 
-def test_long_k_shapes_see_a_reassociated_tail(patched: str) -> None:
-    # Mutation: qmv_streamed_impl adds its K tail together with the first
+def test_long_k_shapes_see_a_reassociated_tail(patched: emulate.Sources) -> None:
+    # Mutation: the patched qmv_impl adds its K tail together with the first
     # block's contribution, (R - b0) + (t + b0) instead of R + t. With one main
     # block (K = 512, 4-bit: R = b0) that is 0 + (t + b0), the same bits, so the
     # K = 512 shapes cannot see it; the long-K shapes (4 blocks before the tail)
     # must.
     call = (
         "result[v][row] +=\n"
-        "            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);"
+        "              qdot<U, values_per_thread, bits>(wl, x_thread[v], s, b, sum[v]);"
     )
     tail = (
         "result[v][row] += qdot_safe<U, values_per_thread, bits>(\n"
-        "            wl, x_thread, s[row], b[row], sum, remaining);"
+        "              wl, x_thread[v], s, b, sum[v], remaining);"
     )
-    decl = "thread U b[results_per_simdgroup];"
-    assert patched.count(call) == 2 and patched.count(tail) == 1 and patched.count(decl) == 2
-    mutated = (
-        patched.replace(decl, decl + " thread U first[vecs_per_tg][results_per_simdgroup] = {};")
-        .replace(
-            call,
-            "{ U q = qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);"
-            " if (k == 0) first[v][row] = q; result[v][row] += q; }",
-        )
-        .replace(
-            tail,
-            "result[v][row] = (result[v][row] - first[v][row]) + (qdot_safe<U, "
-            "values_per_thread, bits>(wl, x_thread, s[row], b[row], sum, remaining)"
-            " + first[v][row]);",
-        )
+    decl = "thread U result[vecs_per_tg][results_per_simdgroup] = {{0}};"
+    mutated = mutate(patched, decl, decl + " thread U first[vecs_per_tg][4] = {};", 2)
+    mutated = mutate(
+        mutated,
+        call,
+        "{ U q = qdot<U, values_per_thread, bits>(wl, x_thread[v], s, b, sum[v]);"
+        " if (k == 0) first[v][row] = q; result[v][row] += q; }",
+        2,
+    )
+    mutated = mutate(
+        mutated,
+        tail,
+        "result[v][row] = (result[v][row] - first[v][row]) + (qdot_safe<U, "
+        "values_per_thread, bits>(wl, x_thread[v], s, b, sum[v], remaining)"
+        " + first[v][row]);",
+        2,
     )
     short = [suite.AFFINE_SHAPES["n_lt_8"], suite.AFFINE_SHAPES["n_not_mult_8"]]
     cases = [
@@ -212,7 +219,7 @@ def test_unwritten_rows_cannot_pass() -> None:
     assert result.rows_differing == 2
 
 
-def test_clang_build_fuses_and_gcc_build_does_not(patched: str) -> None:
+def test_clang_build_fuses_and_gcc_build_does_not(patched: emulate.Sources) -> None:
     # The two toolchains exist to cover both contraction behaviours; check
     # they really produce different instruction mixes on x86-64.
     if subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip() != "x86_64":
@@ -271,9 +278,11 @@ def test_pinned_header_refuses_a_different_blob(tmp_path: Path, upstream_header:
         emulate.pinned_header(ROOT, other)
 
 
-def test_streamed_kernels_need_the_patched_header(upstream_header: str) -> None:
-    with pytest.raises(UserError, match=r"no 'qmv_fast_streamed_impl'"):
-        extract.extract(upstream_header, ("qmv_fast_streamed",))
+def test_extraction_names_a_missing_function(upstream_header: str) -> None:
+    # A patched text without qmv_fast_impl (an upstream that renamed it).
+    renamed = upstream_header.replace("qmv_fast_impl", "qmv_fast_body")
+    with pytest.raises(UserError, match=r"patched affine kernel header has no 'qmv_fast_impl'"):
+        extract.extract(emulate.Sources(upstream_header, renamed), ("qmv_fast_streamed",))
 
 
 @pytest.mark.parametrize(
@@ -328,7 +337,7 @@ def test_cli_one_case_json_has_rows_and_rows_differing() -> None:
     assert data["rows"] == 6 and data["rows_differing"] == 0 and data["identical"] is True
 
 
-def test_two_dim_batches_equal_m1(patched: str) -> None:
+def test_two_dim_batches_equal_m1(patched: emulate.Sources) -> None:
     # The kernels' elem_to_loc / elem_to_loc_broadcast path (batch ndims 2),
     # own weights per batch and weights shared along each dimension. The M = 1
     # reference picks each batch's weights in Python (Case.w_index), not
@@ -343,7 +352,7 @@ def test_two_dim_batches_equal_m1(patched: str) -> None:
 
 
 @pytest.mark.wide
-def test_two_dim_batches_every_build(patched: str, toolchain: build.Toolchain) -> None:
+def test_two_dim_batches_every_build(patched: emulate.Sources, toolchain: build.Toolchain) -> None:
     cases = suite.multi_batch_cases(("affine",))
     for name in (toolchain.name, toolchain.name + "-fast"):
         report = suite.run(patched, cases, build.TOOLCHAINS[name])
@@ -352,9 +361,8 @@ def test_two_dim_batches_every_build(patched: str, toolchain: build.Toolchain) -
 
 
 def _patched_text(header: str) -> str:
-    if header == "affine":
-        return emulate.patched_header(emulate.pinned_header(ROOT))
-    return emulate.patched_fp_header(emulate.pinned_fp_headers(ROOT)[0])
+    family = AFFINE if header == "affine" else FP
+    return emulate.sources(emulate.pinned_sources(ROOT, family)[0], family).patched
 
 
 @pytest.mark.wide
@@ -374,28 +382,31 @@ def test_sanitizer_build_reports_nothing(header: str) -> None:
 @pytest.mark.wide
 @pytest.mark.parametrize("header", ["affine", "fp"])
 def test_sanitizer_build_fails_an_out_of_bounds_read(header: str, tmp_path: Path) -> None:
-    # Mutation: the streamed kernels stop clamping a partial last tile's
-    # vectors to M - 1, so they read the rows after x's last one. Those rows'
-    # results are never stored, so output parity cannot see it; ASan must.
+    # Mutation: the patched qmv_fast_impl loads the vectors of a partial last
+    # tile past M, reading the rows after x's last one. Those rows' results
+    # are never stored, so output parity cannot see it; ASan must.
     patched = _patched_text(header)
-    clamp = "min(vec0 + v, M - 1) * in_vec_size + simd_lid"
-    assert patched.count(clamp) == 2  # the two streamed kernels, not qmv_wide
+    skip = "for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {\n"
+    load = "load_vector<T, U, values_per_thread" + ("" if header == "fp" else ", bits")
+    loop = patched[patched.index(skip) : patched.index(load)]
+    assert loop.startswith(skip) and loop.count("\n") == 2, loop
     mutated = tmp_path / "header.h"
-    mutated.write_text(patched.replace(clamp, "(vec0 + v) * in_vec_size + simd_lid"))
+    wide_open = loop.replace(" && v < n_vecs", "")
+    mutated.write_text(patched.replace(loop, wide_open, 1))
     proc = sanitize.run_child(header, mutated)
     assert proc.returncode == sanitize.REPORTED, proc.stdout + proc.stderr[-2000:]
     assert "ERROR: AddressSanitizer: heap-buffer-overflow" in proc.stderr
-    assert "READ of size" in proc.stderr and "_streamed" in proc.stderr
+    assert "READ of size" in proc.stderr and "patched" in proc.stderr
 
 
 @pytest.mark.wide
-def test_full_matrix(patched: str, toolchain: build.Toolchain) -> None:
+def test_full_matrix(patched: emulate.Sources, toolchain: build.Toolchain) -> None:
     full = suite.run(patched, suite.full_matrix(["affine"]), toolchain)
     assert full.failures() == []
     assert full.control_divergence() >= AFFINE.min_control
 
 
-def test_address_space_check_passes_the_patched_kernels(patched: str) -> None:
+def test_address_space_check_passes_the_patched_kernels(patched: emulate.Sources) -> None:
     # device/constant/threadgroup as clang address spaces 1/2/3: upstream's
     # and our affine kernels compile, as they must for Metal's compiler.
     build.require_compiler(build.TOOLCHAINS["clang"])
@@ -403,18 +414,15 @@ def test_address_space_check_passes_the_patched_kernels(patched: str) -> None:
     build.check_address_spaces(src, [(d, 64, 4) for d in DTYPES])
 
 
-def test_address_space_check_refuses_a_thread_pointer_as_device(patched: str) -> None:
-    # Mutation: the streamed kernel hands qdot a thread pointer (x_thread) where
+def test_address_space_check_refuses_a_thread_pointer_as_device(patched: emulate.Sources) -> None:
+    # Mutation: the patched kernel hands qdot a thread pointer (x_thread) where
     # it takes the device pointer to the packed weights. The shim without
     # address spaces would compile and run this; the check names the line.
     build.require_compiler(build.TOOLCHAINS["clang"])
-    call = "qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum)"
-    assert call in patched
-    bad = (
-        "qdot<U, values_per_thread, bits>((thread uint8_t*)x_thread, x_thread, s[row], b[row], sum)"
-    )
-    mutated = patched.replace(call, bad, 1)
+    call = "qdot<U, values_per_thread, bits>(wl, x_thread[v], s, b, sum[v])"
+    bad = call.replace("(wl, ", "((thread uint8_t*)x_thread[v], ")
+    mutated = mutate(patched, call, bad, 3)
     src = extract.extract(mutated, AFFINE.upstream_kernels + AFFINE.streamed_kernels)
     with pytest.raises(UserError, match=r"address-space check failed") as err:
         build.check_address_spaces(src, [("float16", 64, 4)])
-    assert "(thread uint8_t*)x_thread" in str(err.value)
+    assert "(thread uint8_t*)x_thread[v]" in str(err.value)

@@ -1,9 +1,9 @@
-"""The fp streamed kernels (mxfp4, nvfp4, mxfp8) are bit-identical to M = 1 on the
-CPU execution path, and the harness can see a difference when there is one.
+"""The patched fp kernels (mxfp4, nvfp4, mxfp8) at vecs_per_tg > 1 are bit-identical to
+upstream's M = 1 kernels on the CPU, and the harness sees a difference when there is one.
 
 These run the real kernel source: upstream's functions from the pinned wheel's
 fp_quantized.h (hash-checked), the fp types from the same wheel's fp4.h and
-fp8.h, and ours rendered onto the header by the templates.
+fp8.h, and the header with the patch rendered in by the templates.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.verify import dispatch, emulate
+from patchkit.verify.dispatch import STREAMED_VECS
 from patchkit.verify.emulate import build, extract, parity, suite
 from patchkit.verify.emulate.families import DTYPES, FP, FP_MODES
 
@@ -32,8 +34,24 @@ def headers() -> tuple[str, tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def patched(headers: tuple[str, tuple[str, str]]) -> str:
-    return emulate.patched_fp_header(headers[0])
+def patched(headers: tuple[str, tuple[str, str]]) -> emulate.Sources:
+    """The pin's fp_quantized.h, upstream (the M = 1 reference) and patched."""
+    return emulate.sources(headers[0], FP)
+
+
+# The patched kernels' main-loop accumulation: qmv_fast_impl's one line and
+# qmv_impl's wrapped three (two main loops, the guarded branch's tail).
+ACCUMULATE = re.compile(
+    r"result\[v\]\[row\] \+=\s*qdot<U, values_per_thread, bits>\(wl, x_thread\[v\], s\);"
+)
+
+
+def mutate(src: emulate.Sources, old: str | re.Pattern, new: str, count: int) -> emulate.Sources:
+    """``src`` with ``old`` replaced in the patched text, which must hold it ``count`` times."""
+    pattern = old if isinstance(old, re.Pattern) else re.compile(re.escape(old))
+    text, n = pattern.subn(lambda _: new, src.patched)
+    assert n == count, (pattern.pattern, n)
+    return dataclasses.replace(src, patched=text)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +80,9 @@ def _cases_for(toolchain: build.Toolchain) -> list[parity.Case]:
 
 
 @pytest.fixture(scope="module")
-def report(patched: str, types: tuple[str, str], toolchain: build.Toolchain) -> suite.Report:
+def report(
+    patched: emulate.Sources, types: tuple[str, str], toolchain: build.Toolchain
+) -> suite.Report:
     return suite.run(patched, _cases_for(toolchain), toolchain, types=types)
 
 
@@ -79,16 +99,16 @@ def test_simd_sum_inputs_equal_m1_on_every_output(report: suite.Report) -> None:
         assert (r.sum_inputs_differing, r.sum_calls_unconfirmed) == (0, 0), r.case.label()
 
 
-def test_simd_sum_inputs_catch_what_one_tree_hides(patched: str, types: tuple[str, str]) -> None:
+def test_simd_sum_inputs_catch_what_one_tree_hides(
+    patched: emulate.Sources, types: tuple[str, str]
+) -> None:
     # Mutation as for affine: lanes l and l ^ 16 swap their partial sums before
     # simd_sum, which the shim's butterfly cannot see in the outputs (it adds
     # those pairs first) and the input comparison must see on every output,
     # with and without nvfp4's global scale, on both M = 1 paths.
     store = "result[v][row] = simd_sum(result[v][row]);"
-    assert patched.count(store) == 2
-    mutated = patched.replace(
-        store, "result[v][row] = simd_sum(simd_shuffle_xor(result[v][row], 16));"
-    )
+    new = "result[v][row] = simd_sum(simd_shuffle_xor(result[v][row], 16));"
+    mutated = mutate(patched, store, new, 3)
     cases = [
         parity.Case("nvfp4", 1024, 64, "float32", 5, 1, True),
         parity.Case("mxfp4", 544, 37, "float16", 7, 2),
@@ -105,7 +125,7 @@ def test_matrix_reaches_every_path_tile_and_variant(report: suite.Report) -> Non
     for mode, m1, V in itertools.product(
         FP_MODES,  # every fp mode
         ("fp_qmv_fast", "fp_qmv"),  # both M = 1 kernels
-        (2, 3, 4, 5),  # every tile size
+        STREAMED_VECS,  # every instantiated tile size
     ):
         assert (mode, m1, V) in ran, (mode, m1, V)
     cases = [r.case for r in report.streamed()]
@@ -130,7 +150,10 @@ def test_negative_control_fp_qmv_wide_diverges(report: suite.Report) -> None:
 
 
 def _mutant_run(
-    patched: str, types: tuple[str, str], mutated: str, cases: list[parity.Case]
+    patched: emulate.Sources,
+    types: tuple[str, str],
+    mutated: emulate.Sources,
+    cases: list[parity.Case],
 ) -> suite.Report:
     # clang -O0: a mutant is built once and runs a few small cases, so the
     # faster build wins.
@@ -138,22 +161,19 @@ def _mutant_run(
     return suite.run(mutated, cases, build.TOOLCHAINS["clang"], types=types, controls=False)
 
 
-def test_harness_catches_a_reordered_streamed_kernel(patched: str, types: tuple[str, str]) -> None:
+def test_harness_catches_a_reordered_streamed_kernel(
+    patched: emulate.Sources, types: tuple[str, str]
+) -> None:
     # Mutation: the streamed kernels add each block's qdot to the row's sum in
     # two exact halves, the same value in exact arithmetic, rounded twice.
     # (Moving the scale out of qdot would not do: e8m0 scales are powers of
     # two, so that changes no bits.) A harness that cannot see this could not
     # prove identity.
-    call = "result[v][row] +=\n            qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);"
-    assert patched.count(call) == 2  # the main loops of both streamed kernels
     halves = (
-        "{\n"
-        "          U q = qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);\n"
-        "          result[v][row] += q * 0.5f;\n"
-        "          result[v][row] += q * 0.5f;\n"
-        "        }"
+        "{ U q = qdot<U, values_per_thread, bits>(wl, x_thread[v], s);"
+        " result[v][row] += q * 0.5f; result[v][row] += q * 0.5f; }"
     )
-    mutated = patched.replace(call, halves)
+    mutated = mutate(patched, ACCUMULATE, halves, 4)
     cases = [
         parity.Case(mode, K, N, "float32", M)
         for mode in ("mxfp4", "mxfp8")
@@ -163,12 +183,13 @@ def test_harness_catches_a_reordered_streamed_kernel(patched: str, types: tuple[
     assert len(mutant.failures()) == len(cases)
 
 
-def test_harness_checks_the_global_scale_store(patched: str, types: tuple[str, str]) -> None:
+def test_harness_checks_the_global_scale_store(
+    patched: emulate.Sources, types: tuple[str, str]
+) -> None:
     # Mutation: the streamed kernels forget the nvfp4 global scale at the store.
     # Only the _hgs cases can see it, so this shows they really run with it.
     store = "static_cast<T>(result[v][row] * inv_scale_enc)"
-    assert patched.count(store) == 2
-    mutated = patched.replace(store, "static_cast<T>(result[v][row])")
+    mutated = mutate(patched, store, "static_cast<T>(result[v][row])", 3)
     cases = [
         parity.Case("nvfp4", 1024, 64, "float16", 5, hgs=True),
         parity.Case("nvfp4", 544, 37, "float16", 3, hgs=True),
@@ -178,7 +199,9 @@ def test_harness_checks_the_global_scale_store(patched: str, types: tuple[str, s
     assert [r.identical for r in mutant.streamed()] == [False, False, True]
 
 
-def test_fp_types_decode_as_the_ocp_mx_spec(patched: str, types: tuple[str, str]) -> None:
+def test_fp_types_decode_as_the_ocp_mx_spec(
+    patched: emulate.Sources, types: tuple[str, str]
+) -> None:
     # fp4.h and fp8.h are compiled from the wheel as they are; their decode
     # must match values derived here from the OCP MX spec (v1.0, section 5.3):
     # E2M1 bias 1, E4M3 bias 7 with subnormals, E8M0 = 2^(e - 127).
@@ -236,7 +259,7 @@ def test_cli_fp_rejects_a_wide_global_scale_case() -> None:
     assert "fp_qmv_wide has no global-scale" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_two_dim_batches_equal_m1(patched: str, types: tuple[str, str]) -> None:
+def test_two_dim_batches_equal_m1(patched: emulate.Sources, types: tuple[str, str]) -> None:
     # As the affine test: 2-D batches, weights own or shared along each
     # dimension, every fp mode (nvfp4 with and without its global scale).
     cases = [c for c in suite.multi_batch_cases(FP_MODES) if c.dtype == "float32" and c.M == 7]
@@ -247,7 +270,7 @@ def test_two_dim_batches_equal_m1(patched: str, types: tuple[str, str]) -> None:
 
 @pytest.mark.wide
 def test_two_dim_batches_every_build(
-    patched: str, types: tuple[str, str], toolchain: build.Toolchain
+    patched: emulate.Sources, types: tuple[str, str], toolchain: build.Toolchain
 ) -> None:
     cases = suite.multi_batch_cases(FP_MODES)
     for name in (toolchain.name, toolchain.name + "-fast"):
@@ -257,7 +280,9 @@ def test_two_dim_batches_every_build(
 
 
 @pytest.mark.wide
-def test_full_fp_matrix(patched: str, types: tuple[str, str], toolchain: build.Toolchain) -> None:
+def test_full_fp_matrix(
+    patched: emulate.Sources, types: tuple[str, str], toolchain: build.Toolchain
+) -> None:
     full = suite.run(patched, suite.full_matrix(FP_MODES), toolchain, types=types)
     assert full.failures() == []
     assert suite.summarize(full)["ok"] is True
@@ -282,7 +307,7 @@ FUSION_CASES = [
 
 @pytest.mark.parametrize("name", ["gcc-fast", "clang-fast"])
 def test_cross_statement_contraction_keeps_identity(
-    patched: str, types: tuple[str, str], name: str
+    patched: emulate.Sources, types: tuple[str, str], name: str
 ) -> None:
     # -O2 -ffp-contract=fast: fusion across statements once qdot is inlined.
     # The full default matrix under these builds runs in `patchkit emulate`.
@@ -293,21 +318,19 @@ def test_cross_statement_contraction_keeps_identity(
     assert report.failures() == []
 
 
-def test_contraction_builds_see_a_fusion_mismatch(patched: str, types: tuple[str, str]) -> None:
+def test_contraction_builds_see_a_fusion_mismatch(
+    patched: emulate.Sources, types: tuple[str, str]
+) -> None:
     # Mutation: the streamed main loops add qdot's result through a volatile,
     # so `scale * accum` can no longer fuse into `result +=` there while M = 1
     # still fuses it. Without contraction the mutant is exact (the g++ build
     # proves it); the cross-statement build must see nvfp4 float32 rows differ,
     # or it would prove nothing about fusion.
-    call = "result[v][row] +=\n            qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);"
-    assert patched.count(call) == 2
     barrier = (
-        "{\n"
-        "          volatile U q = qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);\n"
-        "          result[v][row] += q;\n"
-        "        }"
+        "{ volatile U q = qdot<U, values_per_thread, bits>(wl, x_thread[v], s);"
+        " result[v][row] += q; }"
     )
-    mutated = patched.replace(call, barrier)
+    mutated = mutate(patched, ACCUMULATE, barrier, 4)
     cases = [c for c in FUSION_CASES if c.mode == "nvfp4"]
     plain = suite.run(mutated, cases, build.TOOLCHAINS["gcc"], types=types, controls=False)
     assert plain.failures() == []
@@ -316,7 +339,9 @@ def test_contraction_builds_see_a_fusion_mismatch(patched: str, types: tuple[str
         assert fused.failures(), f"{name} did not see unfused streamed rows"
 
 
-def test_address_space_check_passes_the_fp_kernels(patched: str, types: tuple[str, str]) -> None:
+def test_address_space_check_passes_the_fp_kernels(
+    patched: emulate.Sources, types: tuple[str, str]
+) -> None:
     # As for affine, with fp4.h/fp8.h compiled whole: their half returned by
     # value, fp_qmv_wide's in-place vec reads, nvfp4's global-scale and r_2
     # variants; every mode and dtype.
@@ -329,28 +354,30 @@ def test_address_space_check_passes_the_fp_kernels(patched: str, types: tuple[st
 @pytest.mark.parametrize(
     "call, bad",
     [
-        # The streamed fast kernel hands qdot a thread pointer (x_thread) where it
+        # The patched fast kernel hands qdot a thread pointer (x_thread) where it
         # takes the device pointer to the packed weights.
         (
-            "qdot<U, values_per_thread, bits>(wl, x_thread, s[row])",
-            "qdot<U, values_per_thread, bits>((thread uint8_t*)x_thread, x_thread, s[row])",
+            "qdot<U, values_per_thread, bits>(wl, x_thread[v], s)",
+            "qdot<U, values_per_thread, bits>((thread uint8_t*)x_thread[v], x_thread[v], s)",
         ),
-        # The streamed general kernel's tail reads x through a thread pointer.
+        # The patched general kernel's tail reads x through a thread pointer.
         (
-            "load_vector_safe<T, U, values_per_thread>(xv[v], x_thread, remaining)",
-            "load_vector_safe<T, U, values_per_thread>((thread T*)x_thread, x_thread, remaining)",
+            "x + v * in_vec_size, x_thread[v], remaining)",
+            "(thread T*)x_thread[v], x_thread[v], remaining)",
         ),
     ],
 )
 def test_address_space_check_refuses_a_thread_pointer_as_device(
-    patched: str, types: tuple[str, str], call: str, bad: str
+    patched: emulate.Sources, types: tuple[str, str], call: str, bad: str
 ) -> None:
     # The shim without address spaces compiles and runs these; the check must
     # refuse them as Metal's compiler would, naming the mutated line.
     build.require_compiler(build.TOOLCHAINS["clang"])
-    assert call in patched
-    mutated = patched.replace(call, bad, 1)
+    assert call in patched.patched
+    mutated = dataclasses.replace(patched, patched=patched.patched.replace(call, bad, 1))
     src = extract.extract(mutated, KERNELS, FP, types)
     with pytest.raises(UserError, match=r"address-space check failed") as err:
         build.check_address_spaces(src, [("float16", 16, 4), ("float32", 32, 8)])
-    assert bad.split("(", 1)[1].split(",", 1)[0] in str(err.value)
+    # The error quotes the statement's first line: the call the mutated argument is in.
+    named = "qdot" if "qdot" in call else "load_vector_safe"
+    assert f"no matching function for call to '{named}'" in str(err.value)

@@ -31,7 +31,7 @@ class ParityStub:
     def __init__(self, ok: bool | None) -> None:
         self.ok, self.headers = ok, []
 
-    def __call__(self, header: str) -> rebase.Parity | None:
+    def __call__(self, upstream: str, header: str) -> rebase.Parity | None:
         self.headers.append(header)
         if self.ok is None:
             return None

@@ -39,15 +39,15 @@ def _reader(path: str) -> str:
 def test_fp_gate(verdict: rebase.Parity | None, called: dict, refused: bool) -> None:
     seen: list[tuple[str, tuple[str, str]]] = []
 
-    def fp_check(text: str, types: tuple[str, str]) -> rebase.Parity | None:
+    def fp_check(upstream: str, text: str, types: tuple[str, str]) -> rebase.Parity | None:
         seen.append((text, types))
         return verdict
 
     result = rebase.RebaseResult("a" * 40, "b" * 40, changed_called=called)
     if refused:
         with pytest.raises(rebase.RebaseRefused):
-            rebase.gate_parity(result, _rendered(), lambda _: OK, fp_check, _reader)
+            rebase.gate_parity(result, _rendered(), lambda _u, _p: OK, fp_check, _reader)
     else:
-        rebase.gate_parity(result, _rendered(), lambda _: OK, fp_check, _reader)
+        rebase.gate_parity(result, _rendered(), lambda _u, _p: OK, fp_check, _reader)
         assert result.fp_parity == verdict
     assert seen == [("patched fp", ("fp4", "fp8"))]

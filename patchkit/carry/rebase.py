@@ -64,32 +64,36 @@ class Parity:
     failures: tuple[str, ...] = ()
 
 
-ParityCheck = Callable[[str], Parity | None]
+# A suite takes the new tree's header as upstream has it and with the patch rendered
+# in: the patched kernels at V > 1 are checked against upstream's own M = 1 kernels.
+ParityCheck = Callable[[str, str], Parity | None]
 # The fp suite also needs the new tree's fp4.h and fp8.h, which define the fp types.
-FpParityCheck = Callable[[str, tuple[str, str]], Parity | None]
+FpParityCheck = Callable[[str, str, tuple[str, str]], Parity | None]
 
 
-def emulator_parity(patched_header: str) -> Parity | None:
+def emulator_parity(upstream_header: str, patched_header: str) -> Parity | None:
     """Run ``patchkit.verify.emulate.verify_header`` (quick mode); ``None`` if it is not available.
 
     This is the seam tests replace where the emulator would be too slow; the
     lead's emulator owns what "parity" means.
     """
     try:
-        from patchkit.verify.emulate import verify_header  # type: ignore[attr-defined]
+        from patchkit.verify.emulate import Sources, verify_header
     except ImportError:
         return None
-    report = verify_header(patched_header, quick=True)
+    report = verify_header(Sources(upstream_header, patched_header), quick=True)
     return Parity(bool(report.ok), str(report.summary), tuple(getattr(report, "failures", ())))
 
 
-def emulator_fp_parity(patched_header: str, types: tuple[str, str]) -> Parity | None:
+def emulator_fp_parity(
+    upstream_header: str, patched_header: str, types: tuple[str, str]
+) -> Parity | None:
     """Run ``patchkit.verify.emulate.verify_fp_header`` (quick mode); ``None`` if unavailable."""
     try:
-        from patchkit.verify.emulate import verify_fp_header
+        from patchkit.verify.emulate import Sources, verify_fp_header
     except ImportError:
         return None
-    report = verify_fp_header(patched_header, types, quick=True)
+    report = verify_fp_header(Sources(upstream_header, patched_header), types, quick=True)
     return Parity(bool(report.ok), str(report.summary), tuple(report.failures))
 
 
@@ -380,11 +384,15 @@ def gate_parity(
     """
     called = sorted({f for fs in result.changed_called.values() for f in fs})
     if PARITY_FILE in rendered.patched:
-        result.parity = parity_check(rendered.patched[PARITY_FILE])
+        result.parity = parity_check(
+            rendered.upstream[PARITY_FILE], rendered.patched[PARITY_FILE]
+        )
         _judge(result.parity, called, result.new, "patchkit.verify.emulate.verify_header")
     if fp_parity_check and new_read and FP_PARITY_FILE in rendered.patched:
         types = (new_read(FP_TYPE_FILES[0]), new_read(FP_TYPE_FILES[1]))
-        result.fp_parity = fp_parity_check(rendered.patched[FP_PARITY_FILE], types)
+        result.fp_parity = fp_parity_check(
+            rendered.upstream[FP_PARITY_FILE], rendered.patched[FP_PARITY_FILE], types
+        )
         _judge(result.fp_parity, called, result.new, "patchkit.verify.emulate.verify_fp_header")
 
 

@@ -20,7 +20,7 @@ FP_MODES: dict[str, tuple[int, int]] = {"mxfp4": (32, 4), "nvfp4": (16, 4), "mxf
 MODES = ("affine", *FP_MODES)
 AFFINE_BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)
-# qmv_wide / the streamed kernels take at most this many vectors per threadgroup.
+# qmv_wide and the batched qmv take at most this many vectors per threadgroup.
 MAX_VECS_PER_TG = 5
 
 
@@ -39,10 +39,19 @@ def uses_qmv_fast(K: int, N: int, bits: int) -> bool:
     return N % 8 == 0 and K % qmv_fast_k_alignment(bits) == 0
 
 
-def vecs_per_tg(M: int) -> int:
-    """``dispatch_qmv``'s tile: the fewest tiles of at most 5 vectors, then the smallest tile."""
+def wide_vecs_per_tg(M: int) -> int:
+    """Upstream ``qmv_wide``'s tile: the fewest tiles of at most 5 vectors, then the smallest."""
     n_tiles = -(-M // MAX_VECS_PER_TG)
     return -(-M // n_tiles)
+
+
+# The vecs_per_tg the patched tree instantiates for M >= 2 (``quantized.metal``).
+STREAMED_VECS = (2, 5)
+
+
+def vecs_per_tg(M: int) -> int:
+    """The patched ``qmv_vecs_per_tg``: as few tiles as ``qmv_wide``, each of 2 or 5 vectors."""
+    return 2 if wide_vecs_per_tg(M) <= 2 else 5
 
 
 def uses_qmv_quad(K: int, bits: int) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from patchkit.carry import pin as pin_mod
 from patchkit.carry import render, wheels
 from patchkit.errors import BlobMismatchError, UserError
+from patchkit.verify.emulate.extract import Sources
 from patchkit.verify.emulate.families import AFFINE, FP, Header
 from patchkit.verify.emulate.suite import Verdict, verify_fp_header, verify_header
 
@@ -27,6 +28,7 @@ FP_QUANTIZED_H = FP.path
 __all__ = [
     "FP_QUANTIZED_H",
     "QUANTIZED_H",
+    "Sources",
     "Verdict",
     "blob_sha",
     "patched",
@@ -36,6 +38,7 @@ __all__ = [
     "pinned_fp_headers",
     "pinned_header",
     "pinned_sources",
+    "sources",
     "verify_fp_header",
     "verify_header",
 ]
@@ -111,6 +114,11 @@ def patched(upstream_text: str, family: Header, options: render.RenderOptions | 
     options = options or render.RenderOptions(backends=("metal",))
     plan = next(p for p in render.selected_plans(options) if p.path == family.path)
     return render.render_file(plan, upstream_text, options)
+
+
+def sources(upstream_text: str, family: Header) -> Sources:
+    """``family``'s header as the tree has it and patched: what the parity suite compiles."""
+    return Sources(upstream_text, patched(upstream_text, family))
 
 
 def patched_header(upstream_text: str, options: render.RenderOptions | None = None) -> str:

@@ -61,12 +61,12 @@ def _sources(
     header: Path | None,
     opts: dict[str, Any],
     say: Callable[[str], None],
-) -> tuple[str, tuple[str, ...]]:
-    """``family``'s patched kernel header and its type headers (``--header``, ``--fp-header``)."""
+) -> tuple[emulate.Sources, tuple[str, ...]]:
+    """``family``'s kernel header, upstream and patched, and its type headers (``--header``…)."""
     say(f"reading the pinned {family.name} header")
     path = header if family is AFFINE else opts.get("fp_header")
     upstream, types = emulate.pinned_sources(root, family, path)
-    return emulate.patched(upstream, family), types
+    return emulate.sources(upstream, family), types
 
 
 def _every_tenth(say: Callable[[str], None], what: str) -> Callable[[int, int], None]:

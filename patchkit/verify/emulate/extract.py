@@ -3,7 +3,13 @@
 The emulator never carries its own copy of MLX's kernels: it takes them from
 the header of the tree under test, by structure, at run time. Functions are
 emitted in the order the header defines them, which already satisfies their
-dependencies (the patch inserts its functions after the ones they call).
+dependencies.
+
+One translation unit holds the tree's kernels twice, each text in its own
+namespace: ``upstream`` (the header as the tree has it: the M = 1 reference and
+the ``qmv_wide`` control) and ``patched`` (the same header with the patch
+rendered in: the M = 1 kernels now taking ``vecs_per_tg``). The parity suite
+then compares the patched kernel at V > 1 with upstream's own M = 1 kernel.
 """
 
 from __future__ import annotations
@@ -14,6 +20,19 @@ from dataclasses import dataclass
 from patchkit.carry import cxx
 from patchkit.errors import AnchorError, UserError
 from patchkit.verify.emulate.families import AFFINE, Header
+
+
+@dataclass(frozen=True)
+class Sources:
+    """One tree's kernel header as upstream has it and with the patch rendered in."""
+
+    upstream: str
+    patched: str
+
+
+# The namespaces the two texts compile in (runner.cpp names them).
+UPSTREAM_NS = "upstream"
+PATCHED_NS = "patched"
 
 
 @dataclass(frozen=True)
@@ -78,31 +97,37 @@ def _without_pragma_once(text: str) -> str:
     return re.sub(r"^#pragma once\s*$", "", text, flags=re.M)
 
 
+def _namespace(name: str, header: str, family: Header, kernels: tuple[str, ...], what: str) -> str:
+    """``kernels`` and their helpers from ``header``, inside ``namespace name``."""
+    structs = [_struct_span(header, struct) for struct in family.structs]
+    body = _function_texts(header, family.helpers, family.kernels, kernels, what, structs)
+    return f"namespace {name} {{\n{_constants(header)}\n\n{body}\n}} // namespace {name}\n"
+
+
 def extract(
-    header: str,
+    sources: Sources,
     kernels: tuple[str, ...],
     family: Header = AFFINE,
     types: tuple[str, ...] = (),
 ) -> Extracted:
-    """Source for ``kernels`` taken from ``header`` (a ``family`` header), in header order.
+    """Source for ``kernels``: upstream roles from ``sources.upstream``, streamed from ``.patched``.
 
     ``types`` are the texts of the family's type headers (``fp4.h`` and
     ``fp8.h`` for the fp modes: the ``fp4_e2m1``, ``fp8_e4m3`` and
     ``fp8_e8m0`` types with the decode the kernels use); they are taken whole,
-    since they hold only those structs and two constants and compile under the
-    shim as they are. Raises a :class:`UserError` naming the function when the
-    header lacks one: asking for the streamed kernels from an unpatched header
-    is the usual cause.
+    once, outside both namespaces, since they hold only those structs and two
+    constants and compile under the shim as they are. Raises a
+    :class:`UserError` naming the function when a header lacks one.
     """
     if len(types) != len(family.type_headers):
         raise UserError(f"the {family.name} kernels need {', '.join(family.type_headers)}")
-    structs = [_struct_span(header, name) for name in family.structs]
-    body = _function_texts(
-        header, family.helpers, family.kernels, kernels, f"{family.name} kernel header", structs
-    )
-    prefix = "".join(_without_pragma_once(t) + "\n" for t in types)
-    return Extracted(
-        source=prefix + _constants(header) + "\n\n" + body + "\n",
-        kernels=tuple(kernels),
-        header=family,
-    )
+    streamed = tuple(k for k in kernels if k in family.streamed_kernels)
+    upstream = tuple(k for k in kernels if k not in streamed)
+    parts = [_without_pragma_once(t) + "\n" for t in types]
+    if upstream:
+        what = f"upstream {family.name} kernel header"
+        parts.append(_namespace(UPSTREAM_NS, sources.upstream, family, upstream, what))
+    if streamed:
+        what = f"patched {family.name} kernel header"
+        parts.append(_namespace(PATCHED_NS, sources.patched, family, streamed, what))
+    return Extracted(source="\n".join(parts), kernels=tuple(kernels), header=family)

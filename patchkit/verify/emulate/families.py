@@ -20,11 +20,18 @@ import numpy as np
 from patchkit.verify import dispatch
 
 # The five kernel roles, as runner.cpp numbers them; a header's kernel names
-# are its prefix + role.
+# are its prefix + role. The first three run the upstream text (the M = 1
+# reference and the qmv_wide control); the streamed roles run the patched
+# text's qmv_fast / qmv with vecs_per_tg > 1.
 ROLES = ("qmv_fast", "qmv", "qmv_wide", "qmv_fast_streamed", "qmv_streamed")
 M1_ROLES = ("qmv_fast", "qmv")
 STREAMED_ROLES = ("qmv_fast_streamed", "qmv_streamed")
 DTYPES = ("float32", "float16", "bfloat16")
+
+
+def base_role(role: str) -> str:
+    """The M = 1 kernel a role runs: a streamed role is that kernel with vecs_per_tg > 1."""
+    return role.removesuffix("_streamed")
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,16 @@ class Header:
 
     @property
     def kernels(self) -> dict[str, tuple[str, ...]]:
-        """Kernel name -> the functions (impl, [[kernel]] entry) it needs beyond the helpers."""
+        """Kernel name -> the functions (impl, [[kernel]] entry) it needs beyond the helpers.
+
+        A streamed role is the patched tree's own M = 1 kernel (one body, run with
+        vecs_per_tg > 1), so it needs that kernel's functions, from the patched text.
+        """
         return {
-            self.kernel(role): (self.kernel(role) + "_impl", self.entry_prefix + role)
+            self.kernel(role): (
+                self.kernel(base_role(role)) + "_impl",
+                self.entry_prefix + base_role(role),
+            )
             for role in ROLES
         }
 

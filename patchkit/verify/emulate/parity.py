@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from patchkit.errors import UserError
-from patchkit.verify.dispatch import uses_qmv_fast, vecs_per_tg
+from patchkit.verify.dispatch import uses_qmv_fast, vecs_per_tg, wide_vecs_per_tg
 from patchkit.verify.emulate import sums as sums_mod
 from patchkit.verify.emulate.build import Library
 from patchkit.verify.emulate.families import FAMILIES, ROLES, Family, Header
@@ -127,7 +127,17 @@ class Case:
 
     @property
     def V(self) -> int:
+        """The patched dispatch's vectors per threadgroup (2 or 5)."""
         return vecs_per_tg(self.M)
+
+    def vecs(self, kernel: str) -> int:
+        """Vectors per threadgroup of a batched ``kernel``: the control keeps qmv_wide's tile."""
+        return wide_vecs_per_tg(self.M) if kernel == self.wide_kernel else self.V
+
+    @property
+    def streamed_rps(self) -> int:
+        """The output tile of the batched kernels: MLX instantiates only the full one."""
+        return 4
 
     def _label(self) -> str:
         if self.mode == "affine":
@@ -238,7 +248,8 @@ def _run(
 def _recorded(lib: Library, case: Case, kernel: str, V: int, dims, buffers, **kw) -> np.ndarray:
     """Run with a simd_sum recording; the records."""
     B, M, N, _ = dims
-    records = np.zeros(sums_mod.capacity(N, M, B, V, case.rps), dtype=sums_mod.RECORD)
+    rps = case.rps if V == 1 else case.streamed_rps
+    records = np.zeros(sums_mod.capacity(N, M, B, V, rps), dtype=sums_mod.RECORD)
     n = _run(lib, case, kernel, V, dims, buffers, record=records, **kw)
     return records[:n]
 
@@ -276,11 +287,12 @@ def run_batched(
     w, s, aux, x = inputs
     y = _empty_out(case, case.M, case.B, x)
     dims = (case.B, case.M, case.N, case.K)
+    V = case.vecs(kernel)
     if not record:
-        _run(lib, case, kernel, case.V, dims, (w, s, aux, x, y))
+        _run(lib, case, kernel, V, dims, (w, s, aux, x, y))
         return Output(y)
-    records = _recorded(lib, case, kernel, case.V, dims, (w, s, aux, x, y))
-    return Output(y, sums_mod.keyed(case, records, y, aux, V=case.V))
+    records = _recorded(lib, case, kernel, V, dims, (w, s, aux, x, y))
+    return Output(y, sums_mod.keyed(case, records, y, aux, V=V, rps=case.streamed_rps))
 
 
 def compare(case: Case, kernel: str, reference: Output, candidate: Output) -> Result:
@@ -305,7 +317,7 @@ def compare(case: Case, kernel: str, reference: Output, candidate: Output) -> Re
         case=case,
         kernel=kernel,
         m1_kernel=case.m1_kernel,
-        V=case.V,
+        V=case.vecs(kernel),
         rows=case.B * case.M,
         rows_differing=int(differs.any(axis=-1).sum()),
         elements_differing=int(differs.sum()),

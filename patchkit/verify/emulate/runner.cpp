@@ -39,15 +39,17 @@ using Aux = float;
 constexpr bool has_variants(int group_size) {
   return group_size == 16;
 }
-#define PATCHKIT_QMV_FAST fp_qmv_fast<T, gs, bits, batched, hgs, rps>
-#define PATCHKIT_QMV fp_qmv<T, gs, bits, batched, hgs>
+#define PATCHKIT_QMV_FAST upstream::fp_qmv_fast<T, gs, bits, batched, hgs, rps>
+#define PATCHKIT_QMV upstream::fp_qmv<T, gs, bits, batched, hgs>
 // k_lanes 16 as the fp dispatch sets it: 2 rows per simdgroup; fp_qmv_wide
 // takes no global scale buffer.
-#define PATCHKIT_QMV_WIDE fp_qmv_wide<T, gs, bits, V, 16, batched>
+#define PATCHKIT_QMV_WIDE upstream::fp_qmv_wide<T, gs, bits, V, 16, batched>
 #define PATCHKIT_WIDE_ROWS 4
 #define PATCHKIT_WIDE_OPERANDS l.w, l.s
-#define PATCHKIT_QMV_FAST_STREAMED fp_qmv_fast_streamed<T, gs, bits, V, batched, hgs, rps>
-#define PATCHKIT_QMV_STREAMED fp_qmv_streamed<T, gs, bits, V, batched, hgs>
+// The patched M = 1 kernels at vecs_per_tg = V, as MLX instantiates them: the
+// full output tile (results_per_simdgroup 4) whatever tile M = 1 takes.
+#define PATCHKIT_QMV_FAST_STREAMED patched::fp_qmv_fast<T, gs, bits, batched, hgs, 4, V>
+#define PATCHKIT_QMV_STREAMED patched::fp_qmv<T, gs, bits, batched, hgs, V>
 #else
 // quantized.h (affine): scales and biases in T.
 template <typename T>
@@ -58,14 +60,14 @@ using Aux = T;
 constexpr bool has_variants(int) {
   return false;
 }
-#define PATCHKIT_QMV_FAST affine_qmv_fast<T, gs, bits, batched>
-#define PATCHKIT_QMV affine_qmv<T, gs, bits, batched>
+#define PATCHKIT_QMV_FAST upstream::affine_qmv_fast<T, gs, bits, batched>
+#define PATCHKIT_QMV upstream::affine_qmv<T, gs, bits, batched>
 // k_lanes 8 as the affine dispatch sets it: 4 rows per simdgroup.
-#define PATCHKIT_QMV_WIDE affine_qmv_wide<T, gs, bits, V, 8, batched>
+#define PATCHKIT_QMV_WIDE upstream::affine_qmv_wide<T, gs, bits, V, 8, batched>
 #define PATCHKIT_WIDE_ROWS 8
 #define PATCHKIT_WIDE_OPERANDS l.w, l.s, l.aux
-#define PATCHKIT_QMV_FAST_STREAMED affine_qmv_fast_streamed<T, gs, bits, V, batched>
-#define PATCHKIT_QMV_STREAMED affine_qmv_streamed<T, gs, bits, V, batched>
+#define PATCHKIT_QMV_FAST_STREAMED patched::affine_qmv_fast<T, gs, bits, batched, false, V>
+#define PATCHKIT_QMV_STREAMED patched::affine_qmv<T, gs, bits, batched, false, V>
 #endif
 #define PATCHKIT_OPERANDS l.w, l.s, l.aux
 
@@ -103,7 +105,7 @@ struct Launcher : BatchLayout {
         y(static_cast<T*>(p_.y)) {}
 
   // Grid (ceil(M / V), ceil(N / rows_per_tg), prod(batch)). The M = 1 kernels run with
-  // V = 1 (qmv's grid of M) and take no M; the batched ones take the real M.
+  // V = 1 (qmv's grid of M); qmv_wide takes M as an argument (takes_m).
   template <bool takes_m, typename F, typename... Operands>
   void launch(int V, int rows_per_tg, F f, Operands... ops) {
     launch_grid(batches, (p.M + V - 1) / V, (p.N + rows_per_tg - 1) / rows_per_tg,
@@ -136,15 +138,16 @@ int run_v(int kind, const Problem& p) {
       }
       return 2;
 #endif
+// The patched kernels read M as x_shape[x_batch_ndims], as MLX's host sets it.
 #ifdef PATCHKIT_HAS_qmv_fast_streamed
     case 3:
-      l.template launch<true>(V, 2 * rps, PATCHKIT_QMV_FAST_STREAMED, PATCHKIT_OPERANDS);
+      l.template launch<false>(V, 8, PATCHKIT_QMV_FAST_STREAMED, PATCHKIT_OPERANDS);
       return 0;
 #endif
 #ifdef PATCHKIT_HAS_qmv_streamed
     case 4:
       if constexpr (rps == 4) {
-        l.template launch<true>(V, 8, PATCHKIT_QMV_STREAMED, PATCHKIT_OPERANDS);
+        l.template launch<false>(V, 8, PATCHKIT_QMV_STREAMED, PATCHKIT_OPERANDS);
         return 0;
       }
       return 2;

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from patchkit.verify.emulate import build, suite
-from patchkit.verify.emulate.families import FAMILIES, FP_MODES
+from patchkit.verify.emulate.families import AFFINE, FAMILIES, FP, FP_MODES
 from patchkit.verify.emulate.parity import Case
 
 # Exit status of a child whose sanitizer reported (build.sanitizer_env).
@@ -82,13 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--text", type=Path)
     a = args.parse_args(argv)
     root = Path(__file__).resolve().parents[3]
-    if a.header == "affine":
-        text, types = emulate.patched_header(emulate.pinned_header(root)), ()
-    else:
-        fp_text, types = emulate.pinned_fp_headers(root)
-        text = emulate.patched_fp_header(fp_text)
-    if a.text is not None:
-        text = a.text.read_text()
+    family = AFFINE if a.header == "affine" else FP
+    upstream, types = emulate.pinned_sources(root, family)
+    text = emulate.sources(upstream, family)
+    if a.text is not None:  # a patched text to check instead (the tests' mutations)
+        text = emulate.Sources(upstream, a.text.read_text())
     todo = cases(a.header)
     report = suite.run(text, todo, build.SANITIZE, types=types)
     summary = suite.summarize(report)

@@ -297,7 +297,7 @@ def _library_key(case: Case) -> tuple:
 
 
 def build_libraries(
-    text: str,
+    text: extract.Sources,
     cases: list[Case],
     toolchain: build.Toolchain,
     kernels: tuple[str, ...],
@@ -354,7 +354,7 @@ def run_case(lib: build.Library, case: Case, controls: bool) -> list[Result]:
 
 
 def run(
-    text: str,
+    text: extract.Sources,
     cases: list[Case],
     toolchain: build.Toolchain,
     *,
@@ -362,7 +362,7 @@ def run(
     controls: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> Report:
-    """Build the kernels from ``text`` (``types``: its type headers) and run ``cases``.
+    """Build ``text``'s kernels (upstream and patched; ``types``: type headers), run ``cases``.
 
     Builds and cases both run in parallel on all cores.
     """
@@ -451,19 +451,19 @@ class Verdict:
 
 def verify(
     header: Header,
-    patched_text: str,
+    sources: extract.Sources,
     types: tuple[str, ...] = (),
     *,
     quick: bool = True,
     toolchains: Iterable[str] = build.GATE,
 ) -> Verdict:
-    """Run ``header``'s parity suite on its patched text with each toolchain."""
+    """Run ``header``'s parity suite on a tree's text, upstream and patched, with each toolchain."""
     modes = modes_of(header)
     cases = default_matrix(modes) if quick else full_matrix(modes)
     failures: list[str] = []
     lines = []
     for name in toolchains:
-        report = run(patched_text, cases, build.TOOLCHAINS[name], types=types)
+        report = run(sources, cases, build.TOOLCHAINS[name], types=types)
         failures += [f"[{name}] {f}" for f in report.failures()]
         quiet = control_failure(report)
         failures += [f"[{name}] {quiet}"] if quiet else []
@@ -472,18 +472,18 @@ def verify(
 
 
 def verify_header(
-    patched_header: str, *, quick: bool = True, toolchains: Iterable[str] = build.GATE
+    sources: extract.Sources, *, quick: bool = True, toolchains: Iterable[str] = build.GATE
 ) -> Verdict:
-    """The affine suite on a patched ``quantized.h`` text (``patchkit rebase``'s gate)."""
-    return verify(AFFINE, patched_header, quick=quick, toolchains=toolchains)
+    """The affine suite on a tree's ``quantized.h``, upstream and patched (``rebase``'s gate)."""
+    return verify(AFFINE, sources, quick=quick, toolchains=toolchains)
 
 
 def verify_fp_header(
-    patched_header: str,
+    sources: extract.Sources,
     types: tuple[str, ...],
     *,
     quick: bool = True,
     toolchains: Iterable[str] = build.GATE,
 ) -> Verdict:
-    """The fp suite on a patched ``fp_quantized.h``; ``types`` are the tree's fp4.h and fp8.h."""
-    return verify(FP, patched_header, types, quick=quick, toolchains=toolchains)
+    """The fp suite on a tree's ``fp_quantized.h``; ``types`` are the tree's fp4.h and fp8.h."""
+    return verify(FP, sources, types, quick=quick, toolchains=toolchains)

@@ -7,22 +7,23 @@ output element the call produces, (batch, vector, output row):
 
 - M = 1 kernels (``qmv_fast``, ``qmv``) run one vector per launch; call j of
   a simdgroup is its row j.
-- Streamed kernels run vectors ``tid.x * V ...``; call j is vector
-  ``tid.x * V + j // n_rows``, row j % n_rows (the vector loop outside the row
-  loop, as the store loop is written). Calls for vectors past M (a partial last
-  tile re-reading vector M - 1) produce nothing and are dropped.
+- The same kernels at vecs_per_tg = V run vectors ``tid.x * V ...``; call j is
+  vector ``tid.x * V + j // n_rows``, row j % n_rows (the vector loop outside
+  the row loop, as the store loop is written). A partial last tile skips the
+  vectors past M, so it makes fewer calls.
 
 where the simdgroup's first row and row count are the M = 1 kernel's:
-``qmv_fast``'s ``out_row`` and ``results_per_simdgroup`` rows; ``qmv``'s
-``out_row`` when N < 8 (rows past N guarded) or its moved-back
-``min(N - 4, out_row)`` otherwise, 4 rows.
+``qmv_fast``'s ``out_row`` and ``results_per_simdgroup`` rows (the launch's
+tile: 4 at V > 1); ``qmv``'s ``out_row`` when N < 8 (rows past N guarded) or its
+moved-back ``min(N - 4, out_row)`` otherwise, 4 rows.
 
 The mapping is not trusted: every call's result, stored as the kernel stores it
 (``T(sum)``, or ``T(sum * inv_scale_enc)`` with nvfp4's global scale), must
 equal the output element its key names, and each simdgroup must make exactly
-V * n_rows calls. A call that fails either is counted as unconfirmed, which fails
-the case. Two kernels whose confirmed calls hand ``simd_sum`` the same 32 values
-for every output element produce the same result under *any* reduction tree.
+min(V, M - tid.x * V) * n_rows calls. A call that fails either is counted as
+unconfirmed, which fails the case. Two kernels whose confirmed calls hand
+``simd_sum`` the same 32 values for every output element produce the same result
+under *any* reduction tree.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Sums:
     key: np.ndarray  # int64 (calls,)
     lanes: np.ndarray  # uint32 bits (calls, 32)
     unconfirmed: int  # calls whose store or call count disagrees with their key
-    padding: int  # calls for vectors past M (partial last tiles): no output
+    padding: int  # calls for vectors past M: none from a kernel that skips them
 
     @staticmethod
     def concat(parts: list[Sums]) -> Sums:
@@ -71,9 +72,11 @@ class Sums:
         )
 
 
-def _first_row_and_rows(case: Any, fast: bool, out_row: np.ndarray) -> tuple[np.ndarray, ...]:
+def _first_row_and_rows(
+    case: Any, fast: bool, out_row: np.ndarray, rps: int
+) -> tuple[np.ndarray, ...]:
     if fast:
-        return out_row, np.full_like(out_row, case.rps)
+        return out_row, np.full_like(out_row, rps)
     first = out_row if case.N < 8 else np.minimum(case.N - 4, out_row)
     return first, np.minimum(4, case.N - first)
 
@@ -86,28 +89,31 @@ def keyed(
     *,
     V: int,
     vector: tuple[int, int] | None = None,
+    rps: int | None = None,
 ) -> Sums:
     """``records`` of one launch, keyed by the output element each call produces.
 
     ``V`` is the launch's vectors per threadgroup (1 for an M = 1 kernel, whose
     launch computes the single vector ``vector`` = (b, m)); ``y`` the launch's
     output as the kernel stored it, (B, M, N) or (1, 1, N); ``aux`` the global
-    scale when the case has one.
+    scale when the case has one; ``rps`` the launch's output tile (default the case's).
     """
     fast = case.fast
     tid = records["tid"].astype(np.int64)
     sg = records["simdgroup"].astype(np.int64)
     call = records["call"].astype(np.int64)
-    rows_per_tg = 2 * case.rps
-    first, n_rows = _first_row_and_rows(case, fast, tid[:, 1] * rows_per_tg + sg * case.rps)
+    rps = case.rps if rps is None else rps
+    first, n_rows = _first_row_and_rows(case, fast, tid[:, 1] * 2 * rps + sg * rps, rps)
     v = tid[:, 0] * V + call // n_rows
     n = first + call % n_rows
     b = tid[:, 2]
-    # Each simdgroup made exactly V * n_rows calls (numbered 0.. by the shim).
+    # Each simdgroup made one call per (real vector, row), numbered 0.. by the shim.
     where = np.concatenate([tid, sg[:, None]], axis=1)
     _, inverse, counts = np.unique(where, axis=0, return_inverse=True, return_counts=True)
-    bad = counts[inverse.reshape(-1)] != V * n_rows
-    stored = v < (1 if vector is not None else case.M)
+    m = 1 if vector is not None else case.M
+    vectors = np.minimum(V, m - tid[:, 0] * V)
+    bad = counts[inverse.reshape(-1)] != vectors * n_rows
+    stored = v < m
     if vector is not None:
         bad |= (b != 0) | (v != 0)
     # The result as the kernel stores it must be the element the key names.

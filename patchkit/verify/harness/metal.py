@@ -64,16 +64,16 @@ def preamble(upstream: str) -> str:
 
 
 def metal_source(root: Path, header: Path | None = None, mode: str = "affine") -> MetalSource:
-    """The pinned header, patched, reduced to the streamed kernels and their helpers.
+    """The pinned header, upstream and patched, reduced to the kernels and their helpers.
 
     For the fp modes the header is ``fp_quantized.h`` and the fp4/fp8 type
     headers it includes are inlined, exactly as the fp emulator compiles them.
     """
     family = FAMILIES[mode].header
     upstream, types = emulate.pinned_sources(root, family, header)
-    patched = emulate.patched(upstream, family)
+    sources = emulate.sources(upstream, family)
     return MetalSource(
-        preamble(patched), extract.extract(patched, _harness_kernels(family), family, types)
+        preamble(upstream), extract.extract(sources, _harness_kernels(family), family, types)
     )
 
 
@@ -87,19 +87,26 @@ def is_fast(K: int, N: int, bits: int) -> bool:
 
 
 def kernel_body(fast: bool, mode: str = "affine") -> str:
-    """The ``source`` of the kernel: one call of the streamed impl, MLX's argument order."""
-    impl = ("" if mode == "affine" else "fp_") + (
-        "qmv_fast_streamed_impl" if fast else "qmv_streamed_impl"
+    """The ``source`` of the kernel: the patched M = 1 impl at vecs_per_tg = V, as MLX calls it."""
+    impl = (
+        "patched::"
+        + ("" if mode == "affine" else "fp_")
+        + ("qmv_fast_impl" if fast else "qmv_impl")
     )
     # fp kernels take a global-scale pointer where affine takes biases; without
-    # has_global_scale the kernel never reads it.
+    # has_global_scale the kernel never reads it. Their template arguments: has
+    # the global scale, (qmv_fast only) the output tile, then vecs_per_tg.
     operands = "biases" if mode == "affine" else "(const device float*)nullptr"
+    args = "T, GROUP_SIZE, BITS, " + (
+        "V" if mode == "affine" else ("false, 4, V" if fast else "false, V")
+    )
     return (
-        f"  {impl}<T, GROUP_SIZE, BITS, V>(\n"
-        f"      w, scales, {operands}, x, y, in_vec_size, out_vec_size, M,\n"
+        f"  {impl}<{args}>(\n"
+        f"      w, scales, {operands}, x, y, in_vec_size, out_vec_size,\n"
         "      threadgroup_position_in_grid,\n"
         "      simdgroup_index_in_threadgroup,\n"
-        "      thread_index_in_simdgroup);\n"
+        "      thread_index_in_simdgroup,\n"
+        "      M - static_cast<int>(threadgroup_position_in_grid.x) * V);\n"
     )
 
 
