@@ -29,7 +29,7 @@ class Killed(BaseException):
 
 
 class Ok:
-    def __call__(self, header: str) -> rebase.Parity:
+    def __call__(self, *headers: str) -> rebase.Parity:
         return rebase.Parity(True, "stub", ())
 
 

@@ -6,21 +6,31 @@ it byte for byte with ``patches/<short>/``, and compares the blob ids recorded i
 template changed without re-running apply, or a clone that is not the pinned
 tree all make it fail, each named.
 
-``status`` is the read-mostly summary for a person: what is pinned, where the
-patch is applied (the branch in the cached clone) and whether ``patches/`` is
-current.
+``status`` is the summary for a person: what is pinned, where the patch is
+applied (the branch in the cached clone) and whether ``patches/`` is current.
+
+Both only read: they never fetch, move a ref or touch the checkout (a revision
+missing from the cache is an error whose message gives the fetch to run). When
+a killed apply or rebase left a write half done, they read the state it left,
+old or new (see :func:`patchkit.util.staging.view`), and say which.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit.carry import export, pin, render, source, workspace
-from patchkit.util import git
+from patchkit.errors import UserError
+from patchkit.util import git, staging
 from patchkit.util.staging import same_tree
+
+_INTERRUPTED = {
+    "new": "a killed apply or rebase left patches/{txn} committed: the new state stands and"
+    " the next `patchkit apply` finishes moving its files",
+    "old": "a killed apply or rebase left patches/{txn} uncommitted: the old state stands and"
+    " the next `patchkit apply` removes the leftover",
+}
 
 
 @dataclass
@@ -32,11 +42,19 @@ class CheckResult:
     touched_drift: dict[str, list[str]] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)
     extra_dirs: list[str] = field(default_factory=list)
+    missing: bool = False  # patches/<short>/ is not there at all
+    interrupted: str | None = None  # "old" or "new": the state a killed write left
 
     @property
     def ok(self) -> bool:
         """True when pin.toml matches the tree and patches/ matches a fresh render."""
-        return not (self.blob_mismatches or self.touched_drift or self.stale or self.extra_dirs)
+        return not (
+            self.blob_mismatches
+            or self.touched_drift
+            or self.stale
+            or self.extra_dirs
+            or self.interrupted
+        )
 
     def problems(self) -> list[str]:
         """One line per problem, for the CLI."""
@@ -47,8 +65,13 @@ class CheckResult:
         ]
         for kind, paths in self.touched_drift.items():
             lines += [f"pin.toml blobs {kind}: {p}" for p in paths]
-        lines += [f"stale: patches/{self.commit[:8]}/{p}" for p in self.stale]
+        if self.missing:
+            lines.append(f"stale: patches/{self.commit[:8]}/ is missing")
+        else:
+            lines += [f"stale: patches/{self.commit[:8]}/{p}" for p in self.stale]
         lines += [f"not for the pinned commit: patches/{d}" for d in self.extra_dirs]
+        if self.interrupted:
+            lines.append(_INTERRUPTED[self.interrupted].format(txn=workspace.TXN_DIR))
         return lines
 
     def to_json(self) -> dict[str, object]:
@@ -60,7 +83,17 @@ class CheckResult:
             "touched_drift": self.touched_drift,
             "stale": self.stale,
             "extra_dirs": self.extra_dirs,
+            "missing": self.missing,
+            "interrupted": self.interrupted,
         }
+
+
+def load_pin(root: Path) -> pin.Pin:
+    """``pin.toml`` as the checkout's current state has it (a killed write's new one included)."""
+    if not root.is_dir():
+        raise UserError(f"{root} is not a folder; pass --root PATCHKIT_CHECKOUT")
+    target = root / pin.PIN_FILE
+    return pin.load(workspace.output_path(root, target) or target)
 
 
 def check(
@@ -72,10 +105,10 @@ def check(
     progress: source.Progress = source._quiet,
 ) -> CheckResult:
     """Compare ``pin.toml`` with the tree and ``patches/`` with a fresh render; never writes."""
-    p = pin.load(root / pin.PIN_FILE)
+    p = load_pin(root)
     clone = source.open_source(mlx_repo, p.url, progress=progress)
-    commit = source.resolve(clone, p.commit, progress=progress)
-    result = CheckResult(commit)
+    commit = source.resolve(clone, p.commit, progress=progress, fetch=False)
+    result = CheckResult(commit, interrupted=workspace.outputs_state(root))
     result.blob_mismatches = pin.mismatches(p, lambda path: git.blob_id(clone, commit, path))
     touched = workspace.touched(options, templates_dir)
     missing, extra = sorted(set(touched) - set(p.blobs)), sorted(set(p.blobs) - set(touched))
@@ -83,19 +116,24 @@ def check(
     progress("rendering")
     # A throwaway directory outside the checkout and no ref moved: check and
     # status only read (they run on read-only checkouts and in CI).
-    stage = Path(tempfile.mkdtemp(prefix="patchkit-check."))
-    try:
+    staging.prune_scratch()
+    patches = workspace.output_path(root, root / workspace.PATCHES / p.short)
+    result.missing = patches is None
+    with staging.scratch("check") as stage:
         info = export.PinInfo(p.url, commit, p.release)
         workspace.build(clone, commit, options, templates_dir, info, stage, move_refs=False)
-        result.stale = same_tree(stage, root / workspace.PATCHES / p.short)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    result.extra_dirs = sorted(
-        d.name
-        for d in (root / workspace.PATCHES).iterdir()
-        if d.is_dir() and not d.name.startswith(".") and d.name != p.short
-    )
+        result.stale = same_tree(stage, patches or root / workspace.PATCHES / p.short)
+    result.extra_dirs = _other_dirs(root, p.short)
     return result
+
+
+def _other_dirs(root: Path, short: str) -> list[str]:
+    """Folders in patches/ besides ``patches/<short>``, as the current state has them."""
+    folder = root / workspace.PATCHES
+    installed, removed = staging.journal_targets(root, folder / workspace.TXN_DIR)
+    here = {d for d in folder.iterdir() if d.is_dir()} if folder.is_dir() else set()
+    names = {d.name for d in (here | {t for t in installed if t.parent == folder}) - set(removed)}
+    return sorted(n for n in names if not n.startswith(".") and n != short)
 
 
 def status(
@@ -107,7 +145,7 @@ def status(
     progress: source.Progress = source._quiet,
 ) -> dict[str, object]:
     """What is pinned, where it is applied, and whether ``patches/`` is current."""
-    p = pin.load(root / pin.PIN_FILE)
+    p = load_pin(root)
     clone = source.open_source(mlx_repo, p.url, progress=progress)
     branch = workspace.BRANCH_PREFIX + p.short
     result = check(
@@ -130,5 +168,6 @@ def status(
         "base_ref": git.try_rev_parse(clone, source.BASE_REF),
         "patches_dir": str(root / workspace.PATCHES / p.short),
         "patches_current": result.ok,
+        "interrupted": result.interrupted,
         "problems": result.problems(),
     }

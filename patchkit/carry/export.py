@@ -18,14 +18,13 @@ without diffing by hand.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import unidiff
 
 from patchkit.util import git
-from patchkit.util.staging import atomic_write_text
+from patchkit.util.staging import atomic_write_text, scratch
 
 OVERLAY = "overlay"
 SERIES = "series"
@@ -103,8 +102,8 @@ def strip_header(path: str, text: str) -> str:
 
 def write_series(clone: Path, base: str, head: str, dest: Path) -> list[str]:
     """Format-patch ``base..head`` into ``dest`` and write the ``series`` index."""
-    with tempfile.TemporaryDirectory(prefix="patchkit-series.") as tmp:
-        files = git.format_patch(clone, base, head, Path(tmp))
+    with scratch("series") as tmp:
+        files = git.format_patch(clone, base, head, tmp)
         names = []
         for f in files:
             names.append(f.name)

@@ -10,12 +10,14 @@ Two flavours, both from ``patches/<pin>/``:
 Either way the checkout must be at the pinned commit and clean: the series
 would not apply elsewhere, and an overlay over other changes would silently
 drop them. ``dry_run`` checks all of that and says what would change, touching
-nothing.
+nothing. Vendor holds the patchkit checkout's lock, so it reads ``patches/``
+whole, never while an apply or rebase is replacing it.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,10 +61,24 @@ def _require_pinned_clean_checkout(checkout: Path, p: pin.Pin) -> None:
         raise UserError(f"{checkout} has uncommitted changes; commit or stash them and retry")
 
 
-def vendor(root: Path, checkout: Path, flavour: str, *, dry_run: bool = False) -> VendorResult:
+def vendor(
+    root: Path,
+    checkout: Path,
+    flavour: str,
+    *,
+    dry_run: bool = False,
+    wait: bool = True,
+    progress: Callable[[str], None] = lambda _: None,
+) -> VendorResult:
     """Apply ``patches/<pin>/`` to ``checkout`` as ``flavour``; see the module doc."""
     if flavour not in FLAVOURS:
         raise UserError(f"unknown flavour {flavour!r}; choose from {', '.join(FLAVOURS)}")
+    with workspace.writer(root, wait=wait, progress=progress):
+        return _vendor(root, checkout, flavour, dry_run)
+
+
+def _vendor(root: Path, checkout: Path, flavour: str, dry_run: bool) -> VendorResult:
+    """The work of :func:`vendor`, under the checkout's lock."""
     p = pin.load(root / pin.PIN_FILE)
     patches = root / workspace.PATCHES / p.short
     if not patches.is_dir():
