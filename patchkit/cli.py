@@ -48,11 +48,16 @@ class _Main(click.Group):
             return super().invoke(ctx)
         except PatchkitError as exc:
             code = EXIT_TOOL if isinstance(exc, ToolError) else EXIT_FAIL
-            self._fail(ctx, exc, str(exc), code)
+            self._fail(ctx, exc, str(exc), code, exc.details)
             rest = str(exc).split("\n", 1)[1:] if isinstance(exc, ToolError) else []
             if rest:  # the tool's own output, after the one line (not repeating it)
                 err_console.print(rest[0], highlight=False, markup=False)
+            if exc.details:  # an upstream diff, say: after the line, for reading
+                err_console.print(exc.details.rstrip("\n"), highlight=False, markup=False)
             ctx.exit(code)
+        except KeyboardInterrupt as exc:
+            self._fail(ctx, exc, "interrupted; a later run finishes or undoes its writes", 130)
+            ctx.exit(130)
         except click.UsageError as exc:
             if not _wants_json(ctx):
                 raise
@@ -63,14 +68,21 @@ class _Main(click.Group):
             message = f"{exc.strerror or exc}{where}; check the path and its permissions"
             self._fail(ctx, exc, message, EXIT_FAIL)
             ctx.exit(EXIT_FAIL)
+        except Exception as exc:  # a bug: JSON still answers, and the traceback follows
+            if _wants_json(ctx):
+                self._fail(ctx, exc, f"internal error: {exc!r}", EXIT_FAIL)
+            raise
 
     @staticmethod
-    def _fail(ctx: click.Context, exc: BaseException, message: str, code: int) -> None:
+    def _fail(
+        ctx: click.Context, exc: BaseException, message: str, code: int, details: str = ""
+    ) -> None:
         """One line on stderr; under --json also one JSON object on stdout."""
         first = message.splitlines()[0] if message else type(exc).__name__
         if _wants_json(ctx):
             kind = type(exc).__name__
-            click.echo(json.dumps({"ok": False, "error": message, "kind": kind, "exit": code}))
+            payload = {"ok": False, "error": message, "kind": kind, "exit": code}
+            click.echo(json.dumps(payload | ({"details": details} if details else {})))
         err_console.print(f"[bold red]patchkit: error:[/] {escape(first)}", highlight=False)
 
 
@@ -98,6 +110,14 @@ def progress(as_json: bool) -> Iterator[Callable[[str], None]]:
         return
     with err_console.status("starting") as st:
         yield lambda msg: st.update(f"{escape(msg)}…")
+
+
+_NO_WAIT = click.option(
+    "--no-wait",
+    "no_wait",
+    is_flag=True,
+    help="Refuse at once, instead of waiting, while another patchkit run writes here.",
+)
 
 
 def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -135,6 +155,8 @@ def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @wraps(fn)
     def wrapper(as_json: bool, mlx_repo, root, templates, backends, routing, **kw: Any) -> Any:
         click.get_current_context().meta["json"] = as_json
+        if root is not None and not root.is_dir():
+            raise UserError(f"--root {root}: no such folder; pass your patchkit checkout")
         root = (root or find_root(Path.cwd())).resolve()
         common = {
             "root": root,
@@ -169,11 +191,14 @@ def main() -> None:
     help="Check that pin.toml pins REV (default: apply what pin.toml pins; needed without one).",
 )
 @click.option("--release", help="Release whose touched files are byte-identical (pin.toml).")
+@_NO_WAIT
 @common_options
-def apply_cmd(rev: str | None, release: str | None, as_json: bool, common: dict[str, Any]) -> None:
+def apply_cmd(
+    rev: str | None, release: str | None, no_wait: bool, as_json: bool, common: dict[str, Any]
+) -> None:
     """Render, commit on patchkit/<short> and export patches/<short>/."""
     with progress(as_json) as say:
-        r = apply_mod.apply(rev, release=release, progress=say, **common)
+        r = apply_mod.apply(rev, release=release, progress=say, wait=not no_wait, **common)
     if r.removed:
         err_console.print(
             f"[yellow]warning:[/] removed {len(r.removed)} file(s) apply does not produce "
@@ -198,14 +223,34 @@ def apply_cmd(rev: str | None, release: str | None, as_json: bool, common: dict[
 @click.option(
     "--allow-downgrade", is_flag=True, help="Accept a REV that does not descend from the pin."
 )
+@click.option(
+    "--accept-routing-change",
+    "accept_routing",
+    is_flag=True,
+    help="Go on although upstream changed a routing function (after reading the diff the"
+    " refusal showed); parity still runs.",
+)
+@_NO_WAIT
 @common_options
 def rebase_cmd(
-    rev: str, release: str | None, allow_downgrade: bool, as_json: bool, common: dict[str, Any]
+    rev: str,
+    release: str | None,
+    allow_downgrade: bool,
+    accept_routing: bool,
+    no_wait: bool,
+    as_json: bool,
+    common: dict[str, Any],
 ) -> None:
-    """Move the pin to REV, gated on dependency changes and CPU parity."""
+    """Move the pin to REV, gated on dependency and routing changes and CPU parity."""
     with progress(as_json) as say:
         r = rebase_mod.rebase(
-            rev, release=release, allow_downgrade=allow_downgrade, progress=say, **common
+            rev,
+            release=release,
+            allow_downgrade=allow_downgrade,
+            accept_routing=accept_routing,
+            progress=say,
+            wait=not no_wait,
+            **common,
         )
     emit(as_json, r.to_json(), r.summary())
 
@@ -231,7 +276,7 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
     with progress(as_json) as say:
         s = check_mod.status(progress=say, **common)
     current = "current" if s["patches_current"] else "STALE: " + "; ".join(s["problems"])
-    if not s["patches_current"]:
+    if not s["patches_current"] and not s["interrupted"]:
         current += " (run `patchkit apply` and commit patches/)"
     emit(
         as_json,
@@ -423,13 +468,22 @@ _DEPS_OPTION = click.option(
     help="series: git am the commits; overlay: copy the touched files whole (uncommitted).",
 )
 @click.option("--dry-run", is_flag=True, help="Check the checkout and list the changes only.")
+@_NO_WAIT
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, as_json: bool) -> None:
+def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, no_wait: bool, as_json: bool) -> None:
     """Put patches/<pin>/ into your own MLX checkout (at the pin, clean)."""
     from patchkit.carry import vendor
 
     click.get_current_context().meta["json"] = as_json
-    r = vendor.vendor(find_root(Path.cwd()), checkout, flavour, dry_run=dry_run)
+    with progress(as_json) as say:
+        r = vendor.vendor(
+            find_root(Path.cwd()),
+            checkout,
+            flavour,
+            dry_run=dry_run,
+            wait=not no_wait,
+            progress=say,
+        )
     verb = "would apply" if dry_run else "applied"
     what = "commits from" if flavour == "series" else "whole files from"
     emit(
