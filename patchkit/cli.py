@@ -553,12 +553,14 @@ def build_cmd(
     if dry_run:
         emit(as_json, {**plan.to_json(), "dry_run": True}, plan.describe())
         return
+    if into is not None:  # refused now, not after the compile
+        mlx_build.check_into(into, plan.python)
     with progress(as_json) as say:
         rec = mlx_build.execute(plan, root, say)
         if into is not None and rec["wheel"]:
             say(f"installing {Path(rec['wheel']).name} into {into}")
             rec["installed_into"] = {"venv": str(into), "mlx_version": mlx_build.install_into(
-                Path(rec["wheel"]), into, plan.layout.python)}  # fmt: skip
+                Path(rec["wheel"]), into, plan.python)}  # fmt: skip
     path = mlx_build.write_record(rec, record_dir or root / "docs" / "results")
     t, p = rec["tests"], rec["parity"]
     wheel = Path(rec["wheel"]) if rec["wheel"] else None

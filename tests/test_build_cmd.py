@@ -438,7 +438,7 @@ def test_real_cpu_build_offline(tmp_path: Path) -> None:
     import subprocess
 
     subprocess.run([sys.executable, "-m", "venv", str(user)], check=True)
-    assert mlx_build.install_into(Path(rec["wheel"]), user, plan.layout.python) == plan.version
+    assert mlx_build.install_into(Path(rec["wheel"]), user, plan.python) == plan.version
 
 
 def test_a_failing_step_is_one_line_naming_the_log(

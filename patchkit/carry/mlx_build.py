@@ -729,11 +729,12 @@ def install_line(wheel: Path) -> str:
 _SPLIT_PACKAGES = re.compile(r"^mlx[-_](cpu|metal|cuda(-\d+)?)$", re.I)
 
 
-def install_into(wheel: Path, venv: Path, build_python: Path) -> str:
-    """``pip install`` the wheel into the venv at ``venv`` (asked for by ``--into``); its version.
+def check_into(venv: Path, python: str) -> Path:
+    """The venv ``--into`` names, checked before the build; returns its python.
 
-    The venv must run the Python the wheel was built for and hold no stock split package
-    (``mlx-cpu``, ``mlx-metal``, ``mlx-cuda-*``), whose libmlx the wheel would overwrite.
+    It must run the Python the wheel is built with (``python``, which creates the build's
+    venv) and hold no stock split package (``mlx-cpu``, ``mlx-metal``, ``mlx-cuda-*``),
+    whose libmlx the wheel would overwrite.
     """
     py = venv / "bin" / "python"
     if not py.exists():
@@ -742,31 +743,35 @@ def install_into(wheel: Path, venv: Path, build_python: Path) -> str:
     mine, theirs = (
         subprocess.run([str(x), "-c", ask], capture_output=True, text=True, check=False)
         .stdout.strip()
-        for x in (build_python, py)
+        for x in (python, py)
     )  # fmt: skip
     if mine != theirs:
-        raise UserError(f"--into {venv}: it runs Python {theirs}, the wheel is for {mine}; "
-                        f"build with --python of that venv's version")  # fmt: skip
+        raise UserError(f"--into {venv}: it runs Python {theirs}, the wheel would be for {mine}; "
+                        "run patchkit with that venv's Python version")  # fmt: skip
     listed = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], capture_output=True,
                             text=True, check=False)  # fmt: skip
     if listed.returncode != 0:
-        raise UserError(
-            f"--into {venv}: pip does not run there ({cause(listed.stderr.splitlines())})"
-        )
+        why = cause(listed.stderr.splitlines())
+        raise UserError(f"--into {venv}: pip does not run there ({why})")
     split = [d["name"] for d in json.loads(listed.stdout) if _SPLIT_PACKAGES.match(d["name"])]
     if split:
         raise UserError(
             f"--into {venv}: it has {', '.join(split)}, stock MLX's own library, which the patched "
             f"wheel replaces; remove it first: {py} -m pip uninstall -y {' '.join(split)}"
         )
+    return py
+
+
+def install_into(wheel: Path, venv: Path, python: str) -> str:
+    """``pip install`` the wheel into ``venv`` (``--into``); returns mlx.core's version there."""
+    py = check_into(venv, python)
     proc = subprocess.run([str(py), "-m", "pip", "install", "--force-reinstall", "--no-deps",
                            str(wheel)], capture_output=True, text=True, check=False)  # fmt: skip
     if proc.returncode != 0:
-        raise UserError(
-            f"--into {venv}: pip failed ({cause((proc.stdout + proc.stderr).splitlines())})"
-        )
+        why = cause((proc.stdout + proc.stderr).splitlines())
+        raise UserError(f"--into {venv}: pip failed ({why})")
     got = subprocess.run([str(py), "-c", "import mlx.core as mx; print(mx.__version__)"],
-                         capture_output=True, text=True, check=False)  # fmt: skip
+                         capture_output=True, text=True, check=False, cwd=venv)  # fmt: skip
     if got.returncode != 0:
         raise UserError(f"--into {venv}: mlx.core does not import after the install "
                         f"({cause(got.stderr.splitlines())})")  # fmt: skip
@@ -894,7 +899,7 @@ def markdown(rec: dict[str, Any]) -> str:
     t, p, m = rec["tests"], rec["parity"], rec["machine"]
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in rec["wall_s"].items())
     if rec.get("incremental"):
-        walls += " (incremental: an earlier build of this worktree and its ccache were reused)"
+        walls += " (incremental: an earlier build of this worktree was reused)"
     return "\n".join(
         [
             f"# MLX built from the patched tree: {rec['backend']} backend, {rec['date']}",
