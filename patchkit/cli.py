@@ -561,7 +561,10 @@ def build_cmd(
             say(f"installing {Path(rec['wheel']).name} into {into}")
             rec["installed_into"] = {"venv": str(into), "mlx_version": mlx_build.install_into(
                 Path(rec["wheel"]), into, plan.python)}  # fmt: skip
-    path = mlx_build.write_record(rec, record_dir or root / "docs" / "results")
+    # The record names the wheel, not where this machine keeps it, nor the user's venv.
+    kept = {k: v for k, v in rec.items() if k != "installed_into"}
+    kept["wheel"] = Path(rec["wheel"]).name if rec["wheel"] else None
+    path = mlx_build.write_record(kept, record_dir or root / "docs" / "results")
     t, p = rec["tests"], rec["parity"]
     wheel = Path(rec["wheel"]) if rec["wheel"] else None
     lines = [
