@@ -384,9 +384,7 @@ def gate_parity(
     """
     called = sorted({f for fs in result.changed_called.values() for f in fs})
     if PARITY_FILE in rendered.patched:
-        result.parity = parity_check(
-            rendered.upstream[PARITY_FILE], rendered.patched[PARITY_FILE]
-        )
+        result.parity = parity_check(rendered.upstream[PARITY_FILE], rendered.patched[PARITY_FILE])
         _judge(result.parity, called, result.new, "patchkit.verify.emulate.verify_header")
     if fp_parity_check and new_read and FP_PARITY_FILE in rendered.patched:
         types = (new_read(FP_TYPE_FILES[0]), new_read(FP_TYPE_FILES[1]))
@@ -524,8 +522,11 @@ def unfingerprinted(plans: list[render.FilePlan], old_read: Callable[[str], str]
     """Declared mirrored/called names with no definition at the pin (a change would pass)."""
     missing = []
     for plan in plans:
+        names = (*plan.mirrored, *plan.called)
+        if not names:
+            continue
         text = old_read(plan.path)
-        for name in (*plan.mirrored, *plan.called):
+        for name in names:
             try:
                 found = cxx.find_functions(text, name)
             except AnchorError:
