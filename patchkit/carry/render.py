@@ -34,18 +34,10 @@ MANIFEST = "edits.toml"
 
 Flavour = Literal["upstream", "overlay"]
 Routing = Literal["stream", "opt_in"]
-# Where the CUDA streamed qmv reads x from: a shared-memory copy staged once per
-# block (the default, what patches/ holds), or straight from global memory, as the
-# M = 1 kernel does (the measured baseline, and the register-only timing arm of
-# scripts/cuda_bench_variants.py; see docs/cuda.md).
-CudaXStaging = Literal["global", "smem"]
 BACKENDS = ("metal", "cuda")
 # The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
 # so V = 2..5 covers every M in [2, batch limit).
 STREAMED_VECS = (2, 3, 4, 5)
-# The CUDA default route's floor: layers of fewer weights (n * k) keep stock's per-vector
-# qmv at M = 2..7 (the smallest layer of the H200's cold grid where streaming won every M).
-CUDA_STREAM_MIN_WEIGHTS = 1 << 24
 # Edits whose template is a unified diff of upstream text (hunks.apply_diff), and
 # edits that delete an upstream definition by name (no template).
 PATCH_OPS = ("patch_function", "patch_file")
@@ -57,90 +49,16 @@ class RenderOptions:
     """What to render: which backends, which routing policy, which flavour.
 
     ``upstream`` is the pull-request flavour, ``overlay`` the whole-file one
-    for downstream engines; the templates render the same code for both (the
-    runtime switches are part of the PR), and export adds the overlay's file
-    headers. ``cuda_x_staging`` picks the CUDA
-    streamed qmv's memory plan; both keep qmv's per-thread order. ``smem`` (the
-    default since the H200 runs of 2026-11-29: 2-3.5x faster than ``global``)
-    stages x in shared memory with cp.async, gives each warp 2 rows and
-    prefetches the weight rows into L2; ``global`` reads x from global memory
-    per row, as qmv does (simpler, kept as the measured baseline).
-
-    ``cuda_split_tail`` and ``cuda_stream_min_weights`` are the CUDA default route's
-    policy, measured on an H200 with compiled MLX and weights read from HBM
-    (``docs/benchmark_results/cuda-compiled-h200-2026-12-01-cold.md``; decision 0004).
-    Left unset (None), they take the measured values where the split can run (routing
-    ``stream``, ``smem``) and are off otherwise; ``split_tail`` and
-    ``stream_min_weights`` give the values rendered.
-
-    ``cuda_split_tail`` (default on) launches M = 5..7 of one batch (4-bit: M = 5, 6) as a
-    V = 4 pass plus a V = 2 pass and/or stock's per-vector qmv, inside MLX's concurrent
-    context, instead of two V = 4 tiles (4-bit) or stock's per-vector kernel (8-bit), and so
-    streams 8-bit at M = 2..7. Every row still comes from the streamed kernel or qmv, in
-    M = 1's order. Cold grid: 8-bit M = 5..7
-    0.60-0.84 of stock on layers of 2**24 weights and more, where without it 8-bit M = 5..7
-    kept stock's per-vector kernel (0.96-1.07: the run's noise).
-
-    ``cuda_stream_min_weights`` (default ``CUDA_STREAM_MIN_WEIGHTS``, 2**24, with the split;
-    0: no floor): below this many weights (n * k) M = 2..7 keep stock's per-vector qmv. Read
-    from HBM (ncu, caches flushed), a 1024 x 1024 4-bit layer's streamed kernel took 1.3-2.1x
-    stock's time at M = 2..7 (a grid of fewer blocks than the GPU has SMs), and the split's
-    extra graph nodes cost more than a few-microsecond call saves. From 2**24 up, the cold
-    grid read the route 0.34-0.90 of stock in every cell. Below it, the split is faster at
-    some M and slower at others (kernel-only, 4096 x 1024 4-bit: 0.42-0.87 at M = 2, 3, 4, 7
-    but 1.08 at M = 5; 2048 x 1024: 1.02-1.33 at M = 2, 3, 5, 6), so one floor for every
-    width stays. The floor is part of the split's route and needs it: the route without the
-    split (the two-argument ``use_qmv_streamed``) has no floor, which keeps the
-    renders to two forms of that function.
-
-    ``cuda_rows_per_warp`` (2 by default, or 1; smem only): the rows one warp of the
-    streamed kernel owns, in blocks of 8 rows. 1 gives a block 8 warps, as qmv has, for a
-    small layer whose grid does not fill the GPU and whose weights come from HBM, at the cost
-    of reading each x slice from shared memory once per row instead of once per 2 rows. A
-    timing arm until measured; no row's order depends on it.
-
-    ``cuda_min_blocks_per_sm`` (0, no bound, by default; smem only; a timing arm until
-    measured) puts ``__launch_bounds__`` on the streamed kernel's V >= 4 instances so that
-    this many blocks fit an SM by registers. ptxas gives the 8-bit V = 4 kernel 161
-    registers at sm_90a (12 resident warps per SM) where the mlxcel peer's 4-vector kernel
-    takes 68 (24 warps); a bound trades spills for latency hiding, and no operation or
-    order changes. V = 2 is bounded for the 5 blocks it reaches unbounded (8-bit: 96
-    registers): with any looser bound, ptxas gave it 120-130 registers, fewer resident
-    warps than without.
-
-    ``cuda_async_tail`` (off by default; a timing arm until measured) copies the k steps
-    past the last full stage of 4 as one more, shorter stage of the cp.async pipeline,
-    while the stage before it is computed, instead of one step at a time with plain loads
-    after the pipeline (K = 2560, 3584, 5120 or 9728 leave such steps). The same tiles in
-    the same order: only when x reaches shared memory changes.
+    for downstream engines. The CUDA templates render the downstream knobs
+    (``MLX_CUDA_QMV_EXACT``, the off switch ``MLX_CUDA_QMV_SHARED_WEIGHTS=0``) in the
+    overlay only; the upstream render has no environment variable. The CUDA routing
+    itself (which weights and layers read each weight once for several vectors) is
+    a measured constant in the template, not an option (``docs/results/cuda.md``).
     """
 
     backends: tuple[str, ...] = BACKENDS
     routing: Routing = "stream"
     flavour: Flavour = "upstream"
-    cuda_x_staging: CudaXStaging = "smem"
-    cuda_split_tail: bool | None = None
-    cuda_stream_min_weights: int | None = None
-    cuda_rows_per_warp: int = 2
-    cuda_async_tail: bool = False
-    cuda_min_blocks_per_sm: int = 0
-
-    @property
-    def split_tail(self) -> bool:
-        """``cuda_split_tail`` as rendered: unset, on where the split can run (routing
-        ``stream``, ``smem`` staging). Left unset in the fields, so that
-        ``dataclasses.replace`` of another routing or staging takes that one's default."""
-        if self.cuda_split_tail is None:
-            return self.routing == "stream" and self.cuda_x_staging == "smem"
-        return self.cuda_split_tail
-
-    @property
-    def stream_min_weights(self) -> int:
-        """``cuda_stream_min_weights`` as rendered: unset, the measured floor where the
-        split runs and none otherwise (the floor belongs to the split's route)."""
-        if self.cuda_stream_min_weights is None:
-            return CUDA_STREAM_MIN_WEIGHTS if self.split_tail else 0
-        return self.cuda_stream_min_weights
 
     def __post_init__(self) -> None:
         unknown = set(self.backends) - set(BACKENDS)
@@ -150,26 +68,6 @@ class RenderOptions:
             raise UserError(f"unknown routing '{self.routing}'; choose 'stream' or 'opt_in'")
         if self.flavour not in ("upstream", "overlay"):
             raise UserError(f"unknown flavour '{self.flavour}'; choose 'upstream' or 'overlay'")
-        if self.cuda_x_staging not in ("global", "smem"):
-            raise UserError(
-                f"unknown cuda_x_staging '{self.cuda_x_staging}'; choose 'global' or 'smem'"
-            )
-        if self.split_tail and (self.routing, self.cuda_x_staging) != ("stream", "smem"):
-            raise UserError("cuda_split_tail needs routing 'stream' and cuda_x_staging 'smem'")
-        if self.stream_min_weights < 0:
-            raise UserError("cuda_stream_min_weights must be 0 (no floor) or more")
-        if self.stream_min_weights and not self.split_tail:
-            raise UserError("cuda_stream_min_weights needs cuda_split_tail (routing 'stream')")
-        if self.cuda_rows_per_warp not in (1, 2):
-            raise UserError(f"cuda_rows_per_warp is 1 or 2, not {self.cuda_rows_per_warp}")
-        if self.cuda_rows_per_warp != 2 and self.cuda_x_staging != "smem":
-            raise UserError("cuda_rows_per_warp needs cuda_x_staging 'smem'")
-        if self.cuda_async_tail and self.cuda_x_staging != "smem":
-            raise UserError("cuda_async_tail needs cuda_x_staging 'smem'")
-        if self.cuda_min_blocks_per_sm < 0:
-            raise UserError("cuda_min_blocks_per_sm must be 0 (no bound) or more")
-        if self.cuda_min_blocks_per_sm and self.cuda_x_staging != "smem":
-            raise UserError("cuda_min_blocks_per_sm needs cuda_x_staging 'smem'")
 
 
 @dataclass(frozen=True)
@@ -349,12 +247,6 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
         "flavour": options.flavour,
         "routing": options.routing,
         "vecs": list(STREAMED_VECS),
-        "cuda_x_staging": options.cuda_x_staging,
-        "cuda_split_tail": options.split_tail,
-        "cuda_stream_min_weights": options.stream_min_weights,
-        "cuda_rows_per_warp": options.cuda_rows_per_warp,
-        "cuda_async_tail": options.cuda_async_tail,
-        "cuda_min_blocks_per_sm": options.cuda_min_blocks_per_sm,
         **derived,
     }
 
