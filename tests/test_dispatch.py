@@ -13,7 +13,7 @@ import re
 import pytest
 from support_git import PIN_SHA, mlx_clone
 
-from patchkit.carry import cxx
+from patchkit.carry import cxx, render
 from patchkit.util import git
 from patchkit.verify import dispatch
 
@@ -31,7 +31,12 @@ def test_qmv_fast_alignment_by_value() -> None:
 
 
 def test_tiling_caps_at_five_and_balances() -> None:
-    assert [dispatch.vecs_per_tg(m) for m in range(2, 13)] == [2, 3, 4, 5, 3, 4, 4, 5, 5, 4, 4]
+    # qmv_wide's tile: the fewest tiles of at most 5, then the smallest that fills them.
+    assert [dispatch.wide_vecs_per_tg(m) for m in range(2, 13)] == [2, 3, 4, 5, 3, 4, 4, 5, 5, 4, 4]
+    # The patched dispatch: as many tiles (weight reads), each of an instantiated size.
+    assert [dispatch.vecs_per_tg(m) for m in range(2, 13)] == [2] + [5] * 10
+    for m in range(2, 33):
+        assert -(-m // dispatch.vecs_per_tg(m)) == -(-m // dispatch.wide_vecs_per_tg(m)), m
 
 
 def test_kernel_path_routes_like_stock() -> None:
@@ -139,7 +144,21 @@ def test_tiling_is_upstreams_expression() -> None:
     vecs = re.search(r"int vecs_per_tg = (.*);", text).group(1)
     for m in range(2, 33):
         tiles = _c_int(n_tiles, M=m)
-        assert _c_int(vecs, M=m, n_tiles=tiles) == dispatch.vecs_per_tg(m), m
+        assert _c_int(vecs, M=m, n_tiles=tiles) == dispatch.wide_vecs_per_tg(m), m
+
+
+@needs_clone
+def test_patched_tiling_is_the_rendered_expression() -> None:
+    plan = next(p for p in render.load_plans() if p.path == METAL_CPP)
+    text = render.render_file(plan, _upstream(METAL_CPP), render.RenderOptions(("metal",)))
+    body = cxx.function_text(text, "qmv_vecs_per_tg")
+    n_tiles = re.search(r"int n_tiles = (.*);", body).group(1)
+    cond, small, large = re.search(r"return (.*) <= 2 \? (\d) : (\d);", body).groups()
+    assert (int(small), int(large)) == dispatch.STREAMED_VECS
+    for m in range(2, 33):
+        tiles = _c_int(n_tiles, M=m)
+        want = int(small) if _c_int(cond, M=m, n_tiles=tiles) <= 2 else int(large)
+        assert want == dispatch.vecs_per_tg(m), m
 
 
 @needs_clone
@@ -158,6 +177,7 @@ def test_routing_conditions_are_upstreams() -> None:
     text = _upstream(METAL_CPP)
     body = cxx.function_text(text, "use_qmv_wide")
     assert 'mode != "affine" || d.get_architecture_gen() >= 15' in body
+    assert "if (M >= 2 && use_qmv_wide(mode, d) && !global_scale) {" in text
     assert "bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;" in text
     assert "if ((K == 128 || K == 64) && is_power_of_2(bits) && !global_scale)" in text
     cuda = _upstream("mlx/backend/cuda/quantized/quantized.cpp")

@@ -7,7 +7,6 @@ as upstream has it and with the patch rendered in by the templates.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from support_emulate import mutate
 
 from patchkit.cli import main
 from patchkit.errors import BlobMismatchError, UserError
@@ -38,12 +38,6 @@ def upstream_header() -> str:
 def patched(upstream_header: str) -> emulate.Sources:
     """The pin's quantized.h, upstream (the M = 1 reference) and patched."""
     return emulate.sources(upstream_header, AFFINE)
-
-
-def mutate(src: emulate.Sources, old: str, new: str, count: int) -> emulate.Sources:
-    """``src`` with ``old`` replaced in the patched text, which must hold it ``count`` times."""
-    assert src.patched.count(old) == count, old
-    return dataclasses.replace(src, patched=src.patched.replace(old, new))
 
 
 @pytest.fixture(scope="module", params=["gcc", "clang"])
@@ -91,7 +85,8 @@ SUM_CASES = [
     parity.Case.affine(640, 37, 4, 64, "float32", 7, 2),  # qmv, moved-back tile, K tail
     parity.Case.affine(512, 5, 8, 32, "float16", 3),  # qmv, guarded rows
 ]
-STORE = "result[v][row] = simd_sum(result[v][row]);"
+R = "result[v * results_per_simdgroup + row]"
+STORE = f"{R} = simd_sum({R});"
 
 
 def test_simd_sum_inputs_catch_what_one_tree_hides(patched: emulate.Sources) -> None:
@@ -99,7 +94,7 @@ def test_simd_sum_inputs_catch_what_one_tree_hides(patched: emulate.Sources) -> 
     # l ^ 16's before simd_sum. The shim's butterfly adds exactly those pairs
     # first, so every output keeps its bits; a tree that pairs lanes otherwise
     # would not. The input comparison must fail every output of every case.
-    new = "result[v][row] = simd_sum(simd_shuffle_xor(result[v][row], 16));"
+    new = f"{R} = simd_sum(simd_shuffle_xor({R}, 16));"
     mutated = mutate(patched, STORE, new, 3)  # qmv_fast_impl, qmv_impl's two branches
     mutant = suite.run(mutated, SUM_CASES, build.TOOLCHAINS["gcc"], controls=False)
     for r in mutant.streamed():
@@ -117,8 +112,7 @@ def test_simd_sum_keys_are_confirmed_by_the_stores(patched: emulate.Sources) -> 
     # cases fail instead of comparing the wrong outputs' inputs.
     v_loop = "for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {"
     row_loop = "for (int row = 0; row < results_per_simdgroup; row++) {"
-    loops = f"\n  {v_loop}\n    {row_loop}\n      {STORE}"
-    swapped = mutate(patched, loops, f"\n  {row_loop}\n    {v_loop}\n      {STORE}", 1)
+    swapped = mutate(patched, f"{v_loop} {row_loop} {STORE}", f"{row_loop} {v_loop} {STORE}", 2)
     mutant = suite.run(swapped, SUM_CASES[:1], build.TOOLCHAINS["gcc"], controls=False)
     (r,) = mutant.streamed()
     assert r.rows_differing == 0 and r.sum_calls_unconfirmed > 0
@@ -150,16 +144,12 @@ def test_harness_catches_a_reordered_streamed_kernel(patched: emulate.Sources) -
     # before the scaled dot product, the same value in exact arithmetic,
     # rounded in another order. A harness that cannot see this could not prove
     # identity.
-    call = "result[v][row] +=\n"
-    dot = "qdot<U, values_per_thread, bits>(wl, x_thread[v], s, b, sum[v]);"
+    x = "x_thread + v * values_per_thread"
+    call = f"{R} += qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);"
     reordered = (
-        "result[v][row] = (result[v][row] + sum[v] * b) +\n"
-        "qdot<U, values_per_thread, bits>(wl, x_thread[v], s, U(0), U(0));"
+        f"{R} = ({R} + sum[v] * b) + qdot<U, values_per_thread, bits>(wl, {x}, s, U(0), U(0));"
     )
-    mutated = patched
-    for indent in (" " * 12, " " * 14):  # qmv_fast_impl; qmv_impl's two branches
-        count = 1 if len(indent) == 12 else 2
-        mutated = mutate(mutated, call + indent + dot, reordered, count)
+    mutated = mutate(patched, call, reordered, 3)  # qmv_fast_impl; qmv_impl's two branches
     cases = [
         parity.Case.affine(1024, 64, 4, 64, "float32", 5),
         parity.Case.affine(640, 37, 4, 64, "float32", 7),
@@ -175,29 +165,22 @@ def test_long_k_shapes_see_a_reassociated_tail(patched: emulate.Sources) -> None
     # block (K = 512, 4-bit: R = b0) that is 0 + (t + b0), the same bits, so the
     # K = 512 shapes cannot see it; the long-K shapes (4 blocks before the tail)
     # must.
-    call = (
-        "result[v][row] +=\n"
-        "              qdot<U, values_per_thread, bits>(wl, x_thread[v], s, b, sum[v]);"
-    )
-    tail = (
-        "result[v][row] += qdot_safe<U, values_per_thread, bits>(\n"
-        "              wl, x_thread[v], s, b, sum[v], remaining);"
-    )
-    decl = "thread U result[vecs_per_tg][results_per_simdgroup] = {{0}};"
-    mutated = mutate(patched, decl, decl + " thread U first[vecs_per_tg][4] = {};", 2)
+    x = "x_thread + v * values_per_thread"
+    first = "first[v * results_per_simdgroup + row]"
+    decl = "thread U result[vecs_per_tg * results_per_simdgroup] = {0};"
+    mutated = mutate(patched, decl, decl + " thread U first[vecs_per_tg * 4] = {};", 2)
     mutated = mutate(
         mutated,
-        call,
-        "{ U q = qdot<U, values_per_thread, bits>(wl, x_thread[v], s, b, sum[v]);"
-        " if (k == 0) first[v][row] = q; result[v][row] += q; }",
-        2,
+        f"{R} += qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);",
+        f"{{ U q = qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);"
+        f" if (k == 0) {first} = q; {R} += q; }}",
+        3,
     )
     mutated = mutate(
         mutated,
-        tail,
-        "result[v][row] = (result[v][row] - first[v][row]) + (qdot_safe<U, "
-        "values_per_thread, bits>(wl, x_thread[v], s, b, sum[v], remaining)"
-        " + first[v][row]);",
+        f"{R} += qdot_safe<U, values_per_thread, bits>(wl, {x}, s, b, sum[v], remaining);",
+        f"{R} = ({R} - {first}) + (qdot_safe<U, values_per_thread, bits>"
+        f"(wl, {x}, s, b, sum[v], remaining) + {first});",
         2,
     )
     short = [suite.AFFINE_SHAPES["n_lt_8"], suite.AFFINE_SHAPES["n_not_mult_8"]]
@@ -385,14 +368,13 @@ def test_sanitizer_build_fails_an_out_of_bounds_read(header: str, tmp_path: Path
     # Mutation: the patched qmv_fast_impl loads the vectors of a partial last
     # tile past M, reading the rows after x's last one. Those rows' results
     # are never stored, so output parity cannot see it; ASan must.
-    patched = _patched_text(header)
-    skip = "for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {\n"
-    load = "load_vector<T, U, values_per_thread" + ("" if header == "fp" else ", bits")
-    loop = patched[patched.index(skip) : patched.index(load)]
-    assert loop.startswith(skip) and loop.count("\n") == 2, loop
+    skip = "for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {"
+    load = ("sum[v] = " if header == "affine" else "") + "load_vector<T, U, values_per_thread"
+    every = "for (int v = 0; v < vecs_per_tg; v++) {"
+    src = emulate.Sources("", _patched_text(header))
+    wide_open = mutate(src, f"{skip} {load}", f"{every} {load}", 3)
     mutated = tmp_path / "header.h"
-    wide_open = loop.replace(" && v < n_vecs", "")
-    mutated.write_text(patched.replace(loop, wide_open, 1))
+    mutated.write_text(wide_open.patched)
     proc = sanitize.run_child(header, mutated)
     assert proc.returncode == sanitize.REPORTED, proc.stdout + proc.stderr[-2000:]
     assert "ERROR: AddressSanitizer: heap-buffer-overflow" in proc.stderr
@@ -419,10 +401,10 @@ def test_address_space_check_refuses_a_thread_pointer_as_device(patched: emulate
     # it takes the device pointer to the packed weights. The shim without
     # address spaces would compile and run this; the check names the line.
     build.require_compiler(build.TOOLCHAINS["clang"])
-    call = "qdot<U, values_per_thread, bits>(wl, x_thread[v], s, b, sum[v])"
-    bad = call.replace("(wl, ", "((thread uint8_t*)x_thread[v], ")
+    call = "qdot<U, values_per_thread, bits>(wl, x_thread + v * values_per_thread, s, b, sum[v])"
+    bad = "qdot<U, values_per_thread, bits>((thread uint8_t*)x_thread, x_thread, s, b, sum[v])"
     mutated = mutate(patched, call, bad, 3)
     src = extract.extract(mutated, AFFINE.upstream_kernels + AFFINE.streamed_kernels)
     with pytest.raises(UserError, match=r"address-space check failed") as err:
         build.check_address_spaces(src, [("float16", 64, 4)])
-    assert "(thread uint8_t*)x_thread[v]" in str(err.value)
+    assert "(thread uint8_t*)x_thread" in str(err.value)

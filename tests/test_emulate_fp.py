@@ -12,11 +12,11 @@ import dataclasses
 import itertools
 import json
 import math
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from support_emulate import mutate
 
 from patchkit.errors import BlobMismatchError, UserError
 from patchkit.verify import dispatch, emulate
@@ -39,19 +39,11 @@ def patched(headers: tuple[str, tuple[str, str]]) -> emulate.Sources:
     return emulate.sources(headers[0], FP)
 
 
-# The patched kernels' main-loop accumulation: qmv_fast_impl's one line and
-# qmv_impl's wrapped three (two main loops, the guarded branch's tail).
-ACCUMULATE = re.compile(
-    r"result\[v\]\[row\] \+=\s*qdot<U, values_per_thread, bits>\(wl, x_thread\[v\], s\);"
-)
-
-
-def mutate(src: emulate.Sources, old: str | re.Pattern, new: str, count: int) -> emulate.Sources:
-    """``src`` with ``old`` replaced in the patched text, which must hold it ``count`` times."""
-    pattern = old if isinstance(old, re.Pattern) else re.compile(re.escape(old))
-    text, n = pattern.subn(lambda _: new, src.patched)
-    assert n == count, (pattern.pattern, n)
-    return dataclasses.replace(src, patched=text)
+R = "result[v * results_per_simdgroup + row]"
+X = "x_thread + v * values_per_thread"
+# The patched kernels' main-loop accumulation: qmv_fast_impl's, qmv_impl's two
+# main loops and its guarded branch's tail (qdot there, as upstream has it).
+ACCUMULATE = f"{R} += qdot<U, values_per_thread, bits>(wl, {X}, s);"
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +98,8 @@ def test_simd_sum_inputs_catch_what_one_tree_hides(
     # simd_sum, which the shim's butterfly cannot see in the outputs (it adds
     # those pairs first) and the input comparison must see on every output,
     # with and without nvfp4's global scale, on both M = 1 paths.
-    store = "result[v][row] = simd_sum(result[v][row]);"
-    new = "result[v][row] = simd_sum(simd_shuffle_xor(result[v][row], 16));"
+    store = f"{R} = simd_sum({R});"
+    new = f"{R} = simd_sum(simd_shuffle_xor({R}, 16));"
     mutated = mutate(patched, store, new, 3)
     cases = [
         parity.Case("nvfp4", 1024, 64, "float32", 5, 1, True),
@@ -170,8 +162,8 @@ def test_harness_catches_a_reordered_streamed_kernel(
     # two, so that changes no bits.) A harness that cannot see this could not
     # prove identity.
     halves = (
-        "{ U q = qdot<U, values_per_thread, bits>(wl, x_thread[v], s);"
-        " result[v][row] += q * 0.5f; result[v][row] += q * 0.5f; }"
+        f"{{ U q = qdot<U, values_per_thread, bits>(wl, {X}, s);"
+        f" {R} += q * 0.5f; {R} += q * 0.5f; }}"
     )
     mutated = mutate(patched, ACCUMULATE, halves, 4)
     cases = [
@@ -188,8 +180,8 @@ def test_harness_checks_the_global_scale_store(
 ) -> None:
     # Mutation: the streamed kernels forget the nvfp4 global scale at the store.
     # Only the _hgs cases can see it, so this shows they really run with it.
-    store = "static_cast<T>(result[v][row] * inv_scale_enc)"
-    mutated = mutate(patched, store, "static_cast<T>(result[v][row])", 3)
+    store = f"static_cast<T>({R} * inv_scale_enc)"
+    mutated = mutate(patched, store, f"static_cast<T>({R})", 3)
     cases = [
         parity.Case("nvfp4", 1024, 64, "float16", 5, hgs=True),
         parity.Case("nvfp4", 544, 37, "float16", 3, hgs=True),
@@ -326,10 +318,7 @@ def test_contraction_builds_see_a_fusion_mismatch(
     # still fuses it. Without contraction the mutant is exact (the g++ build
     # proves it); the cross-statement build must see nvfp4 float32 rows differ,
     # or it would prove nothing about fusion.
-    barrier = (
-        "{ volatile U q = qdot<U, values_per_thread, bits>(wl, x_thread[v], s);"
-        " result[v][row] += q; }"
-    )
+    barrier = f"{{ volatile U q = qdot<U, values_per_thread, bits>(wl, {X}, s); {R} += q; }}"
     mutated = mutate(patched, ACCUMULATE, barrier, 4)
     cases = [c for c in FUSION_CASES if c.mode == "nvfp4"]
     plain = suite.run(mutated, cases, build.TOOLCHAINS["gcc"], types=types, controls=False)
@@ -357,13 +346,13 @@ def test_address_space_check_passes_the_fp_kernels(
         # The patched fast kernel hands qdot a thread pointer (x_thread) where it
         # takes the device pointer to the packed weights.
         (
-            "qdot<U, values_per_thread, bits>(wl, x_thread[v], s)",
-            "qdot<U, values_per_thread, bits>((thread uint8_t*)x_thread[v], x_thread[v], s)",
+            "qdot<U, values_per_thread, bits>(wl, x_thread + v * values_per_thread, s)",
+            "qdot<U, values_per_thread, bits>((thread uint8_t*)x_thread, x_thread, s)",
         ),
         # The patched general kernel's tail reads x through a thread pointer.
         (
-            "x + v * in_vec_size, x_thread[v], remaining)",
-            "(thread T*)x_thread[v], x_thread[v], remaining)",
+            "x + v * in_vec_size, x_thread + v * values_per_thread, remaining)",
+            "(thread T*)x_thread, x_thread, remaining)",
         ),
     ],
 )
@@ -373,8 +362,7 @@ def test_address_space_check_refuses_a_thread_pointer_as_device(
     # The shim without address spaces compiles and runs these; the check must
     # refuse them as Metal's compiler would, naming the mutated line.
     build.require_compiler(build.TOOLCHAINS["clang"])
-    assert call in patched.patched
-    mutated = dataclasses.replace(patched, patched=patched.patched.replace(call, bad, 1))
+    mutated = mutate(patched, call, bad, 4 if "qdot" in call else 2)  # every such call
     src = extract.extract(mutated, KERNELS, FP, types)
     with pytest.raises(UserError, match=r"address-space check failed") as err:
         build.check_address_spaces(src, [("float16", 16, 4), ("float32", 32, 8)])
