@@ -1,0 +1,94 @@
+"""The pin's and the patched qmv.cu, compiled and run side by side on one CUDA GPU.
+
+  build (here: nvcc, the pinned tree)  python3 scripts/cuda_qmv_bench.py build --out .device/qmv
+  run   (on the GPU host: torch)       python3 scripts/cuda_qmv_bench.py run --libs .device/qmv \
+                                           --json results.json [--deadline SECONDS] [--quick]
+``build`` renders the patched qmv.cu from the templates and compiles both arms with MLX's
+own nvcc flags and include directories (patchkit.verify.harness.cuda says how); ``run``
+checks every row of the patched M = 2..7 plans bit for bit against stock's M = 1 and times
+both arms with cold weights. See docs/results/cuda.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from patchkit.verify.harness import cuda
+
+
+def build(out: Path, arch: str) -> None:
+    """Extract the pinned tree, render the patched qmv.cu, compile both libraries."""
+    from patchkit.carry import pin, render, source
+    from patchkit.util import git
+
+    deps = Path(os.environ.get("PATCHKIT_DEPS_DIR", source.cache_root() / "deps"))
+    if missing := cuda.missing_deps(deps):
+        raise SystemExit(f"MLX's configure-time sources missing: {', '.join(missing)}")
+    sha = pin.load(Path("pin.toml")).commit
+    clone = source.ensure_clone(os.environ.get("PATCHKIT_MLX_REPO") or pin.UPSTREAM_URL)
+    read = source.reader(clone, sha)
+    root = out / "mlx-pin"
+    if not (root / cuda.QMV_PATH).exists():
+        with tarfile.open(fileobj=io.BytesIO(git.archive(clone, sha, ["mlx"]))) as t:
+            t.extractall(root, filter="data")
+    plan = next(p for p in render.load_plans() if p.path == cuda.QMV_PATH)
+    patched = out / "qmv_patched.cu"
+    patched.write_text(render.render_file(plan, read(cuda.QMV_PATH), render.RenderOptions()))
+    flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root.resolve(), deps)
+    libs = cuda.build({"stock": root / cuda.QMV_PATH, "patched": patched}, out, flags, arch)
+    print("\n".join(str(p) for p in libs.values()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--out", type=Path, default=Path(".device/qmv"))
+    b.add_argument("--arch", default="90a")
+    r = sub.add_parser("run")
+    r.add_argument("--libs", type=Path, default=Path(".device/qmv"))
+    r.add_argument("--json", type=Path, required=True)
+    r.add_argument("--deadline", type=float, default=480.0, help="seconds from start")
+    r.add_argument("--quick", action="store_true", help="two layers only")
+    r.add_argument("--bits", type=int, nargs="*", default=[4, 8])
+    r.add_argument("--dtypes", nargs="*", default=["bfloat16"], choices=list(cuda.DTYPES))
+    r.add_argument("--groups", type=int, nargs="*", default=[64], choices=cuda.GROUPS)
+    r.add_argument("--candidates", action="store_true", help="time every candidate plan")
+    rep = sub.add_parser("report")
+    rep.add_argument("routed", type=Path)
+    rep.add_argument("candidates", type=Path, nargs="?")
+    args = ap.parse_args()
+    if args.cmd == "build":
+        build(args.out, args.arch)
+        return 0
+    if args.cmd == "report":
+        routed = json.loads(args.routed.read_text())
+        cand = json.loads(args.candidates.read_text()) if args.candidates else None
+        if "routed" in routed:  # docs/results/cuda.json holds both runs
+            routed, cand = routed["routed"], routed["candidates"]
+        print(cuda.report(routed, cand), end="")
+        return 0
+    shapes = cuda.SHAPES[:: len(cuda.SHAPES) - 1] if args.quick else cuda.SHAPES
+    configs = [
+        cuda.Config(K, N, bits, g, dt)
+        for dt in args.dtypes
+        for g in args.groups
+        for bits in args.bits
+        for K, N in shapes
+    ]
+    payload = cuda.run(args.libs, configs, args.json, time.time() + args.deadline, args.candidates)
+    bad = sum(r["parity"]["differing"] for r in payload["results"])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
