@@ -102,7 +102,9 @@ class Edit:
     """One structural insertion or replacement in an upstream file.
 
     ``within`` (a function name) scopes a statement anchor to that function;
-    ``through`` extends a statement anchor to a range of statements.
+    ``through`` extends a statement anchor to a range of statements; ``flavour``
+    limits the edit to one flavour (the overlay keeps what the PR removes, for its
+    off switch).
     """
 
     op: str
@@ -111,6 +113,11 @@ class Edit:
     index: int | None = None
     within: str | None = None
     through: str | None = None
+    flavour: Flavour | None = None
+
+    def __post_init__(self) -> None:
+        if self.flavour not in (None, "upstream", "overlay"):
+            raise ValueError(f"flavour must be 'upstream' or 'overlay', not {self.flavour!r}")
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,7 @@ def _load_plan(manifest: Path, templates_dir: Path) -> FilePlan:
                 index=e.get("index"),
                 within=e.get("within"),
                 through=e.get("through"),
+                flavour=e.get("flavour"),
             )
             for e in data.get("edit", ())
         ),
@@ -350,6 +358,8 @@ def render_file(
     ctx = {**context(options, derived), **(extra_context or {})}
     text = upstream_text
     for edit in plan.edits:
+        if edit.flavour not in (None, options.flavour):
+            continue
         if edit.op in REMOVE_OPS:
             text = _apply_edit(text, edit, "")
             continue
