@@ -4,11 +4,11 @@
 // base blob:  5db3893226bd8617e6dbaaf75e6be5f4ebca829e
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -148,6 +148,43 @@ inline int qmv_fast_k_alignment(int bits) {
-//   @@ -481,11 +518,7 @@ void qmv(
-//   @@ -555,11 +588,7 @@ void qmv_wide(
-//   @@ -624,6 +653,174 @@ void qmv_wide(
-//   @@ -1756,6 +1953,37 @@ void dispatch_qmv(
+//   @@ -472,7 +472,8 @@ void qmv(
+//   @@ -489,7 +490,8 @@ void qmv(
+//   @@ -501,18 +503,38 @@ void qmv(
+//   @@ -530,15 +552,38 @@ void qmv(
+//   @@ -1756,10 +1801,31 @@ void dispatch_qmv(
 // end of patchkit header
 // Copyright © 2023-2026 Apple Inc.
 
@@ -158,43 +158,6 @@ inline int get_qmv_batch_limit(int D, int O, metal::Device& d) {
 //   pack_factor<bits, 32>() * (bits == 2 ? 1 : 2) * SIMD_SIZE
 inline int qmv_fast_k_alignment(int bits) {
   return get_pack_factor(bits, 32) * (bits == 2 ? 1 : 2) * 32;
-}
-
-// The M = 1 kernel qmv runs for a shape: qmv_fast when fast, else qmv, with
-// the narrow output tile when use_narrow_qmv. The streamed qmv sums each
-// vector in that kernel's order, so qmv and the streamed dispatch share this.
-struct QmvVariant {
-  bool fast;
-  bool use_narrow_qmv;
-};
-
-inline QmvVariant
-qmv_variant(int N, int K, int bits, const std::string& mode, metal::Device& d) {
-  int bn = 8;
-  bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;
-  // A narrower output tile reduces register pressure for large
-  // floating-point quantized matrix-vector products on M5 Max GPUs.
-  bool use_narrow_qmv = fast && N >= 4096 && d.get_architecture_gen() == 17 &&
-      d.get_architecture().back() == 's' && mode == "nvfp4";
-  return {fast, use_narrow_qmv};
-}
-
-// Shared by qmv_wide and the streamed qmv.
-inline int qmv_vecs_per_tg(int M) {
-  // vecs_per_tg is the per-threadgroup input-vector tile. Each tile re-reads
-  // the weights, so use the fewest tiles, then the smallest tile that fills
-  // them.
-  int n_tiles = (M + 4) / 5; // ceil(M / 5); tile size caps at 5
-  int vecs_per_tg = (M + n_tiles - 1) / n_tiles;
-  return vecs_per_tg;
-}
-
-// The streamed qmv keeps each batched row bit-identical to the same vector
-// alone. MLX_QMV_STREAMED=1 by default; 0 restores the routing without
-// it (qmv_wide, or one qmv per vector).
-inline bool qmv_streamed_enabled() {
-  static bool enabled_ = env::get_var("MLX_QMV_STREAMED", 1);
-  return enabled_;
 }
 
 inline int add_strides_and_shapes(
@@ -521,7 +484,8 @@ void qmv(
     int K,
     metal::Device& d,
     const Stream& s,
-    const std::string& mode) {
+    const std::string& mode,
+    int vecs_per_tg = 1) {
   int B = out.size() / M / N;
 
   int bn = 8;
@@ -530,11 +494,16 @@ void qmv(
   std::string kname;
   kname.reserve(64);
   std::string type_string = get_type_string(x.dtype());
-  auto [fast, use_narrow_qmv] = qmv_variant(N, K, bits, mode, d);
+  bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;
+  // A narrower output tile reduces register pressure for large
+  // floating-point quantized matrix-vector products on M5 Max GPUs.
+  bool use_narrow_qmv = fast && N >= 4096 && d.get_architecture_gen() == 17 &&
+      d.get_architecture().back() == 's' && mode == "nvfp4";
   int results_per_simdgroup = use_narrow_qmv ? 2 : 4;
   bn = 2 * results_per_simdgroup;
   MTL::Size group_dims(bk, 2, 1);
-  MTL::Size grid_dims(M, (N + bn - 1) / bn, B);
+  MTL::Size grid_dims(
+      (M + vecs_per_tg - 1) / vecs_per_tg, (N + bn - 1) / bn, B);
 
   concatenate(
       kname,
@@ -546,18 +515,38 @@ void qmv(
       bits,
       use_narrow_qmv ? "_r_2" : "",
       B > 1 ? "_batch_1" : "_batch_0",
-      global_scale ? "_hgs" : "");
-  auto kernel = get_quantized_kernel_wrapped(
-      d,
-      kname,
-      (fast ? "qmv_fast" : "qmv"),
-      mode,
-      type_string,
-      group_size,
-      bits,
-      B > 1,
-      global_scale.has_value(),
-      results_per_simdgroup);
+      global_scale ? "_hgs" : "",
+      vecs_per_tg > 1 ? "_nv_" + std::to_string(vecs_per_tg) : "");
+  // The kernels' template arguments: fp_qmv_fast alone has the output tile,
+  // and vecs_per_tg comes last.
+  std::string func = fast ? "qmv_fast" : "qmv";
+  MTL::ComputePipelineState* kernel;
+  if (fast && mode != "affine") {
+    kernel = get_quantized_kernel_wrapped(
+        d,
+        kname,
+        func,
+        mode,
+        type_string,
+        group_size,
+        bits,
+        B > 1,
+        global_scale.has_value(),
+        results_per_simdgroup,
+        vecs_per_tg);
+  } else {
+    kernel = get_quantized_kernel_wrapped(
+        d,
+        kname,
+        func,
+        mode,
+        type_string,
+        group_size,
+        bits,
+        B > 1,
+        global_scale.has_value(),
+        vecs_per_tg);
+  }
 
   auto& compute_encoder = metal::get_command_encoder(s);
   compute_encoder.set_compute_pipeline_state(kernel);
@@ -575,13 +564,36 @@ void qmv(
   compute_encoder.set_bytes(K, c++);
   compute_encoder.set_bytes(N, c++);
   add_strides_and_shapes(compute_encoder, B <= 1, x, w, scales, biases, c);
+  if (B <= 1 && vecs_per_tg > 1) {
+    // The kernel reads M as x_shape[x_batch_ndims]: describe x as the (M, K)
+    // matrix qmv treats it as.
+    compute_encoder.set_bytes(0, c);
+    compute_encoder.set_vector_bytes(Shape{M}, c + 1);
+  }
 
   compute_encoder.dispatch_threadgroups(grid_dims, group_dims);
 }
 
-// affine qmv_wide only beats qmv on gen-15+; fp benefits on every gen.
-inline bool use_qmv_wide(const std::string& mode, metal::Device& d) {
+// Batching the M vectors per threadgroup beats one qmv per vector for affine on
+// gen-15+ only; for fp on every gen.
+inline bool use_batched_qmv(const std::string& mode, metal::Device& d) {
   return mode != "affine" || d.get_architecture_gen() >= 15;
+}
+
+// Vectors per threadgroup for a batched qmv. Each threadgroup reads the
+// weights once, so use the fewest tiles of at most 5 vectors, then the smaller
+// instantiated size (2 or 5) that fills them.
+inline int qmv_vecs_per_tg(int M) {
+  int n_tiles = (M + 4) / 5;
+  return (M + n_tiles - 1) / n_tiles <= 2 ? 2 : 5;
+}
+
+// MLX_QMV_STREAMED=0 (read once) runs upstream's qmv_wide for 2 <= M < the
+// batch limit, as stock MLX does: a downstream switch, for comparing against
+// stock within one build. The default streams (row i equals M = 1).
+inline bool qmv_streamed_enabled() {
+  static bool enabled_ = env::get_var("MLX_QMV_STREAMED", 1);
+  return enabled_;
 }
 
 // Dispatches qmv_wide (fp modes -> fp_qmv_wide, affine -> affine_qmv_wide):
@@ -600,7 +612,11 @@ void qmv_wide(
     metal::Device& d,
     const Stream& s,
     const std::string& mode) {
-  int vecs_per_tg = qmv_vecs_per_tg(M);
+  // vecs_per_tg is the per-threadgroup input-vector tile. Each tile re-reads
+  // the weights, so use the fewest tiles, then the smallest tile that fills
+  // them.
+  int n_tiles = (M + 4) / 5; // ceil(M / 5); tile size caps at 5
+  int vecs_per_tg = (M + n_tiles - 1) / n_tiles;
 
   // k_lanes: lanes reducing K per output row (32/k_lanes rows per simdgroup).
   // The affine subchunk decode has enough ALU per weight load to favor more
@@ -655,174 +671,6 @@ void qmv_wide(
   if (biases) {
     compute_encoder.set_input_array(*biases, c++);
   }
-  compute_encoder.set_input_array(x, c++);
-  compute_encoder.set_output_array(out, c++);
-  compute_encoder.set_bytes(K, c++);
-  compute_encoder.set_bytes(N, c++);
-  compute_encoder.set_bytes(M, c++);
-  add_strides_and_shapes(compute_encoder, !batched, x, w, scales, biases, c);
-
-  compute_encoder.dispatch_threadgroups(grid_dims, group_dims);
-}
-
-// Dispatches the order-preserving streamed qmv (affine): vecs_per_tg vectors
-// share each weight block while every row keeps the summation order of the
-// M = 1 kernel, so row i equals vector i computed alone, bit for bit.
-void qmv_streamed(
-    const array& x,
-    const array& w,
-    const array& scales,
-    const std::optional<array>& biases,
-    array& out,
-    int group_size,
-    int bits,
-    int M,
-    int N,
-    int K,
-    metal::Device& d,
-    const Stream& s,
-    const std::string& mode) {
-  int vecs_per_tg = qmv_vecs_per_tg(M);
-  // Each vector must be summed in the order of the M = 1 kernel qmv runs
-  // (affine never takes the narrow tile).
-  bool fast = qmv_variant(N, K, bits, mode, d).fast;
-  int bn = 8;
-  int bk = 32;
-  int B = out.size() / M / N;
-  bool batched = B > 1;
-
-  MTL::Size group_dims(bk, 2, 1);
-  MTL::Size grid_dims(
-      (M + vecs_per_tg - 1) / vecs_per_tg, (N + bn - 1) / bn, B);
-
-  std::string kname;
-  kname.reserve(64);
-  std::string type_string = get_type_string(x.dtype());
-  concatenate(
-      kname,
-      mode + (fast ? "_qmv_fast_streamed_" : "_qmv_streamed_"),
-      type_string,
-      "_gs_",
-      group_size,
-      "_b_",
-      bits,
-      "_nv_",
-      vecs_per_tg,
-      batched ? "_batch_1" : "_batch_0");
-  auto kernel = get_quantized_kernel_wrapped(
-      d,
-      kname,
-      (fast ? "qmv_fast_streamed" : "qmv_streamed"),
-      mode,
-      type_string,
-      group_size,
-      bits,
-      vecs_per_tg,
-      batched);
-
-  auto& compute_encoder = metal::get_command_encoder(s);
-  compute_encoder.set_compute_pipeline_state(kernel);
-
-  int c = 0;
-  compute_encoder.set_input_array(w, c++);
-  compute_encoder.set_input_array(scales, c++);
-  compute_encoder.set_input_array(*biases, c++);
-  compute_encoder.set_input_array(x, c++);
-  compute_encoder.set_output_array(out, c++);
-  compute_encoder.set_bytes(K, c++);
-  compute_encoder.set_bytes(N, c++);
-  compute_encoder.set_bytes(M, c++);
-  add_strides_and_shapes(compute_encoder, !batched, x, w, scales, biases, c);
-
-  compute_encoder.dispatch_threadgroups(grid_dims, group_dims);
-}
-
-// Dispatches the order-preserving streamed qmv for the fp modes, with or
-// without a global scale: vecs_per_tg vectors share each weight block while
-// every row keeps the summation order of the M = 1 kernel, so row i equals
-// vector i computed alone, bit for bit.
-void fp_qmv_streamed(
-    const array& x,
-    const array& w,
-    const array& scales,
-    const std::optional<array>& biases,
-    const std::optional<array>& global_scale,
-    array& out,
-    int group_size,
-    int bits,
-    int M,
-    int N,
-    int K,
-    metal::Device& d,
-    const Stream& s,
-    const std::string& mode) {
-  int vecs_per_tg = qmv_vecs_per_tg(M);
-  // Each vector must be summed in the order of the M = 1 kernel qmv runs,
-  // with the same output tile.
-  auto [fast, use_narrow_qmv] = qmv_variant(N, K, bits, mode, d);
-  int results_per_simdgroup = use_narrow_qmv ? 2 : 4;
-  int bn = 2 * results_per_simdgroup;
-  int bk = 32;
-  int B = out.size() / M / N;
-  bool batched = B > 1;
-
-  MTL::Size group_dims(bk, 2, 1);
-  MTL::Size grid_dims(
-      (M + vecs_per_tg - 1) / vecs_per_tg, (N + bn - 1) / bn, B);
-
-  std::string kname;
-  kname.reserve(64);
-  std::string type_string = get_type_string(x.dtype());
-  concatenate(
-      kname,
-      mode + (fast ? "_qmv_fast_streamed_" : "_qmv_streamed_"),
-      type_string,
-      "_gs_",
-      group_size,
-      "_b_",
-      bits,
-      use_narrow_qmv ? "_r_2" : "",
-      "_nv_",
-      vecs_per_tg,
-      batched ? "_batch_1" : "_batch_0",
-      global_scale ? "_hgs" : "");
-  MTL::ComputePipelineState* kernel;
-  if (fast) {
-    kernel = get_quantized_kernel_wrapped(
-        d,
-        kname,
-        "qmv_fast_streamed",
-        mode,
-        type_string,
-        group_size,
-        bits,
-        vecs_per_tg,
-        batched,
-        global_scale.has_value(),
-        results_per_simdgroup);
-  } else {
-    kernel = get_quantized_kernel_wrapped(
-        d,
-        kname,
-        "qmv_streamed",
-        mode,
-        type_string,
-        group_size,
-        bits,
-        vecs_per_tg,
-        batched,
-        global_scale.has_value());
-  }
-
-  auto& compute_encoder = metal::get_command_encoder(s);
-  compute_encoder.set_compute_pipeline_state(kernel);
-
-  compute_encoder.set_input_array(w, 0);
-  compute_encoder.set_input_array(scales, 1);
-  if (global_scale) {
-    compute_encoder.set_input_array(*global_scale, 2);
-  }
-  int c = 3;
   compute_encoder.set_input_array(x, c++);
   compute_encoder.set_output_array(out, c++);
   compute_encoder.set_bytes(K, c++);
@@ -1965,20 +1813,13 @@ void dispatch_qmv(
     return;
   }
 
-  // Small batch (M below the batch limit) where qmv_wide runs, or, for nvfp4
-  // with a global scale, which qmv_wide lacks, one qmv per vector: stream the
-  // vectors through the M = 1 kernel's order instead, so each row matches the
-  // same vector alone (qmv_wide sums in another order). Elsewhere, including
-  // affine on generations before 15 and any M at or above the batch limit
-  // (QQMatmul calls this at every M), the routing below is unchanged.
-  if (M >= 2 && M < get_qmv_batch_limit(K, N, d) && use_qmv_wide(mode, d) &&
-      qmv_streamed_enabled()) {
-    if (mode == "affine") {
-      qmv_streamed(
-          x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);
-    } else {
-      fp_qmv_streamed(
-          x,
+  // Small batch so stream the M vectors through qmv: each weight block is read
+  // once per tile of vectors and every vector is summed as alone, so row i
+  // equals the same vector at M = 1, bit for bit. MLX_QMV_STREAMED=0 runs
+  // upstream's qmv_wide instead (another summation order).
+  if (M >= 2 && use_batched_qmv(mode, d) && !global_scale) {
+    if (qmv_streamed_enabled()) {
+      qmv(x,
           w,
           scales,
           biases,
@@ -1991,15 +1832,12 @@ void dispatch_qmv(
           K,
           d,
           s,
-          mode);
+          mode,
+          qmv_vecs_per_tg(M));
+    } else {
+      qmv_wide(
+          x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);
     }
-    return;
-  }
-
-  // Small batch so route to qmv_wide, which reuses each weight group across the
-  // M vectors.
-  if (M >= 2 && use_qmv_wide(mode, d) && !global_scale) {
-    qmv_wide(x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);
     return;
   }
   qmv(x,

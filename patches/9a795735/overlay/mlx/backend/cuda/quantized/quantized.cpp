@@ -4,7 +4,7 @@
 // base blob:  4d25f3c3e0ac4f2a5561631db4b492fbf1deab3c
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -103,6 +103,20 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
+//   @@ -103,6 +103,18 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
 // end of patchkit header
 // Copyright © 2025 Apple Inc.
 
@@ -111,14 +111,12 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   int K = x.shape(-1);
   int B = out.size() / (M * N);
 
-  // Order-preserving qmv for 2 <= M <= 16 where the M = 1 call of the same
-  // rows runs qmv: qmv (streamed, or one vector at a time) keeps M = 1's exact
-  // summation order, so every row is bit-identical to M = 1. Stock sends these
-  // M to qmm, which is faster at M >= 8 but sums in another order, so the
-  // extension is opt-in: exactness at that price is the caller's choice.
-  // fp modes served by fp_qmv keep their stock routing.
-  static bool qmv_streamed_exact = env::get_var("MLX_CUDA_QMV_EXACT", 0);
-  bool m1_runs_qmv = qmv_streamed_exact &&
+  // Downstream: MLX_CUDA_QMV_EXACT=1 sends 2 <= M <= 16 to qmv wherever the
+  // M = 1 call of the same rows runs qmv, so every row is bit-identical to
+  // M = 1 (qmv sums each vector in the M = 1 order). Stock sends M * B >= 8 to
+  // qmm, which is faster but sums in another order. fp_qmv keeps its routing.
+  static bool qmv_exact = env::get_var("MLX_CUDA_QMV_EXACT", 0);
+  bool m1_runs_qmv = qmv_exact &&
       (can_use_qmm_sm90 ? (B == 1 && N <= 16384 && K <= 16384) : (B < 8));
   if (can_use_qmv && !can_use_fp_qmv && M >= 2 && M <= 16 && m1_runs_qmv) {
     call_qmv();

@@ -4,8 +4,25 @@
 // base blob:  8c963030f263b2679d8f504a76a58100218d582e
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -673,6 +673,267 @@ METAL_FUNC void fp_qmv_wide_impl(
-//   @@ -1326,6 +1587,125 @@ template <
+//   @@ -322,12 +322,16 @@ METAL_FUNC void fp_qmv_quad_impl(
+//   @@ -338,7 +342,11 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -350,8 +358,8 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -361,18 +369,25 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -385,19 +400,32 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -408,7 +436,11 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -423,8 +455,8 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -448,12 +480,15 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -462,7 +497,11 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -474,7 +513,10 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -483,19 +525,28 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -506,19 +557,26 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -530,24 +588,35 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -1173,7 +1242,8 @@ template <
+//   @@ -1214,7 +1284,8 @@ template <
+//   @@ -1224,7 +1295,10 @@ template <
+//   @@ -1232,7 +1306,8 @@ template <
+//   @@ -1268,7 +1343,7 @@ template <
+//   @@ -1278,7 +1353,10 @@ template <
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -331,12 +348,16 @@ METAL_FUNC void fp_qmv_quad_impl(
   }
 }
 
+// Streams vecs_per_tg input vectors through each weight block. Every vector
+// is summed exactly as alone, so each row equals M = 1's bit for bit, and
+// vecs_per_tg = 1 is the M = 1 kernel.
 template <
     typename T,
     int group_size,
     int bits,
     bool has_global_scale = false,
-    int results_per_simdgroup = 4>
+    int results_per_simdgroup = 4,
+    int vecs_per_tg = 1>
 METAL_FUNC void fp_qmv_fast_impl(
     const device uint32_t* w,
     const device uint8_t* scales,
@@ -347,7 +368,11 @@ METAL_FUNC void fp_qmv_fast_impl(
     const constant int& out_vec_size,
     uint3 tid [[threadgroup_position_in_grid]],
     uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
+    uint simd_lid [[thread_index_in_simdgroup]],
+    int tile_vecs = 1) {
+  // The tile's real vectors (the last tile may hold fewer than vecs_per_tg),
+  // a compile-time 1 for the M = 1 kernel.
+  const int n_vecs = vecs_per_tg == 1 ? 1 : tile_vecs;
   constexpr int packs_per_thread = 2;
   constexpr int num_simdgroups = 2;
   constexpr int pack_factor = get_pack_factor<32, bits>();
@@ -359,8 +384,8 @@ METAL_FUNC void fp_qmv_fast_impl(
   const device uint8_t* ws = (const device uint8_t*)w;
 
   typedef float U;
-  thread U x_thread[values_per_thread];
-  thread U result[results_per_simdgroup] = {0};
+  thread U x_thread[vecs_per_tg * values_per_thread];
+  thread U result[vecs_per_tg * results_per_simdgroup] = {0};
 
   // Adjust positions
   const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
@@ -370,18 +395,25 @@ METAL_FUNC void fp_qmv_fast_impl(
 
   ws += out_row * in_vec_size_w + simd_lid * packs_per_thread * bytes_per_pack;
   scales += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  x += tid.x * in_vec_size + simd_lid * values_per_thread;
-  y += tid.x * out_vec_size + out_row;
+  x += tid.x * vecs_per_tg * in_vec_size + simd_lid * values_per_thread;
+  y += tid.x * vecs_per_tg * out_vec_size + out_row;
 
   for (int k = 0; k < in_vec_size; k += block_size) {
-    load_vector<T, U, values_per_thread>(x, x_thread);
+    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+      load_vector<T, U, values_per_thread>(
+          x + v * in_vec_size, x_thread + v * values_per_thread);
+    }
 
     for (int row = 0; row < results_per_simdgroup; row++) {
       auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
       const device auto* sl = scales + row * in_vec_size_g;
 
       U s = dequantize_scale<U, group_size>(sl[0]);
-      result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        result[v * results_per_simdgroup + row] +=
+            qdot<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s);
+      }
     }
 
     ws += block_size * bytes_per_pack / pack_factor;
@@ -394,19 +426,32 @@ METAL_FUNC void fp_qmv_fast_impl(
     inv_scale_enc = *global_scale / (F8E4M3_MAX * F4E2M1_MAX);
   }
 
-  for (int row = 0; row < results_per_simdgroup; row++) {
-    result[row] = simd_sum(result[row]);
-    if (simd_lid == 0) {
-      if constexpr (has_global_scale) {
-        y[row] = static_cast<T>(result[row] * inv_scale_enc);
-      } else {
-        y[row] = static_cast<T>(result[row]);
+  for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+    for (int row = 0; row < results_per_simdgroup; row++) {
+      result[v * results_per_simdgroup + row] =
+          simd_sum(result[v * results_per_simdgroup + row]);
+      if (simd_lid == 0) {
+        if constexpr (has_global_scale) {
+          y[v * out_vec_size + row] = static_cast<T>(
+              result[v * results_per_simdgroup + row] * inv_scale_enc);
+        } else {
+          y[v * out_vec_size + row] =
+              static_cast<T>(result[v * results_per_simdgroup + row]);
+        }
       }
     }
   }
 }
 
-template <typename T, int group_size, int bits, bool has_global_scale = false>
+// Streams vecs_per_tg input vectors through each weight block. Every vector
+// is summed exactly as alone, so each row equals M = 1's bit for bit, and
+// vecs_per_tg = 1 is the M = 1 kernel.
+template <
+    typename T,
+    int group_size,
+    int bits,
+    bool has_global_scale = false,
+    int vecs_per_tg = 1>
 METAL_FUNC void fp_qmv_impl(
     const device uint32_t* w,
     const device uint8_t* scales,
@@ -417,7 +462,11 @@ METAL_FUNC void fp_qmv_impl(
     const constant int& out_vec_size,
     uint3 tid [[threadgroup_position_in_grid]],
     uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
+    uint simd_lid [[thread_index_in_simdgroup]],
+    int tile_vecs = 1) {
+  // The tile's real vectors (the last tile may hold fewer than vecs_per_tg),
+  // a compile-time 1 for the M = 1 kernel.
+  const int n_vecs = vecs_per_tg == 1 ? 1 : tile_vecs;
   constexpr int num_simdgroups = 2;
   constexpr int results_per_simdgroup = 4;
   constexpr int packs_per_thread = 1;
@@ -432,8 +481,8 @@ METAL_FUNC void fp_qmv_impl(
 
   typedef float U;
 
-  thread U x_thread[values_per_thread];
-  thread U result[results_per_simdgroup] = {0};
+  thread U x_thread[vecs_per_tg * values_per_thread];
+  thread U result[vecs_per_tg * results_per_simdgroup] = {0};
 
   // Adjust positions
   const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
@@ -457,12 +506,15 @@ METAL_FUNC void fp_qmv_impl(
     ws +=
         out_row * in_vec_size_w + simd_lid * packs_per_thread * bytes_per_pack;
     scales += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-    x += tid.x * in_vec_size + simd_lid * values_per_thread;
-    y += tid.x * out_vec_size + out_row;
+    x += tid.x * vecs_per_tg * in_vec_size + simd_lid * values_per_thread;
+    y += tid.x * vecs_per_tg * out_vec_size + out_row;
 
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
-      load_vector<T, U, values_per_thread>(x, x_thread);
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        load_vector<T, U, values_per_thread>(
+            x + v * in_vec_size, x_thread + v * values_per_thread);
+      }
 
       for (int row = 0;
            row < results_per_simdgroup && out_row + row < out_vec_size;
@@ -471,7 +523,11 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
-        result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
+        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+          result[v * results_per_simdgroup + row] +=
+              qdot<U, values_per_thread, bits>(
+                  wl, x_thread + v * values_per_thread, s);
+        }
       }
 
       ws += block_size * bytes_per_pack / pack_factor;
@@ -483,7 +539,10 @@ METAL_FUNC void fp_qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      load_vector_safe<T, U, values_per_thread>(x, x_thread, remaining);
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        load_vector_safe<T, U, values_per_thread>(
+            x + v * in_vec_size, x_thread + v * values_per_thread, remaining);
+      }
 
       for (int row = 0;
            row < results_per_simdgroup && out_row + row < out_vec_size;
@@ -492,19 +551,28 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
-        result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
+        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+          result[v * results_per_simdgroup + row] +=
+              qdot<U, values_per_thread, bits>(
+                  wl, x_thread + v * values_per_thread, s);
+        }
       }
     }
 
-    for (int row = 0;
-         row < results_per_simdgroup && out_row + row < out_vec_size;
-         row++) {
-      result[row] = simd_sum(result[row]);
-      if (simd_lid == 0) {
-        if constexpr (has_global_scale) {
-          y[row] = static_cast<T>(result[row] * inv_scale_enc);
-        } else {
-          y[row] = static_cast<T>(result[row]);
+    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+      for (int row = 0;
+           row < results_per_simdgroup && out_row + row < out_vec_size;
+           row++) {
+        result[v * results_per_simdgroup + row] =
+            simd_sum(result[v * results_per_simdgroup + row]);
+        if (simd_lid == 0) {
+          if constexpr (has_global_scale) {
+            y[v * out_vec_size + row] = static_cast<T>(
+                result[v * results_per_simdgroup + row] * inv_scale_enc);
+          } else {
+            y[v * out_vec_size + row] =
+                static_cast<T>(result[v * results_per_simdgroup + row]);
+          }
         }
       }
     }
@@ -515,19 +583,26 @@ METAL_FUNC void fp_qmv_impl(
     ws += used_out_row * in_vec_size_w +
         simd_lid * packs_per_thread * bytes_per_pack;
     scales += used_out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-    x += tid.x * in_vec_size + simd_lid * values_per_thread;
-    y += tid.x * out_vec_size + used_out_row;
+    x += tid.x * vecs_per_tg * in_vec_size + simd_lid * values_per_thread;
+    y += tid.x * vecs_per_tg * out_vec_size + used_out_row;
 
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
-      load_vector<T, U, values_per_thread>(x, x_thread);
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        load_vector<T, U, values_per_thread>(
+            x + v * in_vec_size, x_thread + v * values_per_thread);
+      }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
         auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
-        result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
+        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+          result[v * results_per_simdgroup + row] +=
+              qdot<U, values_per_thread, bits>(
+                  wl, x_thread + v * values_per_thread, s);
+        }
       }
 
       ws += block_size * bytes_per_pack / pack_factor;
@@ -539,24 +614,35 @@ METAL_FUNC void fp_qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      load_vector_safe<T, U, values_per_thread>(x, x_thread, remaining);
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        load_vector_safe<T, U, values_per_thread>(
+            x + v * in_vec_size, x_thread + v * values_per_thread, remaining);
+      }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
         auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
-        result[row] +=
-            qdot_safe<U, values_per_thread, bits>(wl, x_thread, s, remaining);
+        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+          result[v * results_per_simdgroup + row] +=
+              qdot_safe<U, values_per_thread, bits>(
+                  wl, x_thread + v * values_per_thread, s, remaining);
+        }
       }
     }
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      result[row] = simd_sum(result[row]);
-      if (simd_lid == 0) {
-        if constexpr (has_global_scale) {
-          y[row] = static_cast<T>(result[row] * inv_scale_enc);
-        } else {
-          y[row] = static_cast<T>(result[row]);
+    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+      for (int row = 0; row < results_per_simdgroup; row++) {
+        result[v * results_per_simdgroup + row] =
+            simd_sum(result[v * results_per_simdgroup + row]);
+        if (simd_lid == 0) {
+          if constexpr (has_global_scale) {
+            y[v * out_vec_size + row] = static_cast<T>(
+                result[v * results_per_simdgroup + row] * inv_scale_enc);
+          } else {
+            y[v * out_vec_size + row] =
+                static_cast<T>(result[v * results_per_simdgroup + row]);
+          }
         }
       }
     }
@@ -677,267 +763,6 @@ METAL_FUNC void fp_qmv_wide_impl(
     for (int v = 0; v < vecs_per_tg; v++) {
       if (vec0 + v < M) {
         y[(vec0 + v) * out_vec_size + out_row] = static_cast<T>(result[v]);
-      }
-    }
-  }
-}
-
-// Order-preserving streamed qmv for the fp modes. fp_qmv_wide reads each
-// weight group once for several vectors but sums in another order, so its rows
-// differ from M = 1 in the last bits (and it has no global-scale variant). The
-// kernels below share each weight block between vecs_per_tg vectors and, for
-// every vector, do exactly what fp_qmv_fast_impl / fp_qmv_impl do at M = 1:
-// the same lane-to-K mapping, the same qdot / qdot_safe call on the same
-// packed bytes and scale, one accumulator per output row added to in the same
-// order, the same simd_sum and the same global-scale multiply at the store.
-// Row i of a batch is therefore bit-identical to vector i computed alone.
-
-template <
-    typename T,
-    int group_size,
-    int bits,
-    int vecs_per_tg,
-    bool has_global_scale = false,
-    int results_per_simdgroup = 4>
-METAL_FUNC void fp_qmv_fast_streamed_impl(
-    const device uint32_t* w,
-    const device uint8_t* scales,
-    const device float* global_scale,
-    const device T* x,
-    device T* y,
-    const constant int& in_vec_size,
-    const constant int& out_vec_size,
-    const constant int& M,
-    uint3 tid [[threadgroup_position_in_grid]],
-    uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
-  // The tiling of fp_qmv_fast_impl, unchanged.
-  constexpr int packs_per_thread = 2;
-  constexpr int num_simdgroups = 2;
-  constexpr int pack_factor = get_pack_factor<32, bits>();
-  constexpr int bytes_per_pack = get_bytes_per_pack<32>();
-  constexpr int values_per_thread = pack_factor * packs_per_thread;
-  constexpr int block_size = values_per_thread * SIMD_SIZE;
-  constexpr int scale_step_per_thread = group_size / values_per_thread;
-
-  const device uint8_t* ws = (const device uint8_t*)w;
-
-  typedef float U;
-
-  // One vector's x_thread at a time; the block's decoded scales are kept for
-  // all vectors.
-  thread U x_thread[values_per_thread];
-  thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  thread U s[results_per_simdgroup];
-
-  // Adjust positions
-  const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
-  const int in_vec_size_g = in_vec_size / group_size;
-  const int out_row = tid.y * (num_simdgroups * results_per_simdgroup) +
-      simd_gid * results_per_simdgroup;
-  const int vec0 = tid.x * vecs_per_tg;
-
-  ws += out_row * in_vec_size_w + simd_lid * packs_per_thread * bytes_per_pack;
-  scales += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  // Vectors past M (the last tile may be partial) re-read vector M - 1 and are
-  // never stored, so every read stays in bounds.
-  const device T* xv[vecs_per_tg];
-  for (int v = 0; v < vecs_per_tg; v++) {
-    xv[v] =
-        x + min(vec0 + v, M - 1) * in_vec_size + simd_lid * values_per_thread;
-  }
-  y += vec0 * out_vec_size + out_row;
-
-  for (int k = 0; k < in_vec_size; k += block_size) {
-    // The block's scales, decoded once for all vectors.
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      const device auto* sl = scales + row * in_vec_size_g;
-
-      s[row] = dequantize_scale<U, group_size>(sl[0]);
-    }
-
-    // Each vector: fp_qmv_fast_impl's load_vector and qdot, on the same bytes.
-    for (int v = 0; v < vecs_per_tg; v++) {
-      load_vector<T, U, values_per_thread>(xv[v], x_thread);
-      for (int row = 0; row < results_per_simdgroup; row++) {
-        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-        result[v][row] +=
-            qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);
-      }
-    }
-
-    ws += block_size * bytes_per_pack / pack_factor;
-    scales += block_size / group_size;
-    for (int v = 0; v < vecs_per_tg; v++) {
-      xv[v] += block_size;
-    }
-  }
-
-  float inv_scale_enc = 1.0f;
-  if constexpr (has_global_scale) {
-    inv_scale_enc = *global_scale / (F8E4M3_MAX * F4E2M1_MAX);
-  }
-
-  for (int v = 0; v < vecs_per_tg; v++) {
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      result[v][row] = simd_sum(result[v][row]);
-      if (simd_lid == 0 && vec0 + v < M) {
-        if constexpr (has_global_scale) {
-          y[v * out_vec_size + row] =
-              static_cast<T>(result[v][row] * inv_scale_enc);
-        } else {
-          y[v * out_vec_size + row] = static_cast<T>(result[v][row]);
-        }
-      }
-    }
-  }
-}
-
-template <
-    typename T,
-    int group_size,
-    int bits,
-    int vecs_per_tg,
-    bool has_global_scale = false>
-METAL_FUNC void fp_qmv_streamed_impl(
-    const device uint32_t* w,
-    const device uint8_t* scales,
-    const device float* global_scale,
-    const device T* x,
-    device T* y,
-    const constant int& in_vec_size,
-    const constant int& out_vec_size,
-    const constant int& M,
-    uint3 tid [[threadgroup_position_in_grid]],
-    uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
-  // The tiling of fp_qmv_impl, unchanged.
-  constexpr int num_simdgroups = 2;
-  constexpr int results_per_simdgroup = 4;
-  constexpr int packs_per_thread = 1;
-  constexpr int pack_factor = get_pack_factor<32, bits>();
-  constexpr int bytes_per_pack = get_bytes_per_pack<32>();
-
-  constexpr int values_per_thread = pack_factor * packs_per_thread;
-  constexpr int block_size = values_per_thread * SIMD_SIZE;
-  constexpr int scale_step_per_thread = group_size / values_per_thread;
-
-  const device uint8_t* ws = (const device uint8_t*)w;
-
-  typedef float U;
-
-  thread U x_thread[values_per_thread];
-  thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  thread U s[results_per_simdgroup];
-
-  // Adjust positions
-  const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
-  const int in_vec_size_g = in_vec_size / group_size;
-  const int out_row = tid.y * (num_simdgroups * results_per_simdgroup) +
-      simd_gid * results_per_simdgroup;
-  const int vec0 = tid.x * vecs_per_tg;
-
-  if (out_row >= out_vec_size) {
-    return;
-  }
-
-  float inv_scale_enc = 1.0f;
-  if constexpr (has_global_scale) {
-    inv_scale_enc = *global_scale / (F8E4M3_MAX * F4E2M1_MAX);
-  }
-
-  // fp_qmv_impl's two row tilings: with less than one full tile of outputs it
-  // guards every row; otherwise it moves the last tile back to redo some
-  // output rows. Their arithmetic differs in one place, the K tail, where the
-  // guarded branch calls qdot and the other qdot_safe; guard_rows picks that
-  // branch's tail. Otherwise both start the simdgroup at first_row and
-  // compute the rows below out_vec_size. Loops over rows keep a constant
-  // bound so result stays in registers.
-  const bool guard_rows =
-      out_vec_size < (num_simdgroups * results_per_simdgroup);
-  const int first_row =
-      guard_rows ? out_row : min(out_vec_size - results_per_simdgroup, out_row);
-  const int n_rows = min(results_per_simdgroup, out_vec_size - first_row);
-
-  ws +=
-      first_row * in_vec_size_w + simd_lid * packs_per_thread * bytes_per_pack;
-  scales += first_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  const device T* xv[vecs_per_tg];
-  for (int v = 0; v < vecs_per_tg; v++) {
-    xv[v] =
-        x + min(vec0 + v, M - 1) * in_vec_size + simd_lid * values_per_thread;
-  }
-  y += vec0 * out_vec_size + first_row;
-
-  int k = 0;
-  for (; k < in_vec_size - block_size; k += block_size) {
-    for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      const device auto* sl = scales + row * in_vec_size_g;
-
-      s[row] = dequantize_scale<U, group_size>(sl[0]);
-    }
-
-    for (int v = 0; v < vecs_per_tg; v++) {
-      load_vector<T, U, values_per_thread>(xv[v], x_thread);
-      for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-        result[v][row] +=
-            qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);
-      }
-    }
-
-    ws += block_size * bytes_per_pack / pack_factor;
-    scales += block_size / group_size;
-    for (int v = 0; v < vecs_per_tg; v++) {
-      xv[v] += block_size;
-    }
-  }
-  const int remaining = clamp(
-      static_cast<int>(in_vec_size - k - simd_lid * values_per_thread),
-      0,
-      values_per_thread);
-  if (remaining > 0) {
-    for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      const device auto* sl = scales + row * in_vec_size_g;
-
-      s[row] = dequantize_scale<U, group_size>(sl[0]);
-    }
-
-    // One copy of the vector loop per branch, as fp_qmv_impl writes its two
-    // tails: each qdot / qdot_safe statement then stands alone in its loop as
-    // it does upstream, so a compiler that fuses `result +=` with qdot's
-    // `scale * accum` across statements sees the same code in both kernels.
-    if (guard_rows) {
-      for (int v = 0; v < vecs_per_tg; v++) {
-        load_vector_safe<T, U, values_per_thread>(xv[v], x_thread, remaining);
-        for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-          auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-          result[v][row] +=
-              qdot<U, values_per_thread, bits>(wl, x_thread, s[row]);
-        }
-      }
-    } else {
-      for (int v = 0; v < vecs_per_tg; v++) {
-        load_vector_safe<T, U, values_per_thread>(xv[v], x_thread, remaining);
-        for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-          auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-          result[v][row] += qdot_safe<U, values_per_thread, bits>(
-              wl, x_thread, s[row], remaining);
-        }
-      }
-    }
-  }
-
-  for (int v = 0; v < vecs_per_tg; v++) {
-    for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      result[v][row] = simd_sum(result[v][row]);
-      if (simd_lid == 0 && vec0 + v < M) {
-        if constexpr (has_global_scale) {
-          y[v * out_vec_size + row] =
-              static_cast<T>(result[v][row] * inv_scale_enc);
-        } else {
-          y[v * out_vec_size + row] = static_cast<T>(result[v][row]);
-        }
       }
     }
   }
@@ -1443,7 +1268,8 @@ template <
     int bits,
     bool batched,
     bool has_global_scale = false,
-    int results_per_simdgroup = 4>
+    int results_per_simdgroup = 4,
+    int vecs_per_tg = 1>
 [[kernel]] void fp_qmv_fast(
     const device uint32_t* w,
     const device uint8_t* scales,
@@ -1484,7 +1310,8 @@ template <
       group_size,
       bits,
       has_global_scale,
-      results_per_simdgroup>(
+      results_per_simdgroup,
+      vecs_per_tg>(
       w,
       scales,
       global_scale,
@@ -1494,7 +1321,10 @@ template <
       out_vec_size,
       tid,
       simd_gid,
-      simd_lid);
+      simd_lid,
+      vecs_per_tg == 1
+          ? 1
+          : x_shape[x_batch_ndims] - static_cast<int>(tid.x) * vecs_per_tg);
 }
 
 template <
@@ -1502,7 +1332,8 @@ template <
     int group_size,
     int bits,
     bool batched,
-    bool has_global_scale = false>
+    bool has_global_scale = false,
+    int vecs_per_tg = 1>
 [[kernel]] void fp_qmv(
     const device uint32_t* w,
     const device uint8_t* scales,
@@ -1538,7 +1369,7 @@ template <
         s_strides,
         tid);
   }
-  fp_qmv_impl<T, group_size, bits, has_global_scale>(
+  fp_qmv_impl<T, group_size, bits, has_global_scale, vecs_per_tg>(
       w,
       scales,
       global_scale,
@@ -1548,7 +1379,10 @@ template <
       out_vec_size,
       tid,
       simd_gid,
-      simd_lid);
+      simd_lid,
+      vecs_per_tg == 1
+          ? 1
+          : x_shape[x_batch_ndims] - static_cast<int>(tid.x) * vecs_per_tg);
 }
 
 template <
@@ -1594,125 +1428,6 @@ template <
   }
   fp_qmv_wide_impl<T, group_size, bits, vecs_per_tg, k_lanes>(
       w, scales, x, y, in_vec_size, out_vec_size, M, tid, simd_gid, simd_lid);
-}
-
-template <
-    typename T,
-    int group_size,
-    int bits,
-    int vecs_per_tg,
-    bool batched,
-    bool has_global_scale = false,
-    int results_per_simdgroup = 4>
-[[kernel]] void fp_qmv_fast_streamed(
-    const device uint32_t* w,
-    const device uint8_t* scales,
-    const device float* global_scale,
-    const device T* x,
-    device T* y,
-    const constant int& in_vec_size,
-    const constant int& out_vec_size,
-    const constant int& M,
-    const constant int& x_batch_ndims,
-    const constant int* x_shape,
-    const constant int64_t* x_strides,
-    const constant int& w_batch_ndims,
-    const constant int* w_shape,
-    const constant int64_t* w_strides,
-    const constant int64_t* s_strides,
-    uint3 tid [[threadgroup_position_in_grid]],
-    uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
-  if (batched) {
-    adjust_matrix_offsets(
-        x,
-        w,
-        scales,
-        y,
-        out_vec_size * M,
-        x_batch_ndims,
-        x_shape,
-        x_strides,
-        w_batch_ndims,
-        w_shape,
-        w_strides,
-        s_strides,
-        tid);
-  }
-  fp_qmv_fast_streamed_impl<
-      T,
-      group_size,
-      bits,
-      vecs_per_tg,
-      has_global_scale,
-      results_per_simdgroup>(
-      w,
-      scales,
-      global_scale,
-      x,
-      y,
-      in_vec_size,
-      out_vec_size,
-      M,
-      tid,
-      simd_gid,
-      simd_lid);
-}
-
-template <
-    typename T,
-    int group_size,
-    int bits,
-    int vecs_per_tg,
-    bool batched,
-    bool has_global_scale = false>
-[[kernel]] void fp_qmv_streamed(
-    const device uint32_t* w,
-    const device uint8_t* scales,
-    const device float* global_scale,
-    const device T* x,
-    device T* y,
-    const constant int& in_vec_size,
-    const constant int& out_vec_size,
-    const constant int& M,
-    const constant int& x_batch_ndims,
-    const constant int* x_shape,
-    const constant int64_t* x_strides,
-    const constant int& w_batch_ndims,
-    const constant int* w_shape,
-    const constant int64_t* w_strides,
-    const constant int64_t* s_strides,
-    uint3 tid [[threadgroup_position_in_grid]],
-    uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
-  if (batched) {
-    adjust_matrix_offsets(
-        x,
-        w,
-        scales,
-        y,
-        out_vec_size * M,
-        x_batch_ndims,
-        x_shape,
-        x_strides,
-        w_batch_ndims,
-        w_shape,
-        w_strides,
-        s_strides,
-        tid);
-  }
-  fp_qmv_streamed_impl<T, group_size, bits, vecs_per_tg, has_global_scale>(
-      w,
-      scales,
-      global_scale,
-      x,
-      y,
-      in_vec_size,
-      out_vec_size,
-      M,
-      tid,
-      simd_gid,
-      simd_lid);
 }
 
 template <

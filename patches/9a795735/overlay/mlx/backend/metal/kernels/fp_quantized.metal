@@ -4,10 +4,9 @@
 // base blob:  d8d462288adf65b09230bb3e4584a90fad4e8d1a
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -81,6 +81,39 @@
-//   @@ -166,6 +199,42 @@
-//   @@ -206,7 +275,8 @@
-//   @@ -216,7 +286,8 @@
+//   @@ -102,6 +102,29 @@
+//   @@ -166,6 +189,14 @@
+//   @@ -204,6 +235,7 @@
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -92,39 +91,6 @@
   instantiate_quantized_qmv_fast(mode, type, 2, 1, group_size, bits) \
   instantiate_quantized_qmv_fast(mode, type, 2, 0, group_size, bits)
 
-// The streamed twin of the narrow (results_per_simdgroup = 2) fp_qmv_fast.
-#define instantiate_quantized_streamed_r2_one(mode, type, vecs_per_tg, batched, group_size, bits) \
-  instantiate_kernel( \
-      #mode "_qmv_fast_streamed_" #type "_gs_" #group_size "_b_" #bits "_r_2_nv_" #vecs_per_tg "_batch_" #batched, \
-      fp_qmv_fast_streamed, \
-      type, \
-      group_size, \
-      bits, \
-      vecs_per_tg, \
-      batched, \
-      false, \
-      2) \
-  instantiate_kernel( \
-      #mode "_qmv_fast_streamed_" #type "_gs_" #group_size "_b_" #bits "_r_2_nv_" #vecs_per_tg "_batch_" #batched "_hgs", \
-      fp_qmv_fast_streamed, \
-      type, \
-      group_size, \
-      bits, \
-      vecs_per_tg, \
-      batched, \
-      true, \
-      2)
-
-#define instantiate_quantized_streamed_r2(mode, type, group_size, bits) \
-  instantiate_quantized_streamed_r2_one(mode, type, 2, 0, group_size, bits) \
-  instantiate_quantized_streamed_r2_one(mode, type, 2, 1, group_size, bits) \
-  instantiate_quantized_streamed_r2_one(mode, type, 3, 0, group_size, bits) \
-  instantiate_quantized_streamed_r2_one(mode, type, 3, 1, group_size, bits) \
-  instantiate_quantized_streamed_r2_one(mode, type, 4, 0, group_size, bits) \
-  instantiate_quantized_streamed_r2_one(mode, type, 4, 1, group_size, bits) \
-  instantiate_quantized_streamed_r2_one(mode, type, 5, 0, group_size, bits) \
-  instantiate_quantized_streamed_r2_one(mode, type, 5, 1, group_size, bits)
-
 #define instantiate_quantized_quad(mode, name, type, D, batched, group_size, bits) \
   instantiate_kernel( \
       #mode "_" #name "_" #type "_gs_" #group_size "_b_" #bits "_d_" #D "_batch_" #batched, \
@@ -145,6 +111,29 @@
       vecs_per_tg,       \
       k_lanes,       \
       batched)
+
+// The batched qmv: vecs_per_tg vectors share each weight block, each summed
+// as alone (qmv_vecs_per_tg in quantized.cpp picks 2 or 5).
+#define instantiate_quantized_vecs(mode, type, vecs_per_tg, group_size, bits, batched) \
+  instantiate_kernel( \
+      #mode "_qmv_fast_" #type "_gs_" #group_size "_b_" #bits "_batch_" #batched "_nv_" #vecs_per_tg, \
+      fp_qmv_fast,    \
+      type,           \
+      group_size,     \
+      bits,           \
+      batched,        \
+      false,          \
+      4,              \
+      vecs_per_tg)    \
+  instantiate_kernel( \
+      #mode "_qmv_" #type "_gs_" #group_size "_b_" #bits "_batch_" #batched "_nv_" #vecs_per_tg, \
+      fp_qmv,         \
+      type,           \
+      group_size,     \
+      bits,           \
+      batched,        \
+      false,          \
+      vecs_per_tg)
 
 #define instantiate_quantized_split_k(mode, name, type, split_k, group_size, bits) \
   instantiate_kernel( \
@@ -210,41 +199,13 @@
   instantiate_quantized_wide_wrap(mode, qmv_wide, type, 4, 16, group_size, bits) \
   instantiate_quantized_wide_wrap(mode, qmv_wide, type, 5, 16, group_size, bits)
 
-// Order-preserving streamed qmv: vecs_per_tg (2..5) input vectors per
-// threadgroup, each summed in the order of the M = 1 kernel (fp_qmv_fast or
-// fp_qmv), with and without the global scale (_hgs).
-#define instantiate_quantized_streamed(mode, name, type, group_size, bits, vecs_per_tg, batched) \
-  instantiate_kernel( \
-      #mode "_" #name "_" #type "_gs_" #group_size "_b_" #bits "_nv_" #vecs_per_tg "_batch_" #batched, \
-      fp_ ## name,    \
-      type,           \
-      group_size,     \
-      bits,           \
-      vecs_per_tg,    \
-      batched)        \
-  instantiate_kernel( \
-      #mode "_" #name "_" #type "_gs_" #group_size "_b_" #bits "_nv_" #vecs_per_tg "_batch_" #batched "_hgs", \
-      fp_ ## name,    \
-      type,           \
-      group_size,     \
-      bits,           \
-      vecs_per_tg,    \
-      batched,        \
-      true)
+#define instantiate_quantized_vecs_wrap(mode, type, vecs_per_tg, group_size, bits) \
+  instantiate_quantized_vecs(mode, type, vecs_per_tg, group_size, bits, 0)         \
+  instantiate_quantized_vecs(mode, type, vecs_per_tg, group_size, bits, 1)
 
-#define instantiate_quantized_streamed_wrap(mode, name, type, vecs_per_tg, group_size, bits) \
-  instantiate_quantized_streamed(mode, name, type, group_size, bits, vecs_per_tg, 0)         \
-  instantiate_quantized_streamed(mode, name, type, group_size, bits, vecs_per_tg, 1)
-
-#define instantiate_quantized_all_streamed(type, mode, group_size, bits) \
-  instantiate_quantized_streamed_wrap(mode, qmv_fast_streamed, type, 2, group_size, bits) \
-  instantiate_quantized_streamed_wrap(mode, qmv_fast_streamed, type, 3, group_size, bits) \
-  instantiate_quantized_streamed_wrap(mode, qmv_fast_streamed, type, 4, group_size, bits) \
-  instantiate_quantized_streamed_wrap(mode, qmv_fast_streamed, type, 5, group_size, bits) \
-  instantiate_quantized_streamed_wrap(mode, qmv_streamed, type, 2, group_size, bits) \
-  instantiate_quantized_streamed_wrap(mode, qmv_streamed, type, 3, group_size, bits) \
-  instantiate_quantized_streamed_wrap(mode, qmv_streamed, type, 4, group_size, bits) \
-  instantiate_quantized_streamed_wrap(mode, qmv_streamed, type, 5, group_size, bits)
+#define instantiate_quantized_all_vecs(type, mode, group_size, bits) \
+  instantiate_quantized_vecs_wrap(mode, type, 2, group_size, bits) \
+  instantiate_quantized_vecs_wrap(mode, type, 5, group_size, bits)
 
 #define instantiate_quantized_all_splitk(type, mode, group_size, bits) \
   instantiate_quantized_split_k(mode, qvm_split_k, type, 8, group_size, bits) \
@@ -284,10 +245,10 @@
   instantiate_quantized_all_single(type, mode, group_size, bits)  \
   instantiate_quantized_all_quad(type, mode, group_size, bits)    \
   instantiate_quantized_all_wide(type, mode, group_size, bits)    \
+  instantiate_quantized_all_vecs(type, mode, group_size, bits)    \
   instantiate_quantized_all_splitk(type, mode, group_size, bits)  \
   instantiate_quantized_all_aligned(type, mode, group_size, bits) \
-  instantiate_quantized_all_rhs(type, mode, group_size, bits) \
-  instantiate_quantized_all_streamed(type, mode, group_size, bits)
+  instantiate_quantized_all_rhs(type, mode, group_size, bits)
 
 #define instantiate_quantized_types(type) \
  instantiate_quantized_modes(type, nvfp4, 16, 4) \
@@ -297,8 +258,7 @@
  instantiate_quantize_dequantize(type, nvfp4, 16, 4, true)  \
  instantiate_quantize_dequantize(type, mxfp8, 32, 8, false) \
  instantiate_quantize_dequantize(type, mxfp4, 32, 4, false) \
- instantiate_quantized_qmv_fast_r2(nvfp4, type, 16, 4) \
- instantiate_quantized_streamed_r2(nvfp4, type, 16, 4)
+ instantiate_quantized_qmv_fast_r2(nvfp4, type, 16, 4)
 
 instantiate_quantized_types(float)
 instantiate_quantized_types(bfloat16_t)

@@ -4,8 +4,28 @@
 // base blob:  f628c0561227b709e455d91dc0a0f5885368f26a
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -1079,6 +1079,233 @@ METAL_FUNC void qmv_wide_impl(
-//   @@ -1771,6 +1998,112 @@ template <
+//   @@ -754,7 +754,10 @@ METAL_FUNC void qmv_quad_impl(
+//   @@ -765,7 +768,11 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -779,8 +786,8 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -791,11 +798,15 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -804,7 +815,11 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -813,15 +828,22 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -832,7 +854,11 @@ METAL_FUNC void qmv_impl(
+//   @@ -847,8 +873,8 @@ METAL_FUNC void qmv_impl(
+//   @@ -868,12 +894,16 @@ METAL_FUNC void qmv_impl(
+//   @@ -884,8 +914,11 @@ METAL_FUNC void qmv_impl(
+//   @@ -898,8 +931,11 @@ METAL_FUNC void qmv_impl(
+//   @@ -910,17 +946,29 @@ METAL_FUNC void qmv_impl(
+//   @@ -931,12 +979,16 @@ METAL_FUNC void qmv_impl(
+//   @@ -945,8 +997,11 @@ METAL_FUNC void qmv_impl(
+//   @@ -959,8 +1014,11 @@ METAL_FUNC void qmv_impl(
+//   @@ -969,14 +1027,26 @@ METAL_FUNC void qmv_impl(
+//   @@ -1603,7 +1673,8 @@ template <
+//   @@ -1642,7 +1713,7 @@ template <
+//   @@ -1652,7 +1723,10 @@ template <
+//   @@ -1660,7 +1734,8 @@ template <
+//   @@ -1699,7 +1774,7 @@ template <
+//   @@ -1709,7 +1784,10 @@ template <
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -763,7 +783,10 @@ METAL_FUNC void qmv_quad_impl(
   }
 }
 
-template <typename T, int group_size, int bits>
+// Streams vecs_per_tg input vectors through each weight block. Every vector
+// is summed exactly as alone, so each row equals M = 1's bit for bit, and
+// vecs_per_tg = 1 is the M = 1 kernel.
+template <typename T, int group_size, int bits, int vecs_per_tg = 1>
 METAL_FUNC void qmv_fast_impl(
     const device uint32_t* w,
     const device T* scales,
@@ -774,7 +797,11 @@ METAL_FUNC void qmv_fast_impl(
     const constant int& out_vec_size,
     uint3 tid [[threadgroup_position_in_grid]],
     uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
+    uint simd_lid [[thread_index_in_simdgroup]],
+    int tile_vecs = 1) {
+  // The tile's real vectors (the last tile may hold fewer than vecs_per_tg),
+  // a compile-time 1 for the M = 1 kernel.
+  const int n_vecs = vecs_per_tg == 1 ? 1 : tile_vecs;
   constexpr int packs_per_thread = bits == 2 ? 1 : 2;
   constexpr int num_simdgroups = 2;
   constexpr int results_per_simdgroup = 4;
@@ -788,8 +815,8 @@ METAL_FUNC void qmv_fast_impl(
 
   typedef float U;
 
-  thread U x_thread[values_per_thread];
-  thread U result[results_per_simdgroup] = {0};
+  thread U x_thread[vecs_per_tg * values_per_thread];
+  thread U result[vecs_per_tg * results_per_simdgroup] = {0};
 
   // Adjust positions
   const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
@@ -800,11 +827,15 @@ METAL_FUNC void qmv_fast_impl(
   ws += out_row * in_vec_size_w + simd_lid * packs_per_thread * bytes_per_pack;
   scales += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
   biases += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  x += tid.x * in_vec_size + simd_lid * values_per_thread;
-  y += tid.x * out_vec_size + out_row;
+  x += tid.x * vecs_per_tg * in_vec_size + simd_lid * values_per_thread;
+  y += tid.x * vecs_per_tg * out_vec_size + out_row;
 
   for (int k = 0; k < in_vec_size; k += block_size) {
-    U sum = load_vector<T, U, values_per_thread, bits>(x, x_thread);
+    U sum[vecs_per_tg];
+    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+      sum[v] = load_vector<T, U, values_per_thread, bits>(
+          x + v * in_vec_size, x_thread + v * values_per_thread);
+    }
 
     for (int row = 0; row < results_per_simdgroup; row++) {
       auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
@@ -813,7 +844,11 @@ METAL_FUNC void qmv_fast_impl(
 
       U s = sl[0];
       U b = bl[0];
-      result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s, b, sum);
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        result[v * results_per_simdgroup + row] +=
+            qdot<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s, b, sum[v]);
+      }
     }
 
     ws += block_size * bytes_per_pack / pack_factor;
@@ -822,15 +857,22 @@ METAL_FUNC void qmv_fast_impl(
     x += block_size;
   }
 
-  for (int row = 0; row < results_per_simdgroup; row++) {
-    result[row] = simd_sum(result[row]);
-    if (simd_lid == 0) {
-      y[row] = static_cast<T>(result[row]);
+  for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+    for (int row = 0; row < results_per_simdgroup; row++) {
+      result[v * results_per_simdgroup + row] =
+          simd_sum(result[v * results_per_simdgroup + row]);
+      if (simd_lid == 0) {
+        y[v * out_vec_size + row] =
+            static_cast<T>(result[v * results_per_simdgroup + row]);
+      }
     }
   }
 }
 
-template <typename T, int group_size, int bits>
+// Streams vecs_per_tg input vectors through each weight block. Every vector
+// is summed exactly as alone, so each row equals M = 1's bit for bit, and
+// vecs_per_tg = 1 is the M = 1 kernel.
+template <typename T, int group_size, int bits, int vecs_per_tg = 1>
 METAL_FUNC void qmv_impl(
     const device uint32_t* w,
     const device T* scales,
@@ -841,7 +883,11 @@ METAL_FUNC void qmv_impl(
     const constant int& out_vec_size,
     uint3 tid [[threadgroup_position_in_grid]],
     uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
+    uint simd_lid [[thread_index_in_simdgroup]],
+    int tile_vecs = 1) {
+  // The tile's real vectors (the last tile may hold fewer than vecs_per_tg),
+  // a compile-time 1 for the M = 1 kernel.
+  const int n_vecs = vecs_per_tg == 1 ? 1 : tile_vecs;
   constexpr int num_simdgroups = 2;
   constexpr int results_per_simdgroup = 4;
   constexpr int packs_per_thread = 1;
@@ -856,8 +902,8 @@ METAL_FUNC void qmv_impl(
 
   typedef float U;
 
-  thread U x_thread[values_per_thread];
-  thread U result[results_per_simdgroup] = {0};
+  thread U x_thread[vecs_per_tg * values_per_thread];
+  thread U result[vecs_per_tg * results_per_simdgroup] = {0};
 
   // Adjust positions
   const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
@@ -877,12 +923,16 @@ METAL_FUNC void qmv_impl(
         out_row * in_vec_size_w + simd_lid * packs_per_thread * bytes_per_pack;
     scales += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
     biases += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-    x += tid.x * in_vec_size + simd_lid * values_per_thread;
-    y += tid.x * out_vec_size + out_row;
+    x += tid.x * vecs_per_tg * in_vec_size + simd_lid * values_per_thread;
+    y += tid.x * vecs_per_tg * out_vec_size + out_row;
 
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
-      U sum = load_vector<T, U, values_per_thread, bits>(x, x_thread);
+      U sum[vecs_per_tg];
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        sum[v] = load_vector<T, U, values_per_thread, bits>(
+            x + v * in_vec_size, x_thread + v * values_per_thread);
+      }
 
       for (int row = 0;
            row < results_per_simdgroup && out_row + row < out_vec_size;
@@ -893,8 +943,11 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
-        result[row] +=
-            qdot<U, values_per_thread, bits>(wl, x_thread, s, b, sum);
+        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+          result[v * results_per_simdgroup + row] +=
+              qdot<U, values_per_thread, bits>(
+                  wl, x_thread + v * values_per_thread, s, b, sum[v]);
+        }
       }
 
       ws += block_size * bytes_per_pack / pack_factor;
@@ -907,8 +960,11 @@ METAL_FUNC void qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      U sum = load_vector_safe<T, U, values_per_thread, bits>(
-          x, x_thread, remaining);
+      U sum[vecs_per_tg];
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        sum[v] = load_vector_safe<T, U, values_per_thread, bits>(
+            x + v * in_vec_size, x_thread + v * values_per_thread, remaining);
+      }
 
       for (int row = 0;
            row < results_per_simdgroup && out_row + row < out_vec_size;
@@ -919,17 +975,29 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
-        result[row] += qdot_safe<U, values_per_thread, bits>(
-            wl, x_thread, s, b, sum, remaining);
+        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+          result[v * results_per_simdgroup + row] +=
+              qdot_safe<U, values_per_thread, bits>(
+                  wl,
+                  x_thread + v * values_per_thread,
+                  s,
+                  b,
+                  sum[v],
+                  remaining);
+        }
       }
     }
 
-    for (int row = 0;
-         row < results_per_simdgroup && out_row + row < out_vec_size;
-         row++) {
-      result[row] = simd_sum(result[row]);
-      if (simd_lid == 0) {
-        y[row] = static_cast<T>(result[row]);
+    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+      for (int row = 0;
+           row < results_per_simdgroup && out_row + row < out_vec_size;
+           row++) {
+        result[v * results_per_simdgroup + row] =
+            simd_sum(result[v * results_per_simdgroup + row]);
+        if (simd_lid == 0) {
+          y[v * out_vec_size + row] =
+              static_cast<T>(result[v * results_per_simdgroup + row]);
+        }
       }
     }
   }
@@ -940,12 +1008,16 @@ METAL_FUNC void qmv_impl(
         simd_lid * packs_per_thread * bytes_per_pack;
     scales += used_out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
     biases += used_out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-    x += tid.x * in_vec_size + simd_lid * values_per_thread;
-    y += tid.x * out_vec_size + used_out_row;
+    x += tid.x * vecs_per_tg * in_vec_size + simd_lid * values_per_thread;
+    y += tid.x * vecs_per_tg * out_vec_size + used_out_row;
 
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
-      U sum = load_vector<T, U, values_per_thread, bits>(x, x_thread);
+      U sum[vecs_per_tg];
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        sum[v] = load_vector<T, U, values_per_thread, bits>(
+            x + v * in_vec_size, x_thread + v * values_per_thread);
+      }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
         auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
@@ -954,8 +1026,11 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
-        result[row] +=
-            qdot<U, values_per_thread, bits>(wl, x_thread, s, b, sum);
+        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+          result[v * results_per_simdgroup + row] +=
+              qdot<U, values_per_thread, bits>(
+                  wl, x_thread + v * values_per_thread, s, b, sum[v]);
+        }
       }
 
       ws += block_size * bytes_per_pack / pack_factor;
@@ -968,8 +1043,11 @@ METAL_FUNC void qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      U sum = load_vector_safe<T, U, values_per_thread, bits>(
-          x, x_thread, remaining);
+      U sum[vecs_per_tg];
+      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+        sum[v] = load_vector_safe<T, U, values_per_thread, bits>(
+            x + v * in_vec_size, x_thread + v * values_per_thread, remaining);
+      }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
         auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
@@ -978,14 +1056,26 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
-        result[row] += qdot_safe<U, values_per_thread, bits>(
-            wl, x_thread, s, b, sum, remaining);
+        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+          result[v * results_per_simdgroup + row] +=
+              qdot_safe<U, values_per_thread, bits>(
+                  wl,
+                  x_thread + v * values_per_thread,
+                  s,
+                  b,
+                  sum[v],
+                  remaining);
+        }
       }
     }
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      result[row] = simd_sum(result[row]);
-      if (simd_lid == 0) {
-        y[row] = static_cast<T>(result[row]);
+    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+      for (int row = 0; row < results_per_simdgroup; row++) {
+        result[v * results_per_simdgroup + row] =
+            simd_sum(result[v * results_per_simdgroup + row]);
+        if (simd_lid == 0) {
+          y[v * out_vec_size + row] =
+              static_cast<T>(result[v * results_per_simdgroup + row]);
+        }
       }
     }
   }
@@ -1083,233 +1173,6 @@ METAL_FUNC void qmv_wide_impl(
     for (int v = 0; v < vecs_per_tg; v++) {
       if (vec0 + v < M) {
         y[(vec0 + v) * out_vec_size + out_row] = static_cast<T>(result[v]);
-      }
-    }
-  }
-}
-
-// Order-preserving streamed qmv. At M > 1, qmv re-reads every weight row once
-// per vector (the grid maps vectors to tid.x) and qmv_wide reads it once but
-// sums in another order, so its rows differ from M = 1 in the last bits. The
-// kernels below share each weight block between vecs_per_tg vectors and, for
-// every vector, do exactly what qmv_fast_impl / qmv_impl do at M = 1: the same
-// lane-to-K mapping, the same qdot / qdot_safe call on the same packed bytes,
-// one accumulator per output row added to in the same order, the same
-// simd_sum. Row i of a batch is therefore bit-identical to vector i computed
-// alone. The vecs_per_tg qdot calls of a block read the same bytes, so the
-// weights come from memory once per threadgroup, as in qmv_wide.
-
-template <typename T, int group_size, int bits, int vecs_per_tg>
-METAL_FUNC void qmv_fast_streamed_impl(
-    const device uint32_t* w,
-    const device T* scales,
-    const device T* biases,
-    const device T* x,
-    device T* y,
-    const constant int& in_vec_size,
-    const constant int& out_vec_size,
-    const constant int& M,
-    uint3 tid [[threadgroup_position_in_grid]],
-    uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
-  // The tiling of qmv_fast_impl, unchanged.
-  constexpr int packs_per_thread = bits == 2 ? 1 : 2;
-  constexpr int num_simdgroups = 2;
-  constexpr int results_per_simdgroup = 4;
-  constexpr int pack_factor = get_pack_factor<bits, 32>();
-  constexpr int bytes_per_pack = get_bytes_per_pack<bits, 32>();
-  constexpr int values_per_thread = pack_factor * packs_per_thread;
-  constexpr int block_size = values_per_thread * SIMD_SIZE;
-  constexpr int scale_step_per_thread = group_size / values_per_thread;
-
-  const device uint8_t* ws = (const device uint8_t*)w;
-
-  typedef float U;
-
-  // One vector's x_thread at a time, so registers grow only by the
-  // per-vector accumulators.
-  thread U x_thread[values_per_thread];
-  thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  thread U s[results_per_simdgroup];
-  thread U b[results_per_simdgroup];
-
-  // Adjust positions
-  const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
-  const int in_vec_size_g = in_vec_size / group_size;
-  const int out_row = tid.y * (num_simdgroups * results_per_simdgroup) +
-      simd_gid * results_per_simdgroup;
-  const int vec0 = tid.x * vecs_per_tg;
-
-  ws += out_row * in_vec_size_w + simd_lid * packs_per_thread * bytes_per_pack;
-  scales += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  biases += out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  // Vectors past M (the last tile may be partial) re-read vector M - 1 and are
-  // never stored, so every read stays in bounds.
-  const device T* xv[vecs_per_tg];
-  for (int v = 0; v < vecs_per_tg; v++) {
-    xv[v] =
-        x + min(vec0 + v, M - 1) * in_vec_size + simd_lid * values_per_thread;
-  }
-  y += vec0 * out_vec_size + out_row;
-
-  for (int k = 0; k < in_vec_size; k += block_size) {
-    // The block's scales and biases, read once for all vectors.
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      const device T* sl = scales + row * in_vec_size_g;
-      const device T* bl = biases + row * in_vec_size_g;
-
-      s[row] = sl[0];
-      b[row] = bl[0];
-    }
-
-    // Each vector: qmv_fast_impl's load_vector and qdot, on the same bytes.
-    for (int v = 0; v < vecs_per_tg; v++) {
-      U sum = load_vector<T, U, values_per_thread, bits>(xv[v], x_thread);
-      for (int row = 0; row < results_per_simdgroup; row++) {
-        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-        result[v][row] +=
-            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);
-      }
-    }
-
-    ws += block_size * bytes_per_pack / pack_factor;
-    scales += block_size / group_size;
-    biases += block_size / group_size;
-    for (int v = 0; v < vecs_per_tg; v++) {
-      xv[v] += block_size;
-    }
-  }
-
-  for (int v = 0; v < vecs_per_tg; v++) {
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      result[v][row] = simd_sum(result[v][row]);
-      if (simd_lid == 0 && vec0 + v < M) {
-        y[v * out_vec_size + row] = static_cast<T>(result[v][row]);
-      }
-    }
-  }
-}
-
-template <typename T, int group_size, int bits, int vecs_per_tg>
-METAL_FUNC void qmv_streamed_impl(
-    const device uint32_t* w,
-    const device T* scales,
-    const device T* biases,
-    const device T* x,
-    device T* y,
-    const constant int& in_vec_size,
-    const constant int& out_vec_size,
-    const constant int& M,
-    uint3 tid [[threadgroup_position_in_grid]],
-    uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
-  // The tiling of qmv_impl, unchanged.
-  constexpr int num_simdgroups = 2;
-  constexpr int results_per_simdgroup = 4;
-  constexpr int packs_per_thread = 1;
-  constexpr int pack_factor = get_pack_factor<bits, 32>();
-  constexpr int bytes_per_pack = get_bytes_per_pack<bits, 32>();
-
-  constexpr int values_per_thread = pack_factor * packs_per_thread;
-  constexpr int block_size = values_per_thread * SIMD_SIZE;
-  constexpr int scale_step_per_thread = group_size / values_per_thread;
-
-  const device uint8_t* ws = (const device uint8_t*)w;
-
-  typedef float U;
-
-  thread U x_thread[values_per_thread];
-  thread U result[vecs_per_tg][results_per_simdgroup] = {};
-  thread U s[results_per_simdgroup];
-  thread U b[results_per_simdgroup];
-
-  // Adjust positions
-  const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
-  const int in_vec_size_g = in_vec_size / group_size;
-  const int out_row = tid.y * (num_simdgroups * results_per_simdgroup) +
-      simd_gid * results_per_simdgroup;
-  const int vec0 = tid.x * vecs_per_tg;
-
-  if (out_row >= out_vec_size) {
-    return;
-  }
-
-  // qmv_impl's two row tilings: with less than one full tile of outputs it
-  // guards every row; otherwise it moves the last tile back to redo some
-  // output rows. Both start the simdgroup at first_row and compute the rows
-  // below out_vec_size, which is all that differs between its two branches.
-  // Loops over rows keep a constant bound so result stays in registers.
-  const int first_row = out_vec_size < (num_simdgroups * results_per_simdgroup)
-      ? out_row
-      : min(out_vec_size - results_per_simdgroup, out_row);
-  const int n_rows = min(results_per_simdgroup, out_vec_size - first_row);
-
-  ws +=
-      first_row * in_vec_size_w + simd_lid * packs_per_thread * bytes_per_pack;
-  scales += first_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  biases += first_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  const device T* xv[vecs_per_tg];
-  for (int v = 0; v < vecs_per_tg; v++) {
-    xv[v] =
-        x + min(vec0 + v, M - 1) * in_vec_size + simd_lid * values_per_thread;
-  }
-  y += vec0 * out_vec_size + first_row;
-
-  int k = 0;
-  for (; k < in_vec_size - block_size; k += block_size) {
-    for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      const device T* sl = scales + row * in_vec_size_g;
-      const device T* bl = biases + row * in_vec_size_g;
-
-      s[row] = sl[0];
-      b[row] = bl[0];
-    }
-
-    for (int v = 0; v < vecs_per_tg; v++) {
-      U sum = load_vector<T, U, values_per_thread, bits>(xv[v], x_thread);
-      for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-        result[v][row] +=
-            qdot<U, values_per_thread, bits>(wl, x_thread, s[row], b[row], sum);
-      }
-    }
-
-    ws += block_size * bytes_per_pack / pack_factor;
-    scales += block_size / group_size;
-    biases += block_size / group_size;
-    for (int v = 0; v < vecs_per_tg; v++) {
-      xv[v] += block_size;
-    }
-  }
-  const int remaining = clamp(
-      static_cast<int>(in_vec_size - k - simd_lid * values_per_thread),
-      0,
-      values_per_thread);
-  if (remaining > 0) {
-    for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      const device T* sl = scales + row * in_vec_size_g;
-      const device T* bl = biases + row * in_vec_size_g;
-
-      s[row] = sl[0];
-      b[row] = bl[0];
-    }
-
-    for (int v = 0; v < vecs_per_tg; v++) {
-      U sum = load_vector_safe<T, U, values_per_thread, bits>(
-          xv[v], x_thread, remaining);
-      for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-        auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-        result[v][row] += qdot_safe<U, values_per_thread, bits>(
-            wl, x_thread, s[row], b[row], sum, remaining);
-      }
-    }
-  }
-
-  for (int v = 0; v < vecs_per_tg; v++) {
-    for (int row = 0; row < results_per_simdgroup && row < n_rows; row++) {
-      result[v][row] = simd_sum(result[v][row]);
-      if (simd_lid == 0 && vec0 + v < M) {
-        y[v * out_vec_size + row] = static_cast<T>(result[v][row]);
       }
     }
   }
@@ -1839,7 +1702,8 @@ template <
     int group_size,
     int bits,
     bool batched,
-    bool has_global_scale = false>
+    bool has_global_scale = false,
+    int vecs_per_tg = 1>
 [[kernel]] void affine_qmv_fast(
     const device uint32_t* w [[buffer(0)]],
     const device T* scales [[buffer(1)]],
@@ -1878,7 +1742,7 @@ template <
         b_strides,
         tid);
   }
-  qmv_fast_impl<T, group_size, bits>(
+  qmv_fast_impl<T, group_size, bits, vecs_per_tg>(
       w,
       scales,
       biases,
@@ -1888,7 +1752,10 @@ template <
       out_vec_size,
       tid,
       simd_gid,
-      simd_lid);
+      simd_lid,
+      vecs_per_tg == 1
+          ? 1
+          : x_shape[x_batch_ndims] - static_cast<int>(tid.x) * vecs_per_tg);
 }
 
 template <
@@ -1896,7 +1763,8 @@ template <
     int group_size,
     const int bits,
     bool batched,
-    bool has_global_scale = false>
+    bool has_global_scale = false,
+    int vecs_per_tg = 1>
 [[kernel]] void affine_qmv(
     const device uint32_t* w [[buffer(0)]],
     const device T* scales [[buffer(1)]],
@@ -1935,7 +1803,7 @@ template <
         b_strides,
         tid);
   }
-  qmv_impl<T, group_size, bits>(
+  qmv_impl<T, group_size, bits, vecs_per_tg>(
       w,
       scales,
       biases,
@@ -1945,7 +1813,10 @@ template <
       out_vec_size,
       tid,
       simd_gid,
-      simd_lid);
+      simd_lid,
+      vecs_per_tg == 1
+          ? 1
+          : x_shape[x_batch_ndims] - static_cast<int>(tid.x) * vecs_per_tg);
 }
 
 template <
@@ -1994,112 +1865,6 @@ template <
         tid);
   }
   qmv_wide_impl<T, group_size, bits, vecs_per_tg, k_lanes>(
-      w,
-      scales,
-      biases,
-      x,
-      y,
-      in_vec_size,
-      out_vec_size,
-      M,
-      tid,
-      simd_gid,
-      simd_lid);
-}
-
-template <typename T, int group_size, int bits, int vecs_per_tg, bool batched>
-[[kernel]] void affine_qmv_fast_streamed(
-    const device uint32_t* w,
-    const device T* scales,
-    const device T* biases,
-    const device T* x,
-    device T* y,
-    const constant int& in_vec_size,
-    const constant int& out_vec_size,
-    const constant int& M,
-    const constant int& x_batch_ndims,
-    const constant int* x_shape,
-    const constant int64_t* x_strides,
-    const constant int& w_batch_ndims,
-    const constant int* w_shape,
-    const constant int64_t* w_strides,
-    const constant int64_t* s_strides,
-    const constant int64_t* b_strides,
-    uint3 tid [[threadgroup_position_in_grid]],
-    uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
-  if (batched) {
-    adjust_matrix_offsets<T>(
-        x,
-        w,
-        scales,
-        biases,
-        y,
-        out_vec_size * M,
-        x_batch_ndims,
-        x_shape,
-        x_strides,
-        w_batch_ndims,
-        w_shape,
-        w_strides,
-        s_strides,
-        b_strides,
-        tid);
-  }
-  qmv_fast_streamed_impl<T, group_size, bits, vecs_per_tg>(
-      w,
-      scales,
-      biases,
-      x,
-      y,
-      in_vec_size,
-      out_vec_size,
-      M,
-      tid,
-      simd_gid,
-      simd_lid);
-}
-
-template <typename T, int group_size, int bits, int vecs_per_tg, bool batched>
-[[kernel]] void affine_qmv_streamed(
-    const device uint32_t* w,
-    const device T* scales,
-    const device T* biases,
-    const device T* x,
-    device T* y,
-    const constant int& in_vec_size,
-    const constant int& out_vec_size,
-    const constant int& M,
-    const constant int& x_batch_ndims,
-    const constant int* x_shape,
-    const constant int64_t* x_strides,
-    const constant int& w_batch_ndims,
-    const constant int* w_shape,
-    const constant int64_t* w_strides,
-    const constant int64_t* s_strides,
-    const constant int64_t* b_strides,
-    uint3 tid [[threadgroup_position_in_grid]],
-    uint simd_gid [[simdgroup_index_in_threadgroup]],
-    uint simd_lid [[thread_index_in_simdgroup]]) {
-  if (batched) {
-    adjust_matrix_offsets<T>(
-        x,
-        w,
-        scales,
-        biases,
-        y,
-        out_vec_size * M,
-        x_batch_ndims,
-        x_shape,
-        x_strides,
-        w_batch_ndims,
-        w_shape,
-        w_strides,
-        s_strides,
-        b_strides,
-        tid);
-  }
-  qmv_streamed_impl<T, group_size, bits, vecs_per_tg>(
       w,
       scales,
       biases,

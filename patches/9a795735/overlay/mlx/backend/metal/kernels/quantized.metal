@@ -4,8 +4,9 @@
 // base blob:  069482cbaf0b67c24411afd3f80d7498a9a4d301
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -130,6 +130,32 @@
-//   @@ -159,7 +185,8 @@
+//   @@ -63,6 +63,28 @@
+//   @@ -130,6 +152,14 @@
+//   @@ -157,6 +187,7 @@
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -71,6 +72,28 @@
       vecs_per_tg,                                                  \
       k_lanes,                                                      \
       batched)
+
+// The batched qmv: vecs_per_tg vectors share each weight block, each summed
+// as alone (qmv_vecs_per_tg in quantized.cpp picks 2 or 5).
+#define instantiate_quantized_vecs(type, group_size, bits, batched, vecs_per_tg) \
+  instantiate_kernel(                                                    \
+      "affine_qmv_fast_" #type "_gs_" #group_size "_b_" #bits "_batch_" #batched "_nv_" #vecs_per_tg, \
+      affine_qmv_fast,                                                   \
+      type,                                                              \
+      group_size,                                                        \
+      bits,                                                              \
+      batched,                                                           \
+      false,                                                             \
+      vecs_per_tg)                                                       \
+  instantiate_kernel(                                                    \
+      "affine_qmv_" #type "_gs_" #group_size "_b_" #bits "_batch_" #batched "_nv_" #vecs_per_tg, \
+      affine_qmv,                                                        \
+      type,                                                              \
+      group_size,                                                        \
+      bits,                                                              \
+      batched,                                                           \
+      false,                                                             \
+      vecs_per_tg)
 
 #define instantiate_quantized_split_k(name, type, group_size, bits, split_k)     \
   instantiate_kernel(                                                            \
@@ -139,31 +162,13 @@
   instantiate_quantized_wide_wrap(affine_qmv_wide, type, group_size, bits, 4, 8) \
   instantiate_quantized_wide_wrap(affine_qmv_wide, type, group_size, bits, 5, 8)
 
-// Order-preserving streamed qmv: vecs_per_tg (2..5) input vectors per
-// threadgroup, each summed in the order of the M = 1 kernel (qmv_fast or qmv).
-#define instantiate_quantized_streamed(name, type, group_size, bits, vecs_per_tg, batched) \
-  instantiate_kernel(                                                                   \
-      #name "_" #type "_gs_" #group_size "_b_" #bits "_nv_" #vecs_per_tg "_batch_" #batched, \
-      name,                                                         \
-      type,                                                         \
-      group_size,                                                   \
-      bits,                                                         \
-      vecs_per_tg,                                                  \
-      batched)
+#define instantiate_quantized_vecs_wrap(type, group_size, bits, vecs_per_tg) \
+  instantiate_quantized_vecs(type, group_size, bits, 0, vecs_per_tg)         \
+  instantiate_quantized_vecs(type, group_size, bits, 1, vecs_per_tg)
 
-#define instantiate_quantized_streamed_wrap(name, type, group_size, bits, vecs_per_tg) \
-  instantiate_quantized_streamed(name, type, group_size, bits, vecs_per_tg, 0)         \
-  instantiate_quantized_streamed(name, type, group_size, bits, vecs_per_tg, 1)
-
-#define instantiate_quantized_all_streamed(type, group_size, bits) \
-  instantiate_quantized_streamed_wrap(affine_qmv_fast_streamed, type, group_size, bits, 2) \
-  instantiate_quantized_streamed_wrap(affine_qmv_fast_streamed, type, group_size, bits, 3) \
-  instantiate_quantized_streamed_wrap(affine_qmv_fast_streamed, type, group_size, bits, 4) \
-  instantiate_quantized_streamed_wrap(affine_qmv_fast_streamed, type, group_size, bits, 5) \
-  instantiate_quantized_streamed_wrap(affine_qmv_streamed, type, group_size, bits, 2) \
-  instantiate_quantized_streamed_wrap(affine_qmv_streamed, type, group_size, bits, 3) \
-  instantiate_quantized_streamed_wrap(affine_qmv_streamed, type, group_size, bits, 4) \
-  instantiate_quantized_streamed_wrap(affine_qmv_streamed, type, group_size, bits, 5)
+#define instantiate_quantized_all_vecs(type, group_size, bits) \
+  instantiate_quantized_vecs_wrap(type, group_size, bits, 2) \
+  instantiate_quantized_vecs_wrap(type, group_size, bits, 5)
 
 #define instantiate_quantized_all_splitk(type, group_size, bits)   \
   instantiate_quantized_split_k(affine_qvm_split_k, type, group_size, bits, 8)   \
@@ -192,10 +197,10 @@
   instantiate_quantized_all_aligned(type, group_size, bits) \
   instantiate_quantized_all_quad(type, group_size, bits)    \
   instantiate_quantized_all_wide(type, group_size, bits)    \
+  instantiate_quantized_all_vecs(type, group_size, bits)    \
   instantiate_quantized_all_splitk(type, group_size, bits)  \
   instantiate_quantized_all_splitk_qmm(type, group_size, bits) \
-  instantiate_quantized_all_rhs(type, group_size, bits) \
-  instantiate_quantized_all_streamed(type, group_size, bits)
+  instantiate_quantized_all_rhs(type, group_size, bits)
 
 #define instantiate_quantized_types(group_size, bits)       \
   instantiate_quantized_funcs(float, group_size, bits)      \
