@@ -453,8 +453,7 @@ _DEPS_OPTION = click.option(
     "--deps",
     "deps_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    envvar="PATCHKIT_DEPS_DIR",
-    help="Dependency directory (env PATCHKIT_DEPS_DIR; default <cache>/deps).",
+    help="Dependency directory (default: the cache's deps folder).",
 )
 
 
@@ -505,7 +504,7 @@ def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, no_wait: bool, as_js
     "--offline",
     is_flag=True,
     help="Take MLX's dependencies from the dependency directory (`patchkit deps`), not the "
-    "network; implied by --deps or PATCHKIT_DEPS_DIR.",
+    "network; implied by --deps.",
 )
 @_DEPS_OPTION
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Parallel compile jobs.")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.carry import wheels
-from patchkit.util import git
+from patchkit.util import cache, git
 
 QH = "mlx/backend/metal/kernels/quantized.h"
 OLD, NEW = "0.32.1", "0.32.4"
@@ -88,10 +88,27 @@ def upstream(header_repo: dict[str, object], tmp_path: Path) -> dict[str, object
     return {**header_repo, "path": path}
 
 
+# Cache folders every test shares: the wheels (a download) and the emulator's
+# compiled kernels (minutes to build) are the same for every test.
+SHARED_CACHE = ("wheels", "emulate")
+
+
+def isolate_cache(monkeypatch: pytest.MonkeyPatch, path: Path) -> Path:
+    """Point ``PATCHKIT_CACHE_DIR`` at ``path``: clones, builds and locks are the test's
+    own, while the shared folders link to the real cache."""
+    real = cache.root()
+    path.mkdir(parents=True, exist_ok=True)
+    for name in SHARED_CACHE:
+        (real / name).mkdir(parents=True, exist_ok=True)
+        (path / name).symlink_to(real / name, target_is_directory=True)
+    monkeypatch.setenv(cache.ENV, str(path))
+    return path
+
+
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, upstream: dict[str, object]) -> dict:
     """Isolated clone cache, PATCHKIT_MLX_REPO at the test's upstream, a project root."""
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path / "cache"))
+    isolate_cache(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("PATCHKIT_MLX_REPO", str(upstream["path"]))
     root = tmp_path / "project"
     root.mkdir()

@@ -20,7 +20,7 @@ from support_git import mlx_clone
 from patchkit.carry import mlx_build, mlx_deps, source
 from patchkit.cli import main
 from patchkit.errors import UserError
-from patchkit.util import git
+from patchkit.util import cache, git
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,6 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     )
     monkeypatch.setenv(source.ENV_CACHE, str(tmp_path / "cache"))
     monkeypatch.delenv(source.ENV_REPO, raising=False)
-    monkeypatch.delenv(mlx_deps.ENV_DEPS, raising=False)
     clone = source.ensure_clone(str(upstream))
     git.branch_force(clone, "patchkit/" + commit[:8], commit)
     return {"root": root, "upstream": upstream, "clone": clone, "deps": tmp_path / "deps"}
@@ -167,7 +166,7 @@ def test_plan_offline_is_isolated_and_writes_nothing(project: dict[str, Path]) -
     assert "-DMLX_BUILD_METAL=OFF" in args
     # Every pip runs in patchkit's venv under the cache; the user's Python only creates it.
     venv = plan.layout.venv
-    assert venv.is_relative_to(source.cache_root())
+    assert venv.is_relative_to(cache.folder("builds"))
     for step in plan.steps:
         assert "uninstall" not in step.argv
         if "pip" in step.argv:
@@ -364,10 +363,9 @@ def test_dry_run_cli_prints_the_commands(
     assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
     online = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run"])
     assert "FETCHCONTENT" not in online.stdout and "# preflight: " in online.stdout
-    monkeypatch.setenv(mlx_deps.ENV_DEPS, str(project["deps"]))  # implies --offline
-    human = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run"])
+    deps = ["--deps", str(project["deps"])]  # implies --offline
+    human = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", *deps])
     assert "FETCHCONTENT_FULLY_DISCONNECTED=ON" in human.stdout
-    monkeypatch.delenv(mlx_deps.ENV_DEPS)
     offline = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--offline"])
     assert offline.exit_code == 1 and "patchkit deps --from" in offline.output  # default dir empty
     bad = CliRunner().invoke(main, ["build", "--backend", "cpu", "--deps", "/nonexistent"])

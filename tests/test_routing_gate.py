@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support_git import PIN_SHA, QH, mlx_clone, write_templates
+from support_git import PIN_SHA, QH, isolate_cache, mlx_clone, write_templates
 
 from patchkit import cli
 from patchkit.carry import apply, pin, rebase, render
@@ -97,7 +97,7 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
         d.mkdir(parents=True)
         (d / "edits.toml").write_text(edits)
         (d / "route.j2").write_text("  // patchkit route ({{ flavour }})\n")
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path / "cache"))
+    isolate_cache(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("PATCHKIT_MLX_REPO", str(repo))
     root = tmp_path / "project"
     root.mkdir()

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from patchkit.carry import render, source, workspace
 from patchkit.errors import AnchorError, ToolError, UserError
-from patchkit.util import git
+from patchkit.util import cache, git
 
 PR_BACKEND = "pr"
 BACKENDS = ("metal", "cuda")
@@ -212,7 +212,7 @@ def installed_version(tool: str, exe: str | None = None) -> str | None:
 def tools_venv(wanted: dict[str, str]) -> Path:
     """patchkit's own environment for exactly these formatter versions (under the cache)."""
     key = hashlib.sha256(repr(sorted(wanted.items())).encode()).hexdigest()[:12]
-    return source.cache_root() / "tools" / f"formatters-{key}"
+    return cache.folder("tools") / f"formatters-{key}"
 
 
 def candidates(tool: str, wanted: dict[str, str] | None = None) -> list[str]:

@@ -48,6 +48,7 @@ from typing import Any, TextIO
 from patchkit.carry import export_pr, mlx_deps, pin, render, source, workspace
 from patchkit.errors import UserError
 from patchkit.util import git
+from patchkit.util.cache import folder as cache_folder
 
 BACKENDS = ("metal", "cuda", "cpu")
 # MLX docs/src/install.rst and setup.py (which reads CMAKE_ARGS) at the pin.
@@ -118,7 +119,7 @@ class Layout:
 
 def layout(backend: str, short: str, cache: Path | None = None) -> Layout:
     """The cache folders for ``backend`` at pin ``short``."""
-    return Layout((cache or source.cache_root()) / "builds" / f"{backend}-{short}")
+    return Layout((cache / "builds" if cache else cache_folder("builds")) / f"{backend}-{short}")
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,12 @@ module owns that hand-over:
 Only offline builds read it (``patchkit build --offline``); online, MLX's CMake
 fetches the same sources itself.
 
-Third-party sources live in the cache (``PATCHKIT_DEPS_DIR``), never in this repository.
+Third-party sources live in the cache's ``deps`` folder, never in this repository.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import re
 import shutil
 import tarfile
@@ -31,11 +30,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.carry import source
 from patchkit.errors import UserError
-from patchkit.util import git
+from patchkit.util import cache, git
 
-ENV_DEPS = "PATCHKIT_DEPS_DIR"
 STAMP = ".patchkit-source"
 
 # Where each backend's FetchContent calls live in MLX's tree.
@@ -74,9 +71,8 @@ class Dependency:
 
 
 def deps_root() -> Path:
-    """The dependency directory: ``PATCHKIT_DEPS_DIR``, else ``<cache>/deps``."""
-    override = os.environ.get(ENV_DEPS)
-    return Path(override).expanduser() if override else source.cache_root() / "deps"
+    """The dependency directory: the cache's ``deps`` folder (``--deps`` picks another)."""
+    return cache.folder("deps")
 
 
 def parse_declarations(cmake_text: str) -> list[Dependency]:
@@ -134,7 +130,7 @@ def resolve(deps: Iterable[Dependency], root: Path) -> dict[str, Path]:
         )
         raise UserError(
             f"dependency directory {root}: {what}; fill it with "
-            "`patchkit deps --from DIR` (local git clones) or set PATCHKIT_DEPS_DIR"
+            "`patchkit deps --from DIR` (local git clones) or pass --deps DIR"
         )
     return found
 

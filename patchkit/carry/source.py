@@ -30,14 +30,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import platformdirs
-
 from patchkit.carry.pin import UPSTREAM_URL
 from patchkit.errors import BusyError, ToolError, UserError
-from patchkit.util import git, staging
+from patchkit.util import cache, git, staging
 
 ENV_REPO = "PATCHKIT_MLX_REPO"
-ENV_CACHE = "PATCHKIT_CACHE_DIR"
+ENV_CACHE = cache.ENV
 BASE_REF = "refs/patchkit/base"
 
 Progress = Callable[[str], None]
@@ -47,10 +45,8 @@ def _quiet(_: str) -> None:
     """Default progress sink: say nothing."""
 
 
-def cache_root() -> Path:
-    """patchkit's cache directory (``PATCHKIT_CACHE_DIR`` overrides the platform default)."""
-    override = os.environ.get(ENV_CACHE)
-    return Path(override) if override else platformdirs.user_cache_path("patchkit")
+# Scripts outside the package still reach the cache root through this name.
+cache_root = cache.root
 
 
 def source_spec(mlx_repo: str | None, default_url: str = UPSTREAM_URL) -> str:
@@ -68,7 +64,7 @@ def clone_dir(spec: str, root: Path | None = None) -> Path:
     """Cache location for ``spec``: readable name plus a hash, so two sources never collide."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "+", spec.rstrip("/").split("://")[-1])[-60:]
     digest = hashlib.sha256(spec.encode()).hexdigest()[:12]
-    return (root or cache_root()) / "clones" / f"{name}-{digest}.git"
+    return (root / "clones" if root else cache.folder("clones")) / f"{name}-{digest}.git"
 
 
 def ensure_clone(spec: str, *, root: Path | None = None, progress: Progress = _quiet) -> Path:

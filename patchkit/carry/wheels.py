@@ -4,7 +4,7 @@ The wheels ship ``mlx/include/mlx/backend/metal/kernels/*.h``; ``mlx-cpu==0.32.1
 is byte-identical to the pin for the quantized headers, and ``0.32.4`` is a real
 later release. That gives tests and the CPU emulator genuine upstream text
 without a full clone. Downloads go through ``pip download`` (the ordinary client)
-into the user cache; an extracted tree is staged and renamed into place, and is
+into patchkit's cache; an extracted tree is staged and renamed into place, and is
 reused without the network afterwards.
 """
 
@@ -18,24 +18,16 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-import platformdirs
-
 from patchkit.errors import ToolError, UserError
+from patchkit.util import cache
 
 PACKAGE = "mlx-cpu"
 INCLUDE_PREFIX = "mlx/include/"
-ENV_WHEEL_CACHE = "PATCHKIT_WHEEL_CACHE"
 
 
 def wheel_dir(version: str) -> Path:
-    """Cache directory for one wheel version.
-
-    Separate from the clone cache (``PATCHKIT_CACHE_DIR``) so tests can isolate
-    clones per test while downloading each wheel once per machine.
-    """
-    override = os.environ.get(ENV_WHEEL_CACHE)
-    root = Path(override) if override else platformdirs.user_cache_path("patchkit") / "wheels"
-    return root / f"{PACKAGE}-{version}"
+    """Cache directory for one wheel version (in the cache's ``wheels`` folder)."""
+    return cache.folder("wheels") / f"{PACKAGE}-{version}"
 
 
 def download(version: str) -> Path:

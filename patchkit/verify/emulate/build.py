@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import platformdirs
 
 from patchkit.errors import ToolError, UserError
+from patchkit.util import cache
 from patchkit.verify.emulate.extract import Extracted
 
 HERE = Path(__file__).resolve().parent
@@ -135,13 +135,8 @@ COMMON_FLAGS = (
 
 
 def cache_dir() -> Path:
-    """Where built libraries live (``PATCHKIT_EMULATE_CACHE`` overrides).
-
-    Separate from the clone cache so tests that isolate clones per test still
-    reuse compiled kernels.
-    """
-    root = os.environ.get("PATCHKIT_EMULATE_CACHE") or platformdirs.user_cache_dir("patchkit")
-    return Path(root) / "emulate"
+    """Where built libraries live: the cache's ``emulate`` folder."""
+    return cache.folder("emulate")
 
 
 def require_compiler(toolchain: Toolchain) -> str:
