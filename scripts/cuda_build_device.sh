@@ -30,9 +30,8 @@
 #                         build with the build's own commands and swapped in as objects
 #                         (other files swapped in as sources and rebuilt); "// bench-arm:
 #                         NAME KEY=VALUE..." lines in those sources make one arm each on that
-#                         build (scripts/cuda_bench_variants.py writes them)
-# `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`, and the
-# `split`, `rows1` and `bounds` peers (scripts/cuda_bench_variants.py; PEERS= for none).
+#                         build
+# `prepare` makes the first two here, after `patchkit apply` and `patchkit deps`.
 # Usage: scripts/cuda_build_device.sh prepare|start|follow OUTDIR [SECONDS]
 # (`source scripts/cuda_build_device.sh functions` only defines the steps, for the tests.)
 set -euo pipefail
@@ -58,20 +57,7 @@ if [ "$cmd" = prepare ]; then  # here, not on the GPU host, with this machine's 
   rm -rf "$repo/.device/mlx-pin.git" && git init -q --bare "$repo/.device/mlx-pin.git"
   git -C "$repo/.device/mlx-pin.git" fetch -q --depth 3 "file://$clone" \
     "+refs/heads/patchkit/$short:refs/heads/patchkit/$short"
-  # Our own timing variants as peers (PEERS, default the ones still to time: split, the
-  # shipped route without its floor, and rows1, one row per warp without the floor: where
-  # the floor belongs; bounds, the V = 4 kernel's registers capped for more resident warps;
-  # registers and tail were timed and dropped; a peer of another project, such as mlxcel's
-  # qmv.cu, is placed in .peer/<name>/ by hand).
-  qmv=mlx/backend/cuda/quantized/qmm/qmv.cu
-  for kind in ${PEERS-split rows1 bounds}; do
-    base=$( [ "$kind" = tilings ] && echo "patchkit/$short" || echo "$short" )
-    git -C "$clone" show "$base:$qmv" > "$repo/.device/$kind-source.cu"
-    rm -rf "$repo/.peer/$kind"
-    python3 "$repo/scripts/cuda_bench_variants.py" "$kind" "$repo/.device/$kind-source.cu" \
-      "$repo/.peer/$kind"
-    rm -f "$repo/.device/$kind-source.cu"
-  done
+  # A peer of another project, such as mlxcel's qmv.cu, is placed in .peer/<name>/ by hand.
   du -sh "$repo/.device/deps.tar.xz" "$repo/.device/mlx-pin.git" "$repo/.peer" 2>/dev/null || true
   # Every folder in .peer/ travels and becomes an arm, this run's kinds or not.
   echo "arms from .peer/: $(ls "$repo/.peer" 2>/dev/null | tr '\n' ' ')"

@@ -1,0 +1,136 @@
+"""V = 1 is stock: the patched qmv.cu's one-vector kernels compile to the pin's PTX.
+
+``nvcc -ptx`` (sm_90a, MLX's flags) of the pin's ``qmv.cu`` and of the rendered one;
+every ``.entry`` of the pin (all 126 ``qmv_kernel`` and 126 ``gather_qmv_kernel``
+instances) must have a patched counterpart with identical text once names are
+normalized: the kernel's own mangled name (the patched one carries
+``vecs_per_block = 1`` as its first template argument), and the function index in
+block labels (``$L__BB<function>_<block>``), which shifts because the patched
+module holds more kernels. Registers, instructions and their order are compared as
+they are. The negative control changes one operation of the patched
+``qmv_kernel_impl`` (the per-row reduction's ``+=`` into ``-=``) and must fail.
+
+Cost: two or three PTX compiles of the whole file (about 15 s each, in parallel).
+Skipped without nvcc, a clone holding the pin, or MLX's cutlass and fmt downloads.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from support_git import PIN_SHA, mlx_clone
+
+from patchkit.carry import render, source
+from patchkit.util import git
+from patchkit.verify.harness import cuda
+
+NVCC = shutil.which("nvcc")
+CXXFILT = shutil.which("c++filt")
+DEPS = Path(os.environ.get("PATCHKIT_DEPS_DIR", source.cache_root() / "deps"))
+
+pytestmark = [
+    pytest.mark.clone,
+    pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH (CI has none)"),
+    pytest.mark.skipif(CXXFILT is None, reason="c++filt (binutils) not on PATH"),
+    pytest.mark.skipif(
+        mlx_clone() is None,
+        reason="needs a full MLX clone with commit 9a795735: set PATCHKIT_MLX_REPO=/path/to/mlx",
+    ),
+]
+
+
+def entries(ptx: str) -> dict[str, str]:
+    """Each ``.entry``'s text by its demangled name, with the names normalized."""
+    found = {}
+    for m in re.finditer(r"^\.visible \.entry (\S+)\(", ptx, re.M):
+        name = m.group(1)
+        end = ptx.index("\n}\n", m.start())
+        body = ptx[m.start() : end + 3].replace(name, "@KERNEL")
+        found[name] = re.sub(r"\$L__BB\d+_", "$L__BB@_", body)
+    names = list(found)
+    demangled = subprocess.run(
+        [str(CXXFILT)], input="\n".join(names), capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    return dict(zip(demangled, (found[n] for n in names), strict=True))
+
+
+def one_vector(patched: dict[str, str]) -> dict[str, str]:
+    """The patched entries with ``vecs_per_block = 1``, named as the pin names them."""
+    out = {}
+    for name, body in patched.items():
+        m = re.match(r"void mlx::core::cu::qmv_kernel<(\d+), ", name)
+        if m and m.group(1) != "1":
+            continue  # a kernel the pin does not have
+        out[name.replace("qmv_kernel<1, ", "qmv_kernel<", 1) if m else name] = body
+    return out
+
+
+def mismatches(stock: dict[str, str], patched: dict[str, str]) -> list[str]:
+    """The pin's entries whose one-vector counterpart is missing or differs."""
+    ones = one_vector(patched)
+    return [name for name, body in stock.items() if ones.get(name) != body]
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    """PTX entries of the pin's qmv.cu, the patched one, and the one-operation control."""
+    if missing := cuda.missing_deps(DEPS):
+        pytest.skip(f"MLX's configure-time sources missing: {', '.join(missing)}")
+    clone = source.ensure_clone(mlx_clone())
+    read = source.reader(clone, PIN_SHA)
+    root = tmp_path_factory.mktemp("mlx")
+    with tarfile.open(fileobj=io.BytesIO(git.archive(clone, PIN_SHA, ["mlx"]))) as t:
+        t.extractall(root, filter="data")
+    stock_text = read(cuda.QMV_PATH)
+    plan = next(p for p in render.load_plans() if p.path == cuda.QMV_PATH)
+    patched = render.render_file(plan, stock_text, render.RenderOptions())
+    sums = "      sum += sums[v][i];\n"
+    assert patched.count(sums) == 1, "the control's operation moved; update the test"
+    sources = {
+        "stock": stock_text,
+        "patched": patched,
+        "control": patched.replace(sums, sums.replace("+=", "-=")),
+    }
+    qmv_dir = (root / cuda.QMV_PATH).parent
+    flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root, DEPS)
+
+    def compile_one(arm: str) -> tuple[str, dict[str, str]]:
+        src = qmv_dir / f"qmv_{arm}.cu"
+        src.write_text(sources[arm])
+        out = src.with_suffix(".ptx")
+        cmd = [str(NVCC), *flags, "-arch=sm_90a", "-ptx", str(src), "-o", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, f"nvcc -ptx ({arm}):\n{proc.stderr[-3000:]}"
+        return arm, entries(out.read_text())
+
+    with ThreadPoolExecutor(len(sources)) as pool:
+        return dict(pool.map(compile_one, sources))
+
+
+def test_one_vector_kernels_are_the_pins(ptx: dict[str, dict[str, str]]) -> None:
+    """Every kernel of the pin has a patched V = 1 twin with identical PTX."""
+    stock = ptx["stock"]
+    assert len(stock) == 252  # 126 qmv_kernel + 126 gather_qmv_kernel instances
+    assert mismatches(stock, ptx["patched"]) == []
+
+
+def test_new_instances_are_the_shared_weight_ones(ptx: dict[str, dict[str, str]]) -> None:
+    """V > 1 exists only for 8-bit weights with 16-bit activations (V = 2, 3, 4)."""
+    extra = [n for n in ptx["patched"] if re.match(r"void mlx::core::cu::qmv_kernel<[2-9]", n)]
+    assert len(extra) == 3 * 2 * 3 * 2  # V x (bf16, fp16) x group sizes x residue
+    assert all("unsigned char" in n and "float," not in n.split(">(")[0] for n in extra)
+
+
+def test_control_one_operation_changes_ptx(ptx: dict[str, dict[str, str]]) -> None:
+    """The negative control: one operation changed, and the identity check fails."""
+    bad = mismatches(ptx["stock"], ptx["control"])
+    # qmv_kernel_impl is shared: every qmv and gather instance changes.
+    assert len(bad) == len(ptx["stock"])
