@@ -42,7 +42,7 @@ from pathlib import Path
 
 from patchkit.carry import render, source, workspace
 from patchkit.errors import AnchorError, ToolError, UserError
-from patchkit.util import cache, git
+from patchkit.util import cache, git, proc
 
 PR_BACKEND = "pr"
 BACKENDS = ("metal", "cuda")
@@ -254,15 +254,9 @@ def ensure_formatters(wanted: dict[str, str], install: bool) -> dict[str, str]:
             f"touched), or `pip install {' '.join(specs)}` yourself"
         )
     if not (venv / "bin" / "python").is_file():
-        _pip_step([sys.executable, "-m", "venv", str(venv)])
-    _pip_step([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *specs])
+        proc.run([sys.executable, "-m", "venv", str(venv)])
+    proc.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *specs])
     return ensure_formatters(wanted, install=False)
-
-
-def _pip_step(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
 
 
 def _format_cmds(paths: Sequence[str], check: bool, tools: dict[str, str]) -> list[list[str]]:
@@ -289,9 +283,7 @@ def run_formatters(
     if tools is None:
         tools = {t: c[0] for t in ("clang-format", "isort", "black") if (c := candidates(t))}
     for cmd in _format_cmds(paths, check, tools):
-        proc = subprocess.run(cmd, cwd=worktree, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
+        proc.run(cmd, cwd=worktree)
 
 
 def write_and_format(

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from patchkit.carry import export_pr, mlx_deps, pin, render, source, workspace
-from patchkit.errors import UserError
-from patchkit.util import git
+from patchkit.errors import ToolError, UserError
+from patchkit.util import git, proc
 from patchkit.util.cache import folder as cache_folder
 
 BACKENDS = ("metal", "cuda", "cpu")
@@ -201,8 +201,8 @@ def has_nvidia_gpu() -> bool:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return False
-    proc = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-    return proc.returncode == 0 and "GPU " in proc.stdout
+    listed = proc.run([smi, "-L"], check=False)
+    return listed.returncode == 0 and "GPU " in listed.stdout
 
 
 def detect_backend(system: str | None = None, gpu: bool | None = None) -> str:
@@ -517,8 +517,7 @@ def _links(cxx: str, program: str, libs: list[str]) -> bool:
     """Whether ``program`` compiles and links with ``libs`` (headers and libraries present)."""
     with tempfile.TemporaryDirectory(prefix="patchkit-preflight-") as tmp:
         argv = [cxx, "-x", "c++", "-", "-o", str(Path(tmp) / "a.out"), *libs]
-        proc = subprocess.run(argv, input=program, capture_output=True, text=True, check=False)
-        return proc.returncode == 0
+        return proc.run(argv, input=program, check=False).returncode == 0
 
 
 def _reachable(host: str, port: int, timeout: float = 5.0) -> bool:
@@ -588,15 +587,15 @@ def _run_logged(step: Step, log: TextIO, progress: Progress) -> tuple[int, list[
     with subprocess.Popen(
         step.argv, cwd=step.cwd, env={**os.environ, **step.env}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
-    ) as proc:  # fmt: skip
-        for line in proc.stdout or ():
+    ) as child:  # fmt: skip
+        for line in child.stdout or ():
             log.write(line)
             lines.append(line.rstrip("\n"))
             m = _NINJA.match(line)
             if m and (pct := 100 * int(m.group(1)) // int(m.group(2))) != shown:
                 shown = pct  # one update per percent: readable in a CI log, live on a terminal
                 progress(f"[{step.stage}] compile [{m.group(1)}/{m.group(2)}] {pct}%")
-    return proc.returncode, lines
+    return child.returncode, lines
 
 
 def unittest_problems(lines: list[str]) -> set[str]:
@@ -749,11 +748,10 @@ def check_into(venv: Path, python: str) -> Path:
     if mine != theirs:
         raise UserError(f"--into {venv}: it runs Python {theirs}, the wheel would be for {mine}; "
                         "run patchkit with that venv's Python version")  # fmt: skip
-    listed = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], capture_output=True,
-                            text=True, check=False)  # fmt: skip
-    if listed.returncode != 0:
-        why = cause(listed.stderr.splitlines())
-        raise UserError(f"--into {venv}: pip does not run there ({why})")
+    try:
+        listed = proc.run([py, "-m", "pip", "list", "--format=json"])
+    except ToolError as exc:
+        raise UserError(f"--into {venv}: pip does not run there ({_cause(exc)})") from exc
     split = [d["name"] for d in json.loads(listed.stdout) if _SPLIT_PACKAGES.match(d["name"])]
     if split:
         raise UserError(
@@ -766,17 +764,22 @@ def check_into(venv: Path, python: str) -> Path:
 def install_into(wheel: Path, venv: Path, python: str) -> str:
     """``pip install`` the wheel into ``venv`` (``--into``); returns mlx.core's version there."""
     py = check_into(venv, python)
-    proc = subprocess.run([str(py), "-m", "pip", "install", "--force-reinstall", "--no-deps",
-                           str(wheel)], capture_output=True, text=True, check=False)  # fmt: skip
-    if proc.returncode != 0:
-        why = cause((proc.stdout + proc.stderr).splitlines())
-        raise UserError(f"--into {venv}: pip failed ({why})")
-    got = subprocess.run([str(py), "-c", "import mlx.core as mx; print(mx.__version__)"],
-                         capture_output=True, text=True, check=False, cwd=venv)  # fmt: skip
-    if got.returncode != 0:
-        raise UserError(f"--into {venv}: mlx.core does not import after the install "
-                        f"({cause(got.stderr.splitlines())})")  # fmt: skip
+    try:
+        proc.run([py, "-m", "pip", "install", "--force-reinstall", "--no-deps", wheel])
+    except ToolError as exc:
+        raise UserError(f"--into {venv}: pip failed ({_cause(exc)})") from exc
+    try:
+        got = proc.run([py, "-c", "import mlx.core as mx; print(mx.__version__)"], cwd=venv)
+    except ToolError as exc:
+        raise UserError(
+            f"--into {venv}: mlx.core does not import after the install ({_cause(exc)})"
+        ) from exc
     return got.stdout.strip()
+
+
+def _cause(exc: ToolError) -> str:
+    """The line of a failed tool's output that says why (see :func:`cause`)."""
+    return cause((exc.stdout + exc.stderr).splitlines())
 
 
 def _machine(backend: str) -> dict[str, Any]:
@@ -788,11 +791,8 @@ def _machine(backend: str) -> dict[str, Any]:
         "python": platform.python_version(),
     }
     if backend == "cuda" and shutil.which("nvidia-smi"):
-        proc = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        info["gpu"] = proc.stdout.strip()
+        query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+        info["gpu"] = proc.run(query, check=False).stdout.strip()
     return info
 
 

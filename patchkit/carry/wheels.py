@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from patchkit.errors import ToolError, UserError
-from patchkit.util import cache
+from patchkit.util import cache, proc
 
 PACKAGE = "mlx-cpu"
 INCLUDE_PREFIX = "mlx/include/"
@@ -51,14 +50,16 @@ def download(version: str) -> Path:
             tmp,
             f"{PACKAGE}=={version}",
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            err = ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
+        try:
+            proc.run(cmd)
+        except ToolError as err:
             raise UserError(
                 f"cannot download {PACKAGE}=={version} and it is not cached; check the network"
                 f" or pip's index settings ({str(err).splitlines()[0]})"
             ) from err
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise UserError(f"pip download of {PACKAGE}=={version} left no wheel in {tmp}")
         os.replace(wheels[0], dest / wheels[0].name)
     return dest / wheels[0].name
 

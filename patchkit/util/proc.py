@@ -1,0 +1,52 @@
+"""Run an external tool (pip, a compiler, a formatter): one helper, one error.
+
+Commands are argument lists, never shell strings; output is captured as text.
+A failure raises :class:`ToolError` with the command, the exit code and both
+output streams, so the caller adds only what the user should do about it.
+Project-agnostic, like :mod:`patchkit.util.git` (which runs git itself).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from os import PathLike
+
+from patchkit.errors import ToolError
+
+NOT_FOUND = 127  # the shell's exit code for a command that does not exist
+
+
+def run(
+    cmd: Sequence[str | PathLike[str]],
+    *,
+    cwd: str | PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    timeout: float | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` and return it finished; with ``check``, a non-zero exit is a ToolError.
+
+    A missing executable exits with 127, as in a shell: a ToolError with ``check``,
+    else one more failing exit code for a probe to read.
+    """
+    argv = [str(c) for c in cmd]
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            input=input,
+            timeout=timeout,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        if check:
+            raise ToolError(argv, NOT_FOUND, "", f"{argv[0]}: not found") from exc
+        return subprocess.CompletedProcess(argv, NOT_FOUND, "", f"{argv[0]}: not found")
+    if check and proc.returncode != 0:
+        raise ToolError(argv, proc.returncode, proc.stdout, proc.stderr)
+    return proc
