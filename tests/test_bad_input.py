@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from patchkit.carry import pin, render, source
 from patchkit.cli import main
 from patchkit.errors import UserError
+from patchkit.util import git
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_PIN = (ROOT / "pin.toml").read_text()
@@ -104,23 +105,33 @@ def test_usage_errors_are_json_under_json(args: list[str], monkeypatch: pytest.M
 
 
 def _repo_with_commits(path: Path, n: int) -> list[str]:
-    from patchkit.util import git
+    """A repository with a chain of ``n`` commits, made by one ``git fast-import``.
 
+    Author, date and contents are fixed, so the commit ids are the same on every run.
+    """
     git.init(path)
-    shas = []
+    stream = []
     for i in range(n):
-        (path / "f").write_text(f"{i}\n")
-        git.add(path, ["f"])
-        shas.append(git.commit(path, f"c{i}", date="2026-08-17T00:00:00+00:00"))
-    return shas
+        message, content = f"c{i}\n", f"{i}\n"
+        stream += [
+            "commit refs/heads/main",
+            f"mark :{i + 1}",
+            "committer patchkit <patchkit@example.com> 1786924800 +0000",
+            f"data {len(message)}\n{message}",
+            *([f"from :{i}"] if i else []),
+            f"M 100644 inline f\ndata {len(content)}\n{content}",
+        ]
+    git.run(path, "fast-import", "--quiet", input="\n".join(stream) + "\n")
+    git.run(path, "checkout", "--quiet", "main")
+    return git.out(path, "rev-list", "--reverse", "main").split()
 
 
 def test_ambiguous_prefix_is_named_as_such(tmp_path: Path) -> None:
+    # 600 commits: fixed ids in which some 4-digit prefix is shared (as in ~94% of
+    # random sets), so the check below always has its ambiguous case.
     shas = _repo_with_commits(tmp_path / "r", 600)
     prefixes = [s[:4] for s in shas]
-    twice = next((p for p in prefixes if prefixes.count(p) > 1), None)
-    if twice is None:  # 600 commits share a 4-digit prefix with probability ~0.94
-        pytest.skip("no shared 4-digit prefix among these commits")
+    twice = next(p for p in prefixes if prefixes.count(p) > 1)
     with pytest.raises(UserError, match="ambiguous"):
         source.resolve(tmp_path / "r", twice)
     unique = next(p for p in prefixes if prefixes.count(p) == 1)
