@@ -6,13 +6,14 @@ runs the suite and builds the JSON payload and the human summary.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from patchkit.errors import UserError
 from patchkit.verify import emulate
-from patchkit.verify.emulate import build, parity, suite
+from patchkit.verify.emulate import build, ir, parity, suite
 from patchkit.verify.emulate.families import AFFINE, FAMILIES, FP_MODES, Header
 
 
@@ -70,16 +71,38 @@ def _sources(
 
 
 def _every_tenth(say: Callable[[str], None], what: str) -> Callable[[int, int], None]:
-    """A progress callback that speaks at each tenth of the cases, not at every one.
+    """A progress callback that speaks at each tenth of the cases, with the time left.
 
     Piped output (CI logs) gets one line per step; a terminal spinner loses nothing.
     """
+    start = time.monotonic()
 
     def report(i: int, n: int) -> None:
         if i == n or i % max(1, n // 10) == 0:
-            say(f"{what}: case {i}/{n}")
+            left = (time.monotonic() - start) * (n - i) / i
+            say(f"{what}: case {i}/{n}" + (f", about {left:.0f} s left" if i < n else ""))
 
     return report
+
+
+def ir_identity(
+    root: Path,
+    family: Header,
+    header: Path | None,
+    opts: dict[str, Any],
+    say: Callable[[str], None],
+) -> tuple[dict[str, Any], str, bool]:
+    """Every M = 1 kernel of ``family`` at vecs_per_tg = 1 against upstream's (:mod:`.ir`)."""
+    sources, types = _sources(root, family, header, opts, say)
+    say(f"compiling {family.name}'s M = 1 kernels, upstream and patched (clang -O2)")
+    pairs = ir.compare(sources, family, types)
+    differing = [p.instance.label for p in pairs if not p.identical]
+    payload = {"instances": len(pairs), "differing": differing, "ok": not differing}
+    line = (
+        f"{family.name} M = 1 unchanged: {len(pairs) - len(differing)} of {len(pairs)} kernel "
+        "instances compile to upstream's optimized IR at vecs_per_tg = 1"
+    )
+    return payload, line + "".join(f"\n  differs: {d}" for d in differing), not differing
 
 
 def case_summary(
@@ -172,23 +195,25 @@ def _header_matrix(
 def matrix(
     root: Path, header: Path | None, opts: dict[str, Any], say: Callable[[str], None]
 ) -> tuple[dict[str, Any], str, bool]:
-    """Run the default (or full) matrix of each ``--mode`` with each toolchain and judge it.
+    """The IR identity and the default (or full) matrix of each ``--mode``, judged.
 
     The affine payload keeps its shape at the top level (``cases``,
     ``toolchains``); the fp modes add an ``fp`` key (``modes``, ``cases``,
     ``toolchains``, ``ok``).
     """
     modes = _modes(opts.get("mode", "all"))
-    payload: dict[str, Any] = {}
+    payload: dict[str, Any] = {"ir": {}}
     lines, ok = [], True
     for family in dict.fromkeys(FAMILIES[m].header for m in modes):
         picked = tuple(m for m in modes if FAMILIES[m].header is family)
+        ir_part, ir_line, ir_ok = ir_identity(root, family, header, opts, say)
+        payload["ir"][family.name] = ir_part
         part, part_lines, part_ok = _header_matrix(root, family, header, opts, picked, say)
         if family is AFFINE:
             payload.update(cases=part["cases"], toolchains=part["toolchains"])
         else:
             payload[family.name] = part
-        lines += part_lines
-        ok = ok and part_ok
+        lines += [ir_line, *part_lines]
+        ok = ok and part_ok and ir_ok
     payload["ok"] = ok
     return payload, "\n".join(lines) + ("\nOK" if ok else "\nFAILED"), ok
