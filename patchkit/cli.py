@@ -180,7 +180,7 @@ def emit(as_json: bool, payload: dict[str, Any], human: str) -> None:
 @click.group(cls=_Main)
 @click.version_option(package_name="patchkit")
 def main() -> None:
-    """Carry the order-preserving streamed qmv patch over a pinned MLX commit."""
+    """Carry MLX's order-preserving batched qmv change over a pinned MLX commit."""
 
 
 @main.command("apply")
