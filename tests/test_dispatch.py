@@ -8,6 +8,7 @@ kernel.
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -16,9 +17,11 @@ from support_git import PIN_SHA, mlx_clone
 from patchkit.carry import cxx, render
 from patchkit.util import git
 from patchkit.verify import dispatch
+from patchkit.verify.harness import cuda as harness_cuda
 
 SPEC = mlx_clone()
 METAL_CPP = "mlx/backend/metal/quantized.cpp"
+BF16 = "bfloat16"
 
 
 def test_qmv_fast_alignment_by_value() -> None:
@@ -68,15 +71,18 @@ def test_sm90_qmm_branch_is_modelled() -> None:
     assert stock(h200, "affine", 4, 128, 258, 2, 1, group_size=128) == "qmv"  # N % 4 != 0
     assert stock(a100, "affine", 4, 128, 256, 2, 1, group_size=128) == "qmv"
     assert stock(h200, "affine", 4, 128, 256, 2, 1) == "qmv"  # group size not given
-    assert patched(h200, "affine", 4, 128, 256, 2, 1, group_size=128) == "qmm_sm90"
-    exact = {"cuda_exact": True, "group_size": 128}
-    # These layers are below the streaming floor: the exact route's M = 2 runs the
-    # per-vector qmv (streamed from M = 8).
+    assert patched(h200, "affine", 4, 128, 256, 2, 1, group_size=128, dtype=BF16) == "qmm_sm90"
+    exact = {"cuda_exact": True, "group_size": 128, "dtype": BF16}
+    # The exact route moves them to qmv. Layers qmm_sm90 takes (K <= group size <= 128,
+    # N <= 16384 for M = 1 on qmv) lie far below the 2**23-weight floor, so every vector
+    # keeps its own block there.
     assert patched(h200, "affine", 4, 128, 256, 2, 1, **exact) == "qmv"
-    assert patched(h200, "affine", 4, 128, 256, 8, 1, **exact) == "qmv_streamed"
+    assert patched(h200, "affine", 8, 128, 16384, 8, 1, **exact) == "qmv"
     assert patched(h200, "affine", 4, 128, 256, 2, 3, **exact) == "qmm_sm90"  # B > 1
     assert patched(a100, "affine", 4, 128, 256, 2, 3, **exact) == "qmv"
-    assert patched(a100, "affine", 4, 128, 256, 8, 3, **exact) == "qmv_streamed"
+    assert patched(a100, "affine", 4, 128, 256, 8, 3, **exact) == "qmv"
+    # Off the qmm_sm90 branch, 8-bit layers above the floor share weight reads at M = 8 too.
+    assert patched(a100, "affine", 8, 4096, 2048, 8, 1, **exact) == "qmv_shared"
 
 
 def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
@@ -85,7 +91,8 @@ def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
     stock, on sm90 and sm80: M >= 8 stays on qmm. (Its non-transposed points, like
     test_qvm's and test_qmm_non_transposed's, never reach qmv: stock's supports_qmv refuses
     them.) So a failure of that test on the patched build is stock's code. Control: the
-    exact route takes some of the same points to the streamed kernel."""
+    exact route takes some of the same points (M = 8) to qmv, one vector per block (these
+    layers are below the floor)."""
     devices = [
         dispatch.DeviceInfo("cuda", "NVIDIA H200", cc_major=9),
         dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8),
@@ -103,9 +110,71 @@ def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
     for dev, g, bits, m, n, k in grid:
         stock = dispatch.kernel_path(dev, "affine", bits, k, n, m, 1, g)
         assert stock.startswith("qmm")
-        assert dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, False, g) == stock
-        exact_paths.add(dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, True, g))
-    assert "qmv_streamed" in exact_paths
+        path = dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, False, g, dtype=BF16)
+        assert path == stock
+        exact_paths.add(dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, True, g,
+                                                     dtype=BF16))  # fmt: skip
+    assert "qmv" in exact_paths and "qmv_shared" not in exact_paths
+
+
+# The patched CUDA routing (dispatch.cuda_plan, harness.cuda.route) by value: (M, B) ->
+# launches of (vectors per block, vectors), for an 8-bit bfloat16 layer on the floor.
+CUDA_PLANS = {
+    (1, 1): ((1, 1),),
+    (2, 1): ((2, 2),),
+    (3, 1): ((3, 3),),
+    (4, 1): ((4, 4),),
+    (5, 1): ((3, 3), (2, 2)),  # a single launch of 5 was slower than 3 + 2
+    (6, 1): ((3, 3), (3, 3)),
+    (7, 1): ((4, 4), (3, 3)),
+    (8, 1): ((4, 4), (4, 4)),  # the exact route's M >= 8
+    (9, 1): ((4, 4), (3, 3), (2, 2)),
+    (2, 3): ((2, 2),),  # M * B < 8 leaves M <= 3 for B > 1 on the default route
+    (3, 2): ((3, 3),),
+    (4, 3): ((4, 4),),  # the exact route's batches
+    (5, 3): ((1, 5),),  # a batch takes all its vectors in one launch: above 4, one each
+}
+CUDA_FLOOR = 1 << 23  # weights (N * K)
+
+
+def test_cuda_plans_by_value() -> None:
+    for (m, b), plan in CUDA_PLANS.items():
+        assert dispatch.cuda_plan("affine", 8, BF16, 4096, 2048, m, b) == plan, (m, b)
+        assert dispatch.cuda_plan("affine", 8, "float16", 4096, 2048, m, b) == plan, (m, b)
+    for m in range(1, 17):
+        # Every vector is launched once, in order.
+        assert sum(n for _, n in dispatch.cuda_plan("affine", 8, BF16, 4096, 2048, m)) == m
+        # What keeps one launch of one vector per block: 4-bit and every width but 8, float32
+        # activations, the fp modes (their 8-bit type is not uint8_t), a layer one row of
+        # K below the floor, and the overlay's MLX_CUDA_QMV_SHARED_WEIGHTS=0.
+        one = ((1, m),)
+        for bits in (2, 3, 4, 5, 6):
+            assert dispatch.cuda_plan("affine", bits, BF16, 4096, 2048, m) == one
+        assert dispatch.cuda_plan("affine", 8, "float32", 4096, 2048, m) == one
+        assert dispatch.cuda_plan("mxfp8", 8, BF16, 4096, 2048, m) == one
+        assert dispatch.cuda_plan("affine", 8, BF16, 4096, 2047, m) == one
+        assert dispatch.cuda_plan("affine", 8, BF16, 4096, 2048, m, shared=False) == one
+
+
+def test_cuda_patched_paths_name_the_shared_launches() -> None:
+    """Default route: the 8-bit 16-bit-activation calls M * B < 8 on a layer at or above the
+    floor run qmv_shared; the rest of qmv's calls keep qmv; qmm's calls stay on qmm."""
+    a100 = dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8)
+
+    def path(bits: int, k: int, n: int, m: int, b: int = 1, dtype: str = BF16, **kw) -> str:
+        return dispatch.patched_kernel_path(a100, "affine", bits, k, n, m, b, dtype=dtype, **kw)
+
+    assert [path(8, 4096, 2048, m) for m in range(1, 9)] == ["qmv"] + ["qmv_shared"] * 6 + ["qmm"]
+    assert [path(8, 4096, 2048, m, 3) for m in (1, 2, 3)] == ["qmv", "qmv_shared", "qmm"]
+    assert path(4, 4096, 4096, 2) == "qmv"
+    assert path(8, 4096, 4096, 2, dtype="float32") == "qmv"
+    assert path(8, 1024, 1024, 2) == "qmv"
+    assert path(8, 4096, 2048, 2, cuda_shared_weights=False) == "qmv"
+    assert path(8, 4096, 2048, 12, cuda_exact=True) == "qmv_shared"
+    assert path(8, 4096, 2048, 5, 3, cuda_exact=True) == "qmv"
+    assert path(8, 4096, 2048, 17, cuda_exact=True) == "qmm"
+    mxfp8 = dispatch.patched_kernel_path(a100, "mxfp8", 8, 4096, 2048, 2, 1, dtype=BF16)
+    assert mxfp8 == "fp_qmv"
 
 
 def _upstream(path: str) -> str:
@@ -201,3 +270,105 @@ def test_sm90_model_reads_the_pinned_conditions() -> None:
         assert condition in body, condition
     route = _upstream("mlx/backend/cuda/quantized/quantized.cpp")
     assert "can_use_qmv && (M == 1 && B == 1 && N <= 16384 && K <= 16384)" in route
+
+
+CUDA_QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
+CUDA_CPP = "mlx/backend/cuda/quantized/quantized.cpp"
+
+
+def _cuda_render(path: str, flavour: str) -> str:
+    plan = next(p for p in render.load_plans() if p.path == path)
+    opts = render.RenderOptions(("cuda",), flavour=flavour)
+    return render.render_file(plan, _upstream(path), opts)
+
+
+def _py_ternaries(expr: str) -> str:
+    """``c ? a : b`` -> ``(a if c else b)``, innermost first, each operand bounded by the
+    parentheses or the comma around it."""
+    while "?" in expr:
+        q = expr.rindex("?")
+        depth, start = 0, 0
+        for i in range(q - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(expr[i], 0)
+            if depth < 0 or (depth == 0 and expr[i] == ","):
+                start = i + 1
+                break
+        colon = expr.index(":", q)
+        depth, end = 0, len(expr)
+        for i in range(colon + 1, len(expr)):
+            depth += {"(": 1, ")": -1}.get(expr[i], 0)
+            if depth < 0 or (depth == 0 and expr[i] == ","):
+                end = i
+                break
+        cond, yes, no = expr[start:q], expr[q + 1 : colon], expr[colon + 1 : end]
+        expr = f"{expr[:start]}(({yes}) if ({cond}) else ({no})){expr[end:]}"
+    return expr
+
+
+def _c_eval(expr: str, **names: int) -> int:
+    """Evaluate the C++ of qmv_vecs_per_block's condition or return value over ``names``."""
+    py = re.sub(r"static_cast<int64_t>\((\w+)\)", r"\1", " ".join(expr.split()))
+    py = py.replace("cuda::std::min", "min").replace("&&", " and ").replace("||", " or ")
+    return int(eval(_py_ternaries(py).replace("/", "//"), {"min": min}, names))
+
+
+@needs_clone
+@pytest.mark.parametrize("flavour", ["upstream", "overlay"])
+def test_cuda_plan_is_the_rendered_routing(flavour: str) -> None:
+    """dispatch.cuda_plan (harness.cuda.route) against the rendered qmv.cu: the weights that
+    share reads, qmv_vecs_per_block's condition and value evaluated over a grid of rest,
+    l, n, k, and the host loop that turns them into launches."""
+    text = _cuda_render(CUDA_QMV, flavour)
+    assert (
+        "constexpr bool qmv_shares_weights =\n"
+        "    cute::sizeof_bits_v<T> == 16 && cuda::std::is_same_v<Q, uint8_t>;"
+    ) in text
+    # Only affine 8-bit quantizes to uint8_t (the fp modes use float_e4m3_t / float_e2m1_t).
+    quant = cxx.function_text(text, "dispatch_quant_types")
+    assert quant.count("uint8_t") == 1 and "if (bits == 8) {" in quant
+    body = cxx.function_text(text, "qmv_vecs_per_block")
+    cond, value = re.search(
+        r"if constexpr \(qmv_shares_weights<T, Q>\) \{\s*if \((.*?)\) \{\s*return (.*?);",
+        body,
+        re.S,
+    ).groups()
+    assert body.rstrip().endswith("return 1;\n}")
+    for rest, batches, (n, k) in itertools.product(
+        range(1, 17),  # vectors left to launch
+        range(1, 8),  # batches (l); M * B < 8 bounds them on the default route
+        ((2048, 4096), (2047, 4096), (4100, 4160), (1024, 1024), (28672, 8192)),  # N, K
+    ):
+        names = {"rest": rest, "l": batches, "n": n, "k": k}
+        want = _c_eval(value, **names) if _c_eval(cond, **names) else 1
+        case = (rest, batches, n, k)
+        for dtype in ("bfloat16", "float16"):
+            assert harness_cuda.vecs_per_block(rest, batches, n, k, 8, dtype) == want, case
+        assert harness_cuda.vecs_per_block(rest, batches, n, k, 8, "float32") == 1
+        assert harness_cuda.vecs_per_block(rest, batches, n, k, 4, "bfloat16") == 1
+    host = cxx.function_text(text, "qmv", 1)
+    assert "cu::qmv_vecs_per_block<T, Q>(m - vec, l, n, k);" in host
+    assert "int vecs = vecs_per_block == 1 ? m - vec : vecs_per_block;" in host
+    assert "vec += vecs;" in host
+    # Which V the launch instantiates: exactly those the routing returns above.
+    dispatch_v = cxx.function_text(text, "dispatch_vecs_per_block")
+    assert set(map(int, re.findall(r"vecs_per_block == (\d)", dispatch_v))) == {2, 3, 4}
+    switch = 'static bool off = !env::get_var("MLX_CUDA_QMV_SHARED_WEIGHTS", 1);'
+    assert (switch in body) == (flavour == "overlay")
+
+
+@needs_clone
+def test_cuda_exact_route_is_the_rendered_overlay() -> None:
+    """The exact route patched_kernel_path models is the overlay's quantized.cpp branch;
+    the upstream render leaves quantized.cpp as the pin has it."""
+    assert _cuda_render(CUDA_CPP, "upstream") == _upstream(CUDA_CPP)
+    text = " ".join(_cuda_render(CUDA_CPP, "overlay").split())
+    assert 'static bool qmv_exact = env::get_var("MLX_CUDA_QMV_EXACT", 0);' in text
+    assert (
+        "bool m1_runs_qmv = qmv_exact && (can_use_qmm_sm90 ? (B == 1 && N <= 16384 && "
+        f"K <= 16384) : (B < {dispatch.CUDA_QMV_MAX_ROWS}));"
+    ) in text
+    assert (
+        "if (can_use_qmv && !can_use_fp_qmv && M >= 2 && "
+        f"M <= {dispatch.CUDA_QMV_EXACT_MAX_ROWS} && m1_runs_qmv) {{ call_qmv(); return; }}"
+    ) in text
+    assert text.index("m1_runs_qmv) {") < text.index("if (can_use_qmm_sm90) {")

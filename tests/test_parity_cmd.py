@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from patchkit.cli import main
-from patchkit.verify import mlx_parity
+from patchkit.verify import dispatch, mlx_parity
 
 METAL_G15 = mlx_parity.DeviceInfo("metal", "applegpu_g15s", 15, "s")
 METAL_G13 = mlx_parity.DeviceInfo("metal", "applegpu_g13g", 13, "g")
@@ -74,27 +75,42 @@ def test_shared_weights_fold_into_m_on_metal_only() -> None:
     assert mlx_parity.m_stop(CUDA, shared, limit) == limit
 
 
-def test_patched_cuda_paths_follow_the_streaming_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A patched CUDA build streams layers of 2**24 weights and more: 4-bit from M = 2, 8-bit
-    at M = 2..4 and, in one batch, at M = 5..7 (split into passes); smaller layers and other
-    widths only on the exact route (M >= 8); the exact route (MLX_CUDA_QMV_EXACT) keeps
-    qmm's M in qmv."""
+def test_patched_cuda_paths_follow_the_shared_weights_routing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A patched CUDA build reads each weight once for several vectors (qmv_shared) for 8-bit
+    weights with float16/bfloat16 activations on layers of 2**23 weights and more, at the
+    M * B < 8 that reach qmv; every other qmv call keeps one vector per block (qmv). The
+    overlay's switches: MLX_CUDA_QMV_EXACT=1 keeps qmm's M <= 16 in qmv,
+    MLX_CUDA_QMV_SHARED_WEIGHTS=0 turns the shared reads off."""
     monkeypatch.delenv("MLX_CUDA_QMV_EXACT", raising=False)
-    assert mlx_parity.kernel_path(CUDA, cfg(), 2, patched=True) == "qmv_streamed"
-    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 2, patched=True) == "qmv_streamed"
-    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 4, patched=True) == "qmv_streamed"
-    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 5, patched=True) == "qmv_streamed"
-    assert mlx_parity.kernel_path(CUDA, cfg(bits=6), 2, patched=True) == "qmv"
-    assert mlx_parity.kernel_path(CUDA, cfg(K=1024, N=1024), 2, patched=True) == "qmv"  # floor
-    assert mlx_parity.kernel_path(CUDA, cfg(), 9, patched=True) == "qmm"
+    monkeypatch.delenv("MLX_CUDA_QMV_SHARED_WEIGHTS", raising=False)
+
+    def path(m: int, **kw: Any) -> str:
+        return mlx_parity.kernel_path(CUDA, cfg(**{"bits": 8, **kw}), m, patched=True)
+
+    assert [path(m) for m in range(1, 9)] == ["qmv"] + ["qmv_shared"] * 6 + ["qmm"]
+    assert path(2, K=2048) == "qmv_shared"  # N * K = 2**23, on the floor
+    assert path(2, K=2048, N=4092) == "qmv"  # one row group below it
+    assert path(2, bits=4) == "qmv"  # 4-bit gained too little to keep
+    assert path(2, bits=6) == "qmv"
+    assert path(2, B=3) == "qmv_shared" and path(3, B=3) == "qmm"
+    f32 = mlx_parity.Config("affine", 8, 64, "float32", 4096, 4096, 1)
+    assert mlx_parity.kernel_path(CUDA, f32, 2, patched=True) == "qmv"
+    assert mlx_parity.kernel_path(CUDA, cfg("mxfp8"), 2, patched=True) == "fp_qmv"
+    # Unpatched, the same calls are stock's qmv.
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 2) == "qmv"
     monkeypatch.setenv("MLX_CUDA_QMV_EXACT", "1")
-    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 9, patched=True) == "qmv_streamed"
-    assert mlx_parity.kernel_path(CUDA, cfg(K=1024, N=1024), 9, patched=True) == "qmv_streamed"
-    assert mlx_parity.kernel_path(CUDA, cfg(bits=6, B=3), 3, patched=True) == "qmv"
-    assert mlx_parity.kernel_path(CUDA, cfg(B=3), 3, patched=True) == "qmv_streamed"
-    assert mlx_parity.kernel_path(CUDA, cfg(bits=8, B=3), 5, patched=True) == "qmv"  # no split
-    assert mlx_parity.kernel_path(CUDA, cfg(), 17, patched=True) == "qmm"
+    assert path(9) == "qmv_shared" and path(16) == "qmv_shared" and path(17) == "qmm"
+    assert path(9, K=1024, N=1024) == "qmv"  # below the floor: one vector per block
+    assert path(3, B=3) == "qmv_shared" and path(5, B=3) == "qmv"  # a batch: up to 4
     assert mlx_parity.kernel_path(CUDA, cfg("mxfp4"), 9, patched=True) == "qmm"
+    monkeypatch.setenv("MLX_CUDA_QMV_SHARED_WEIGHTS", "0")
+    assert path(2) == "qmv" and path(9) == "qmv"
+    # Read as MLX reads it (atoi): leading digits count, no digits is 0.
+    for value, shared in (("1", True), (" 2x", True), ("junk", False), ("", False)):
+        monkeypatch.setenv("MLX_CUDA_QMV_SHARED_WEIGHTS", value)
+        assert (path(2) == "qmv_shared") == shared, value
 
 
 def test_configs_quick_covers_axes_and_filters() -> None:
@@ -179,28 +195,27 @@ def test_unsupported_mode_is_reported_not_raised() -> None:
     assert mlx_parity.table_cells(row)[-1].startswith("unsupported")
 
 
-def test_large_shapes_stream_above_the_floor_and_skip_on_cpu() -> None:
-    """The full matrix carries GPU-only shapes of at least 2**24 weights, so that the CUDA
-    routing's floor on the weights still leaves the streamed kernel under parity, batched
-    and broadcast weights included; on the CPU backend they are reported as skipped, not
-    run. Control: every affine shape of the rest of the matrix falls below the floor."""
-    from patchkit.carry.render import RenderOptions
-    from patchkit.verify import dispatch
-
+def test_large_shapes_share_weights_above_the_floor_and_skip_on_cpu() -> None:
+    """The full matrix carries GPU-only 8-bit shapes of at least 2**23 weights in both 16-bit
+    dtypes, so that parity on a patched CUDA build runs the shared-weights launches (every
+    M = 2..7 plan, batched and broadcast weights included); on the CPU backend they are
+    reported as skipped, not run. Control: no other affine configuration reaches them."""
     large = [c for c in mlx_parity.configs(full=True) if c.gpu_only]
     assert {(c.K, c.N) for c in large} == set(mlx_parity.LARGE_SHAPES.values())
     assert {(c.B, c.shared_w) for c in large} == {(1, False), (3, False), (3, True)}
+    assert {c.dtype for c in large} == {"bfloat16", "float16"}
     assert not [c for c in mlx_parity.configs(full=False) if c.gpu_only]
-    floor = RenderOptions()  # the shipped routing, floor and split included
-    assert floor.stream_min_weights == 1 << 24 and floor.split_tail
+    assert min(k * n for k, n in mlx_parity.LARGE_SHAPES.values()) == 1 << 23
+    plans = set()
     for c in large:
-        assert c.N * c.K >= 1 << 24
-        # B = 1: every M = 2..7 streams; B = 3: M = 2, the one M * B < 8 the default
-        # route sends to qmv (the exact route takes the rest, streamed from M = 8).
-        ms = range(2, 8) if c.B == 1 else (2,)
-        assert all(dispatch.cuda_streams(m, c.bits, c.K, c.N, c.B, floor) for m in ms)
+        # B = 1: M = 2..7; B = 3: M = 2, the one M * B < 8 the default route sends to qmv.
+        for m in range(2, 8) if c.B == 1 else (2,):
+            assert mlx_parity.kernel_path(CUDA, c, m, patched=True) == "qmv_shared", (c, m)
+            plans.add(dispatch.cuda_plan(c.mode, c.bits, c.dtype, c.K, c.N, m, c.B))
+    assert {v for plan in plans for v, _ in plan} == {2, 3, 4}  # every V the patch adds
     small = [c for c in mlx_parity.configs(full=True) if not c.gpu_only and c.mode == "affine"]
-    assert not any(dispatch.cuda_streams(2, c.bits, c.K, c.N, 1, floor) for c in small)
+    for c, m in itertools.product(small, range(2, 8)):
+        assert mlx_parity.kernel_path(CUDA, c, m, patched=True) in ("qmv", "qmm"), (c, m)
     ragged = mlx_parity.LARGE_SHAPES["ragged"]
     assert ragged[0] % 512 and ragged[1] % 8  # a K tail and a partial last row block
     row = mlx_parity.run_config(mlx, mlx_parity.DeviceInfo("cpu", "cpu"), large[0])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from patchkit.carry.render import RenderOptions
+from patchkit.verify.harness import cuda as cuda_harness
 
 # The fp modes and their fixed (group_size, bits): ``quantized.cpp``'s mode table.
 FP_MODES: dict[str, tuple[int, int]] = {"mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
@@ -155,38 +155,34 @@ def kernel_path(
     return prefix + ("qmv_fast" if uses_qmv_fast(K, N, bits) else "qmv")
 
 
-CUDA_QMV_EXACT_MAX_ROWS = 16  # the opt-in exact range of the patched quantized.cpp
+CUDA_QMV_EXACT_MAX_ROWS = 16  # the overlay's exact route: 2 <= M <= 16 (quantized.cpp)
 
 
-def cuda_splits(M: int, B: int, bits: int) -> bool:
-    """``cu::qmv_streamed_splits(m, l, bits)`` with ``cuda_split_tail``: M = 5..7 of one
-    batch as several passes (4-bit at M = 7 keeps one launch of two V = 4 tiles)."""
-    return B == 1 and (M in (5, 6) or (M == 7 and bits == 8))
+def cuda_plan(
+    mode: str, bits: int, dtype: str, K: int, N: int, M: int, B: int = 1, shared: bool = True
+) -> tuple[tuple[int, int], ...]:
+    """The launches the patched ``mlx::core::qmv`` (``qmv.cu``) makes for ``M`` rows of each
+    of ``B`` batches: ``(vectors per block, vectors)`` per launch.
 
-
-def cuda_streams(
-    M: int, bits: int, K: int, N: int, B: int = 1, options: RenderOptions | None = None
-) -> bool:
-    """``cu::use_qmv_streamed`` of the patched qmv.cu rendered with ``options`` (default:
-    the shipped ``patches/``), for the M >= 2 that reach it.
-
-    Shipped: where the compiled kernel was timed faster than stock's per-vector qmv on an
-    H200 with the weights read from HBM: layers of at least ``cuda_stream_min_weights``
-    weights (n * k, 2**24), 4-bit from M = 2, 8-bit at M = 2..7 (M = 5..7 of one batch
-    split into passes, ``cuda_split_tail``; in a batch of B > 1 they keep the per-vector
-    kernel). Smaller layers and other widths stream only at M >= 8, which only the exact
-    route reaches.
+    The one model is :func:`patchkit.verify.harness.cuda.route` (``cu::qmv_vecs_per_block``:
+    8-bit affine weights with bfloat16/float16 activations on layers of N * K >= 2**23,
+    M = 2, 3, 4 in one launch, 5 = 3 + 2, 6 = 3 + 3, 7 = 4 + 3; a batch of B > 1 only up to
+    4 vectors), which the harness times and ``tests/test_dispatch.py`` checks against the
+    rendered template. The fp modes quantize to fp types, not ``uint8_t``, so they keep one
+    launch of one vector per block, as does every call with ``shared`` off (the overlay's
+    ``MLX_CUDA_QMV_SHARED_WEIGHTS=0``).
     """
-    opts = options or RenderOptions()
-    if M >= 8:
-        return True
-    if opts.stream_min_weights > N * K:
-        return False
-    if M < 2:
-        return False
-    if bits == 4:
-        return True
-    return bits == 8 and (M <= 4 or (opts.split_tail and cuda_splits(M, B, bits)))
+    if mode != "affine" or not shared:
+        return ((1, M),)
+    return cuda_harness.route(M, cuda_harness.Config(K, N, bits, dtype=dtype), B)
+
+
+def cuda_shares_weights(
+    mode: str, bits: int, dtype: str, K: int, N: int, M: int, B: int = 1, shared: bool = True
+) -> bool:
+    """Whether the patched ``qmv`` reads each weight once for several vectors at this call
+    (every launch of :func:`cuda_plan` has more than one vector per block)."""
+    return cuda_plan(mode, bits, dtype, K, N, M, B, shared)[0][0] > 1
 
 
 def patched_kernel_path(
@@ -199,17 +195,24 @@ def patched_kernel_path(
     B: int,
     cuda_exact: bool = False,
     group_size: int = 0,
+    *,
+    dtype: str,
+    cuda_shared_weights: bool = True,
 ) -> str:
-    """The kernel an MLX built from ``patches/`` (upstream flavour) takes for the same call.
+    """The kernel an MLX built from ``patches/`` takes for the same call (activations in
+    ``dtype``, which only the CUDA routing reads).
 
     - Metal: what stock sends to ``qmv_wide`` goes to the streamed kernel of the
       M = 1 path's flavour (``qmv_fast_streamed`` / ``qmv_streamed``).
-    - CUDA: ``qmv`` streams the M >= 2 that reach it where that was measured faster
-      (``cuda_streams``), otherwise it runs stock's per-vector ``qmv``, which is just as
-      exact (affine; ``fp_qmv`` is stock). With ``cuda_exact``
-      (``MLX_CUDA_QMV_EXACT=1``), affine ``2 <= M <= 16`` with ``B < 8`` reaches ``qmv``
-      too, where stock would run ``qmm``; where ``qmm_sm90`` applies, with ``B == 1`` (the
-      calls whose M = 1 stock runs on ``qmv``) instead of ``B < 8``.
+    - CUDA: the calls that reach ``qmv`` run MLX's own ``qmv`` kernel, now with a number
+      of vectors per block (:func:`cuda_plan`); ``qmv_shared`` names the calls where that
+      number is above 1 (each weight read once for several vectors), ``qmv`` those that
+      keep upstream's one vector per block. Both sum every vector in the M = 1 order. The
+      overlay's switches: ``cuda_exact`` (``MLX_CUDA_QMV_EXACT=1``) also sends affine
+      ``2 <= M <= 16`` to ``qmv`` where the M = 1 call of those rows runs ``qmv`` (``B < 8``;
+      where ``qmm_sm90`` applies, ``B == 1`` with N, K <= 16384), where stock runs ``qmm``;
+      ``cuda_shared_weights`` off (``MLX_CUDA_QMV_SHARED_WEIGHTS=0``) keeps one vector per
+      block everywhere.
     - Everything else is stock's routing.
     """
     stock = kernel_path(dev, mode, bits, K, N, M, B, group_size)
@@ -223,5 +226,6 @@ def patched_kernel_path(
             m1_runs_qmv = B < CUDA_QMV_MAX_ROWS
         exact_range = 2 <= M <= CUDA_QMV_EXACT_MAX_ROWS and m1_runs_qmv
         if stock == "qmv" or (cuda_exact and mode == "affine" and exact_range):
-            return "qmv_streamed" if cuda_streams(M, bits, K, N, B) else "qmv"
+            shares = cuda_shares_weights(mode, bits, dtype, K, N, M, B, cuda_shared_weights)
+            return "qmv_shared" if shares else "qmv"
     return stock

@@ -42,14 +42,14 @@ BATCHES = (1, 3)
 # bits (K % qmv_fast_k_alignment == 0, N % 8 == 0); "ragged" takes qmv with its
 # safe tail (640 % 512 != 0) and moved-back last tile (37 = 4 * 8 + 5).
 SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
-# GPU only (minutes on MLX's CPU backend), in the full matrix: shapes of at least 2**24
-# weights (n * k), where the CUDA routing's floor on the weights (render option
-# cuda_stream_min_weights, 2**24) still streams M = 2..7; without them, the floor leaves
-# every smaller shape above on the per-vector kernel and the streamed kernel of the default
-# route unchecked. "floor" sits exactly on 2**24; "ragged" above it, with a K
-# tail (4160 % 512 != 0) and N % 8 != 0.
-LARGE_SHAPES = {"floor": (4096, 4096), "ragged": (4160, 4100)}
-LARGE_BITS = (4, 8)  # the widths CUDA streams at M = 2..7
+# GPU only (minutes on MLX's CPU backend), in the full matrix: shapes of at least 2**23
+# weights (N * K), the floor above which the patched CUDA qmv reads each 8-bit weight once
+# for several bfloat16/float16 vectors (dispatch.cuda_plan); every shape above lies below
+# it, so without these the shared-weights launches (V = 2..4, M = 5..7 as two launches)
+# would go unchecked. "floor" sits exactly on 2**23; "ragged" above it, with a K tail
+# (4160 % 512 != 0) and N % 8 != 0.
+LARGE_SHAPES = {"floor": (4096, 2048), "ragged": (4160, 4100)}
+LARGE_BITS = (8,)  # the only width CUDA shares weight reads for (4-bit: one vector per block)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,11 @@ def kernel_path(dev: DeviceInfo, cfg: Config, M: int, patched: bool = False) -> 
     if not patched:
         return dispatch.kernel_path(*args, group_size=cfg.group_size)
     return dispatch.patched_kernel_path(
-        *args, cuda_exact=cuda_exact_enabled(), group_size=cfg.group_size
+        *args,
+        cuda_exact=cuda_exact_enabled(),
+        group_size=cfg.group_size,
+        dtype=cfg.dtype,
+        cuda_shared_weights=cuda_shared_weights_enabled(),
     )
 
 
@@ -125,15 +129,26 @@ def m_stop(dev: DeviceInfo, cfg: Config, limit: int) -> int:
     return (limit - 1) // per_m + 1
 
 
-def cuda_exact_enabled() -> bool:
-    """Whether ``MLX_CUDA_QMV_EXACT`` asks a patched CUDA build for the exact M <= 16 route.
+def _env_int(name: str, default: int) -> int:
+    """An integer variable read as MLX's ``env::get_var(name, default)`` reads it: ``atoi``
+    of the value when set (leading digits, 0 when there are none), else ``default``."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    digits = re.match(r"\s*([+-]?\d+)", value)
+    return int(digits.group(1)) if digits else 0
 
-    Read the way MLX's ``env::get_var(name, 0)`` reads it: an integer, non-zero is on.
-    """
-    try:
-        return int(os.environ.get("MLX_CUDA_QMV_EXACT", "0")) != 0
-    except ValueError:
-        return False
+
+def cuda_exact_enabled() -> bool:
+    """Whether ``MLX_CUDA_QMV_EXACT`` asks a patched CUDA build (overlay) for the exact
+    M <= 16 route: default 0, non-zero is on."""
+    return _env_int("MLX_CUDA_QMV_EXACT", 0) != 0
+
+
+def cuda_shared_weights_enabled() -> bool:
+    """Whether a patched CUDA build (overlay) reads weights once for several vectors:
+    ``MLX_CUDA_QMV_SHARED_WEIGHTS``, default 1; 0 keeps one vector per block."""
+    return _env_int("MLX_CUDA_QMV_SHARED_WEIGHTS", 1) != 0
 
 
 def configs(
@@ -187,8 +202,8 @@ def _all_configs(full: bool) -> list[Config]:
                 LARGE_SHAPES.values(), LARGE_BITS, ("bfloat16", "float16")
             )
         ]
-        # Batched and broadcast weights above the floor: below it the CUDA default route
-        # hands B > 1 to the per-vector kernel, so only these reach the streamed one there.
+        # Batched and broadcast weights above the floor: below it every batch keeps one
+        # vector per block, so only these reach the shared-weights launches with B > 1.
         out += [
             Config("affine", bits, 64, "bfloat16", *LARGE_SHAPES["floor"], BATCHES[-1],
                    shared_w=shared, gpu_only=True)
