@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from patchkit.cli import main
 from patchkit.errors import UserError
-from patchkit.verify.probe import Options, exact, report, run, speed
+from patchkit.verify.probe import Options, exact, linears, report, run, speed
 
 mx = pytest.importorskip("mlx.core", reason="mlx not installed: pip install -e '.[mlx]'")
 
@@ -43,6 +43,19 @@ def _result(payload: dict[str, Any], bits: int, arm: str) -> dict[str, Any]:
 def test_streamed_arm_is_reported_unavailable_on_cpu(payload: dict[str, Any]) -> None:
     assert payload["arms_run"] == ["stock", "reordered"]
     assert "CPU backend" in payload["arms_skipped"]["streamed"]
+
+
+def test_streamed_arm_on_cuda_says_to_probe_a_patched_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CUDA there is no kernel to JIT (the change is MLX's compiled qmv): the streamed arm
+    is refused with the way to probe the change, the other arms still run."""
+    monkeypatch.setattr(linears, "backend", lambda: "cuda")
+    avail = linears.availability()
+    assert avail["stock"] is None and avail[linears.CONTROL] is None
+    assert "patchkit build --backend cuda" in avail["streamed"]
+    with pytest.raises(UserError, match="patched build"):
+        linears.make("streamed", Path("."))
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timing", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--acceptance", type=float, default=0.7)
-    ap.add_argument("--cuda-header", type=Path)
     ap.add_argument("--attention", choices=["fused", "per_query"], default="fused")
     ap.add_argument("--deadline", type=float, help="seconds; no new (bits, arm) after")
     ap.add_argument("--out", type=Path, required=True)
@@ -43,7 +42,6 @@ def main(argv: list[str] | None = None) -> None:
         timing=a.timing,
         repeats=a.repeats,
         alpha=a.acceptance,
-        cuda_header=a.cuda_header,
         deadline_s=a.deadline,
         attention=a.attention,
     )

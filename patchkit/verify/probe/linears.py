@@ -3,17 +3,23 @@
 ``stock`` is ``mx.quantized_matmul`` and so whatever MLX routes M rows to (qmv,
 qmv_wide, qmm...). ``streamed`` keeps M = 1 on that same stock call and sends
 M >= 2 rows to the order-preserving streamed kernel, compiled at run time from
-the other harnesses' text: on NVIDIA through ``mx.fast.cuda_kernel`` with
-:mod:`patchkit.verify.harness.cuda`'s header and bodies, on Apple GPUs through
-``mx.fast.metal_kernel`` with :mod:`patchkit.verify.harness.metal`. That is the routing
-the patch gives MLX (M = 1 unchanged), so a streamed block is compared with the
-very chain a patched MLX would run. There is no streamed kernel for MLX's CPU
-backend; :func:`availability` says so instead of faking an arm.
+the Metal harness's text through ``mx.fast.metal_kernel``
+(:mod:`patchkit.verify.harness.metal`). That is the routing the patch gives MLX
+(M = 1 unchanged), so a streamed block is compared with the very chain a patched
+MLX would run.
+
+Only on Apple GPUs. There is no streamed kernel for MLX's CPU backend, and none to
+JIT on CUDA: the CUDA change is MLX's own compiled ``qmv`` taking a number of vectors
+per block (one body, ``templates/mlx/backend/cuda/``), not a separate kernel whose
+text could go through ``mx.fast.cuda_kernel``; the compiled harness
+(:mod:`patchkit.verify.harness.cuda`) runs it on torch tensors, outside MLX's graph.
+A JIT copy would be a second body that no patched MLX runs, so on CUDA the probe
+runs a patched build instead (``patchkit build --backend cuda``), whose ``stock``
+arm is the patched routing. :func:`availability` says so instead of faking an arm.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,19 +49,20 @@ def backend() -> str:
     return "cuda" if mx.cuda.is_available() else "cpu"
 
 
-def availability(cuda_header: Path | None) -> dict[str, str | None]:
+def availability() -> dict[str, str | None]:
     """Per arm: None when it can run here, else the reason it cannot."""
     where = backend()
     reason: str | None = None
     if where == "cpu":
         reason = (
-            "no streamed kernel on MLX's CPU backend (it exists for NVIDIA via "
-            "mx.fast.cuda_kernel and Apple GPUs via mx.fast.metal_kernel); stock only"
+            "no streamed kernel on MLX's CPU backend (it exists for Apple GPUs via "
+            "mx.fast.metal_kernel); stock only"
         )
-    elif where == "cuda" and (cuda_header is None or not cuda_header.is_file()):
+    elif where == "cuda":
         reason = (
-            f"CUDA JIT header not found ({cuda_header}); build it with "
-            "scripts/cuda_jit_bundle.py and pass --cuda-header"
+            "no streamed arm on CUDA: the change is MLX's own compiled qmv (one body), not "
+            "a kernel to JIT; run the probe under a patched build (patchkit build --backend "
+            "cuda), whose stock arm is the patched routing"
         )
     return {"stock": None, "streamed": reason, CONTROL: None}
 
@@ -90,38 +97,6 @@ def reordered() -> Linear:
     return lin
 
 
-class CudaStreamed:
-    """M >= 2 through the streamed kernel via ``mx.fast.cuda_kernel``; M = 1 stays stock."""
-
-    def __init__(self, header: str, vecs: Sequence[int]):
-        from patchkit.verify.harness import cuda
-
-        self.cuda = cuda
-        self.kernels = cuda.Kernels(header)
-        self.vecs = tuple(vecs)
-        self.stock = stock()
-
-    def __call__(self, x: Any, w: QWeight) -> Any:
-        m = x.shape[0]
-        if m == 1:
-            return self.stock(x, w)
-        mx, cuda = _mx(), self.cuda
-        cfg = cuda.Config(w.in_dim, w.out_dim, w.bits, w.group_size, str(x.dtype).split(".")[-1])
-        v = cuda.pick_vecs(m, self.vecs)
-        # The name holds every template argument of the body (tag + V); K, N, M are runtime.
-        kern = self.kernels.get(f"probe_qmv_streamed_v{v}_{cfg.tag}", cuda.streamed_body(cfg, v))
-        grid, block = cuda.streamed_grid(cfg, m, v)
-        params = mx.array([m, w.out_dim, w.in_dim], dtype=mx.int32)
-        return kern(
-            inputs=[mx.contiguous(x), w.wq, w.scales, w.biases, params],
-            output_shapes=[(m, w.out_dim)],
-            output_dtypes=[x.dtype],
-            grid=grid,
-            threadgroup=block,
-            init_value=float("nan"),  # an unwritten element then shows as a difference
-        )[0]
-
-
 class MetalStreamed:
     """M >= 2 through the streamed kernel via ``mx.fast.metal_kernel``; M = 1 stays stock.
 
@@ -147,16 +122,13 @@ class MetalStreamed:
         )
 
 
-def make(arm: str, root: Path, cuda_header: Path | None, vecs: Sequence[int]) -> Linear:
+def make(arm: str, root: Path) -> Linear:
     """The linear for ``arm``; UserError when that arm cannot run on this host."""
-    why = availability(cuda_header).get(arm, f"unknown arm {arm!r}; choose from {ALL_ARMS}")
+    why = availability().get(arm, f"unknown arm {arm!r}; choose from {ALL_ARMS}")
     if why:
         raise UserError(f"arm {arm!r} unavailable: {why}")
     if arm == "stock":
         return stock()
     if arm == CONTROL:
         return reordered()
-    if backend() == "cuda":
-        assert cuda_header is not None
-        return CudaStreamed(cuda_header.read_text(), vecs)
     return MetalStreamed(root)

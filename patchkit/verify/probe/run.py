@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,9 @@ class Options:
     timing_ts: tuple[int, ...] = (2, 4, 6, 8, 12, 16)
     repeats: int = 5
     alpha: float = 0.7
+    # Unused: the CUDA streamed arm's JIT header (linears says why there is none); kept
+    # while the CLI's --cuda-header still passes it.
     cuda_header: Path | None = None
-    vecs: tuple[int, ...] = field(default_factory=lambda: _render_vecs())
     root: Path = Path(".")
     deadline_s: float | None = None  # no new (bits, arm) after this many seconds
     attention: str = "fused"  # or "per_query" (see model.Model.attention)
@@ -68,13 +69,6 @@ class Options:
             raise UserError(f"--attention must be one of {', '.join(ATTENTION)}")
         if not 0.0 <= self.alpha <= 1.0:
             raise UserError("--acceptance must lie in [0, 1]")
-
-
-def _render_vecs() -> tuple[int, ...]:
-    """The V set the patch renders today (the streamed arm uses what ships)."""
-    from patchkit.carry.render import STREAMED_VECS
-
-    return tuple(STREAMED_VECS)
 
 
 def environment() -> dict[str, Any]:
@@ -133,7 +127,7 @@ def probe_arm(model: Model, arm: str, opts: Options, prompt: Any, drafts: Any) -
     """Every T for one arm from one prefilled state, plus per-op parity and timing."""
     import mlx.core as mx
 
-    lin = linears.make(arm, opts.root, opts.cuda_header, opts.vecs)
+    lin = linears.make(arm, opts.root)
     # Prefill with stock MLX for every arm: the state both arms verify from is the same.
     _, cache0 = forward(model, prompt, empty_cache(model), linears.stock())
     mx.eval(cache0)
@@ -161,7 +155,7 @@ def run(
     """The whole probe; ``on_result`` sees the payload after each (bits, arm), for dumps."""
     opts.validate()
     spec = SIZES[opts.size]
-    avail = linears.availability(opts.cuda_header)
+    avail = linears.availability()
     arms = [a for a in opts.arms if avail.get(a) is None]
     payload: dict[str, Any] = {
         "environment": environment(),
