@@ -242,9 +242,13 @@ def rebase_cmd(
     common: dict[str, Any],
 ) -> None:
     """Move the pin to REV, gated on dependency and routing changes and CPU parity."""
+    from patchkit.verify import rebase_gate
+
     with progress(as_json) as say:
         r = rebase_mod.rebase(
             rev,
+            parity_check=rebase_gate.emulator_parity,
+            fp_parity_check=rebase_gate.emulator_fp_parity,
             release=release,
             allow_downgrade=allow_downgrade,
             accept_routing=accept_routing,

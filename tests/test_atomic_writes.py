@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.carry import apply, pin, rebase, workspace
+from patchkit.carry import apply, pin, rebase, transaction
 from patchkit.util import git, staging
 
 pytest_plugins = ("support_git",)
@@ -97,7 +97,7 @@ def test_kill_at_every_write_step_leaves_old_or_new(
             Faults(m, k)
             with pytest.raises(Killed):
                 _rebase(env, root, new)
-        workspace.recover_outputs(root)  # what the next apply or rebase runs first
+        transaction.recover_outputs(root)  # what the next apply or rebase runs first
         state = snapshot(root)
         assert state in (old_state, new_state), f"kill at step {k} left a mix"
         seen["old" if state == old_state else "new"] += 1
@@ -111,7 +111,7 @@ def test_kill_at_every_write_step_leaves_old_or_new(
 def test_leftover_uncommitted_transaction_does_not_block_apply(env: dict) -> None:
     apply.apply(env["old"], root=env["root"], templates_dir=env["templates"])
     before = snapshot(env["root"])
-    junk = env["root"] / "patches" / workspace.TXN_DIR / "stage" / "half"
+    junk = env["root"] / "patches" / transaction.TXN_DIR / "stage" / "half"
     junk.mkdir(parents=True)
     (junk / "file.patch").write_text("half written")
     r = apply.apply(None, root=env["root"], templates_dir=env["templates"])

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support_git import COPY_J2, QH
 
-from patchkit.carry import check, pin, source, workspace
+from patchkit.carry import check, pin, source, transaction
 from patchkit.util import git, staging
 
 pytest_plugins = ("support_git",)
@@ -93,14 +93,14 @@ def test_concurrent_applies_never_tear_patches(checkout: dict) -> None:
         assert names and all((root / "patches" / short / n).is_file() for n in names)
         overlay = (root / "patches" / short / "overlay" / QH).read_text()
         assert f"round {rnd} payload" in overlay
-        assert not (root / "patches" / workspace.TXN_DIR).exists()
+        assert not (root / "patches" / transaction.TXN_DIR).exists()
         assert patchkit(root, "check").returncode == 0
         commit_all(root, f"outputs {rnd}")
 
 
 def test_second_writer_waits_or_refuses_in_one_line(checkout: dict) -> None:
     root = checkout["root"]
-    with staging.exclusive(workspace.lock_path(root)):
+    with staging.exclusive(transaction.lock_path(root)):
         proc = patchkit(root, "apply", "--no-wait", check_rc=False)
         assert proc.returncode == 1
         lines = proc.stderr.strip().splitlines()
@@ -172,7 +172,7 @@ def test_kill_at_every_rename_leaves_old_or_new_and_the_next_run_recovers(
             assert any("killed apply or rebase" in p for p in s["problems"]), s
         rerun = patchkit(root, "apply", "--release", "0.32.2", "--json")
         assert snapshot(root) == new_state, f"kill before rename {n} was not recovered"
-        assert not (root / "patches" / workspace.TXN_DIR).exists()
+        assert not (root / "patches" / transaction.TXN_DIR).exists()
         assert '"ok": false' not in rerun.stdout
         assert '"patches_changed": false' in patchkit(root, "apply", "--json").stdout
     assert n > 5 and seen["old"] and seen["new"], (n, seen)

@@ -114,7 +114,7 @@ def test_python_anchor_errors_name_the_problem() -> None:
 
 
 def test_pr_plans_are_invisible_to_apply_and_overlay() -> None:
-    plans = export_pr.pr_plans(TEMPLATES)
+    plans = render.pr_plans(TEMPLATES)
     assert sorted(p.path for p in plans) == [BENCH_PATH, TEST_PATH]
     for options in (render.RenderOptions(), render.RenderOptions(("metal",))):
         paths = [p.path for p in render.selected_plans(options, TEMPLATES)]
@@ -122,8 +122,8 @@ def test_pr_plans_are_invisible_to_apply_and_overlay() -> None:
 
 
 def _render_test(backends: tuple[str, ...]) -> str:
-    (plan,) = [p for p in export_pr.pr_plans(TEMPLATES) if p.path == TEST_PATH]
-    return export_pr.render_pr_file(plan, UPSTREAM_TEST, render.RenderOptions(backends))
+    (plan,) = [p for p in render.pr_plans(TEMPLATES) if p.path == TEST_PATH]
+    return render.render_pr_file(plan, UPSTREAM_TEST, render.RenderOptions(backends))
 
 
 def test_rendered_test_sweeps_small_m_in_mlx_style() -> None:
@@ -134,7 +134,7 @@ def test_rendered_test_sweeps_small_m_in_mlx_style() -> None:
         "test_fp_qmv_small_batch_matches_single_vector",
     ]
     assert "mx.quantize(w, mode=mode, global_scale=global_scale_w)" in metal
-    assert f"Ms = [2, 3, 5, 7, {export_pr.TEST_MAX_M}]" in metal
+    assert f"Ms = [2, 3, 5, 7, {render.TEST_MAX_M}]" in metal
     assert "with self.subTest(" in metal
     assert "mx.array_equal(y, mx.concatenate(rows[:M], -2))" in metal
     # Every grid axis carries its comment, as the file's own product() grids do.
@@ -171,18 +171,18 @@ def test_rendered_test_covers_each_m1_path() -> None:
 
 
 def test_rendered_benchmark_is_a_new_python_script() -> None:
-    (plan,) = [p for p in export_pr.pr_plans(TEMPLATES) if p.path == BENCH_PATH]
-    text = export_pr.render_pr_file(plan, None, render.RenderOptions(("metal",)))
+    (plan,) = [p for p in render.pr_plans(TEMPLATES) if p.path == BENCH_PATH]
+    text = render.render_pr_file(plan, None, render.RenderOptions(("metal",)))
     tree = ast.parse(text)
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert {"time_case", "run_cases", "run_stock"} <= names
     assert "from time_utils import measure_runtime" in text
     # Stock comes from a second process with the switch off (it is read once per process).
     assert '"MLX_QMV_STREAMED": "0"' in text
-    sizes = ",".join(f"{k}x{n}" for k, n in export_pr.BENCH_SIZES)
+    sizes = ",".join(f"{k}x{n}" for k, n in render.BENCH_SIZES)
     assert f'default="{sizes}"' in text
     with pytest.raises(AnchorError):
-        export_pr.render_pr_file(plan, "# upstream now has it\n", render.RenderOptions())
+        render.render_pr_file(plan, "# upstream now has it\n", render.RenderOptions())
 
 
 def test_formatter_versions_come_from_the_pre_commit_config() -> None:

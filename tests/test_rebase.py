@@ -18,6 +18,7 @@ from support_git import QH, write_templates
 from patchkit.carry import apply, cxx, pin, rebase, wheels
 from patchkit.errors import UserError
 from patchkit.util import git
+from patchkit.verify import rebase_gate
 
 # Fixtures (header_repo, upstream, env) live in tests/support_git.py.
 pytest_plugins = ("support_git",)
@@ -197,7 +198,7 @@ def test_conflicts_in_reports_line_ranges() -> None:
 
 @pytest.mark.wide
 def test_real_parity_accepts_a_called_helper_change(env: dict, tmp_path: Path) -> None:
-    """The real gate: lead's quantized.h templates, CPU emulator, load_vector from 0.32.4.
+    """The real gate: the real quantized.h templates, CPU emulator, load_vector from 0.32.4.
 
     Runs with --wide: the quick parity suite alone takes ~45 s (two toolchains).
     """
@@ -206,7 +207,13 @@ def test_real_parity_accepts_a_called_helper_change(env: dict, tmp_path: Path) -
     shutil.copytree(real, templates / QH)
     apply.apply(env["old"], root=env["root"], templates_dir=templates)
     new = commit_edit(env, new_load_vector, "load-vector")
-    r = rebase.rebase(new, root=env["root"], templates_dir=templates)  # default: the emulator
+    r = rebase.rebase(
+        new,
+        root=env["root"],
+        templates_dir=templates,
+        parity_check=rebase_gate.emulator_parity,  # what the CLI passes
+        fp_parity_check=rebase_gate.emulator_fp_parity,
+    )
     assert r.parity is not None and r.parity.ok, r.parity
     assert r.changed_called == {QH: ["load_vector"]}
 

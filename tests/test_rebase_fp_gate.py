@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit.carry import rebase, workspace
+from patchkit.carry import rebase, render
 
 FP = rebase.FP_PARITY_FILE
 OK = rebase.Parity(True, "fine")
 BAD = rebase.Parity(False, "1 differing", ("[gcc] nvfp4 K=512 ...: 1/2 rows differ",))
 
 
-def _rendered() -> workspace.Rendered:
-    return workspace.Rendered({FP: "up"}, {FP: "patched fp"}, {FP: "overlay fp"}, {FP: "metal"})
+def _rendered() -> render.Rendered:
+    return render.Rendered({FP: "up"}, {FP: "patched fp"}, {FP: "overlay fp"}, {FP: "metal"})
 
 
 def _reader(path: str) -> str:

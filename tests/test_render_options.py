@@ -7,7 +7,7 @@ import typing
 
 import pytest
 
-from patchkit.carry import render, workspace
+from patchkit.carry import render
 
 
 def _choices(field: dataclasses.Field) -> tuple[object, ...]:
@@ -21,13 +21,6 @@ OPTION_AXES = [
     for f in dataclasses.fields(render.RenderOptions)
     if f.name not in ("backends", "flavour")
     for value in _choices(f)
-] + [  # the options that are not a Literal: a value other than the default
-    ("cuda_split_tail", False),
-    ("cuda_stream_min_weights", 0),
-    ("cuda_stream_min_weights", 1 << 20),
-    ("cuda_rows_per_warp", 1),
-    ("cuda_async_tail", True),
-    ("cuda_min_blocks_per_sm", 4),
 ]
 
 
@@ -43,8 +36,34 @@ def test_overlay_options_keep_every_field_but_the_flavour(
 
     options = dataclasses.replace(render.RenderOptions(), **{name: value})
     monkeypatch.setattr(render, "render_file", spy_render_file)
-    workspace.render_all(lambda _path: "", options, render.TEMPLATES_DIR)
+    render.render_all(lambda _path: "", options, render.TEMPLATES_DIR)
     flavours = {o.flavour for o in seen}
     assert flavours == {"upstream", "overlay"}
     for o in seen:
         assert getattr(o, name) == value, (o.flavour, name)
+
+
+@pytest.mark.parametrize(
+    ("flavour", "overlay", "renders"),
+    [
+        ("upstream", True, ["upstream", "overlay"]),  # the series and the overlay differ
+        ("overlay", True, ["overlay"]),  # one flavour: rendered once, used for both
+        ("upstream", False, ["upstream"]),  # export-pr: no overlay asked for
+    ],
+)
+def test_each_flavour_is_rendered_once_per_file(
+    flavour: str, overlay: bool, renders: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, str]] = []
+
+    def counting(plan, text, options, extra=None):
+        seen.append((plan.path, options.flavour))
+        return options.flavour
+
+    monkeypatch.setattr(render, "render_file", counting)
+    plans = render.selected_plans(render.DEFAULT_OPTIONS)
+    options = render.RenderOptions(flavour=flavour)
+    out = render.render_all(lambda _path: "", options, render.TEMPLATES_DIR, overlay=overlay)
+    assert sorted(seen) == sorted((p.path, f) for p in plans for f in renders)
+    assert set(out.patched.values()) == {flavour}
+    assert set(out.overlay.values()) == ({"overlay"} if overlay else set())

@@ -21,16 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit.carry import export, pin, render, source
-from patchkit.carry.workspace import (
-    BRANCH_PREFIX,
-    DEFAULT_OPTIONS,
+from patchkit.carry.commit import BRANCH_PREFIX
+from patchkit.carry.transaction import (
     PATCHES,
     begin_outputs,
-    build,
     ensure_outputs_clean,
-    today,
-    touched,
-    tree_blobs,
     write_outputs,
     writer,
 )
@@ -75,7 +70,7 @@ def apply(
     root: Path,
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
-    options: render.RenderOptions = DEFAULT_OPTIONS,
+    options: render.RenderOptions = render.DEFAULT_OPTIONS,
     release: str | None = None,
     progress: source.Progress = source._quiet,
     wait: bool = True,
@@ -114,8 +109,8 @@ def _apply(
             f"pin.toml pins {old.short}, not {upstream[:8]}; move the pin with"
             f" `patchkit rebase --to {rev}`"
         )
-    paths = touched(options, templates_dir)
-    blobs = tree_blobs(clone, upstream, paths)
+    paths = render.touched(options, templates_dir)
+    blobs = source.tree_blobs(clone, upstream, paths)
     if old:
         bad = pin.mismatches(old, lambda p: git.blob_id(clone, upstream, p))
         if bad:
@@ -129,14 +124,15 @@ def _apply(
         blobs=blobs,
         url=old.url if old else pin.UPSTREAM_URL,
         release=release if release is not None else (old.release if old else ""),
-        history=old.history if old else (pin.Bump("", upstream, today(), "initial pin"),),
+        history=old.history if old else (pin.Bump("", upstream, pin.today(), "initial pin"),),
     )
     progress("rendering")
     txn = begin_outputs(root)
     try:
         staged = txn.stage / new_pin.short
         info = export.PinInfo(new_pin.url, upstream, new_pin.release)
-        head, files = build(clone, upstream, options, templates_dir, info, staged)
+        rendered = render.render_all(source.reader(clone, upstream), options, templates_dir)
+        head, files = export.export_patch(clone, upstream, rendered, info, staged)
         # patches/<short>/ holds only what apply writes; anything else there (git-ignored
         # files included) goes with the old folder, and the result says so.
         patches_changed, pin_changed, removed = write_outputs(root, new_pin, txn, staged)

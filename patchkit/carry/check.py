@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import export, pin, render, source, workspace
+from patchkit.carry import export, pin, render, source, transaction
+from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import UserError
 from patchkit.util import git, staging
 from patchkit.util.staging import same_tree
@@ -71,7 +72,7 @@ class CheckResult:
             lines += [f"stale: patches/{self.commit[:8]}/{p}" for p in self.stale]
         lines += [f"not for the pinned commit: patches/{d}" for d in self.extra_dirs]
         if self.interrupted:
-            lines.append(_INTERRUPTED[self.interrupted].format(txn=workspace.TXN_DIR))
+            lines.append(_INTERRUPTED[self.interrupted].format(txn=transaction.TXN_DIR))
         return lines
 
     def to_json(self) -> dict[str, object]:
@@ -93,7 +94,7 @@ def load_pin(root: Path) -> pin.Pin:
     if not root.is_dir():
         raise UserError(f"{root} is not a folder; pass --root PATCHKIT_CHECKOUT")
     target = root / pin.PIN_FILE
-    return pin.load(workspace.output_path(root, target) or target)
+    return pin.load(transaction.output_path(root, target) or target)
 
 
 def check(
@@ -101,36 +102,37 @@ def check(
     root: Path,
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
-    options: render.RenderOptions = workspace.DEFAULT_OPTIONS,
+    options: render.RenderOptions = render.DEFAULT_OPTIONS,
     progress: source.Progress = source._quiet,
 ) -> CheckResult:
     """Compare ``pin.toml`` with the tree and ``patches/`` with a fresh render; never writes."""
     p = load_pin(root)
     clone = source.open_source(mlx_repo, p.url, progress=progress)
     commit = source.resolve(clone, p.commit, progress=progress, fetch=False)
-    result = CheckResult(commit, interrupted=workspace.outputs_state(root))
+    result = CheckResult(commit, interrupted=transaction.outputs_state(root))
     result.blob_mismatches = pin.mismatches(p, lambda path: git.blob_id(clone, commit, path))
-    touched = workspace.touched(options, templates_dir)
+    touched = render.touched(options, templates_dir)
     missing, extra = sorted(set(touched) - set(p.blobs)), sorted(set(p.blobs) - set(touched))
     result.touched_drift = {k: v for k, v in (("missing", missing), ("extra", extra)) if v}
     progress("rendering")
     # A throwaway directory outside the checkout and no ref moved: check and
     # status only read (they run on read-only checkouts and in CI).
     staging.prune_scratch()
-    patches = workspace.output_path(root, root / workspace.PATCHES / p.short)
+    patches = transaction.output_path(root, root / transaction.PATCHES / p.short)
     result.missing = patches is None
     with staging.scratch("check") as stage:
         info = export.PinInfo(p.url, commit, p.release)
-        workspace.build(clone, commit, options, templates_dir, info, stage, move_refs=False)
-        result.stale = same_tree(stage, patches or root / workspace.PATCHES / p.short)
+        rendered = render.render_all(source.reader(clone, commit), options, templates_dir)
+        export.export_patch(clone, commit, rendered, info, stage, move_refs=False)
+        result.stale = same_tree(stage, patches or root / transaction.PATCHES / p.short)
     result.extra_dirs = _other_dirs(root, p.short)
     return result
 
 
 def _other_dirs(root: Path, short: str) -> list[str]:
     """Folders in patches/ besides ``patches/<short>``, as the current state has them."""
-    folder = root / workspace.PATCHES
-    installed, removed = staging.journal_targets(root, folder / workspace.TXN_DIR)
+    folder = root / transaction.PATCHES
+    installed, removed = staging.journal_targets(root, folder / transaction.TXN_DIR)
     here = {d for d in folder.iterdir() if d.is_dir()} if folder.is_dir() else set()
     names = {d.name for d in (here | {t for t in installed if t.parent == folder}) - set(removed)}
     return sorted(n for n in names if not n.startswith(".") and n != short)
@@ -141,13 +143,13 @@ def status(
     root: Path,
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
-    options: render.RenderOptions = workspace.DEFAULT_OPTIONS,
+    options: render.RenderOptions = render.DEFAULT_OPTIONS,
     progress: source.Progress = source._quiet,
 ) -> dict[str, object]:
     """What is pinned, where it is applied, and whether ``patches/`` is current."""
     p = load_pin(root)
     clone = source.open_source(mlx_repo, p.url, progress=progress)
-    branch = workspace.BRANCH_PREFIX + p.short
+    branch = BRANCH_PREFIX + p.short
     result = check(
         root=root,
         mlx_repo=mlx_repo,
@@ -166,7 +168,7 @@ def status(
         "branch": branch,
         "branch_head": head,
         "base_ref": git.try_rev_parse(clone, source.BASE_REF),
-        "patches_dir": str(root / workspace.PATCHES / p.short),
+        "patches_dir": str(root / transaction.PATCHES / p.short),
         "patches_current": result.ok,
         "interrupted": result.interrupted,
         "problems": result.problems(),

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import unidiff
 
+from patchkit.carry import commit, render
 from patchkit.util import git
 from patchkit.util.staging import atomic_write_text, scratch
 
@@ -138,3 +139,22 @@ def export(
     names = write_series(clone, base, head, dest)
     paths = write_overlay(clone, overlay, pin, regenerate, dest)
     return [*names, SERIES, *[f"{OVERLAY}/{p}" for p in paths]]
+
+
+def export_patch(
+    clone: Path,
+    upstream: str,
+    rendered: render.Rendered,
+    pin: PinInfo,
+    dest: Path,
+    *,
+    move_refs: bool = True,
+) -> tuple[str, list[str]]:
+    """Commit ``rendered`` on ``upstream`` (:mod:`.commit`) and export it into ``dest``.
+
+    Returns (head commit, files written). ``move_refs=False`` (check) moves no ref.
+    """
+    head = commit.commit_patch(clone, upstream, rendered, move_refs=move_refs)
+    overlay = [OverlayFile(p, rendered.upstream[p], rendered.overlay[p]) for p in rendered.upstream]
+    regenerate = f"patchkit apply --pin {upstream[:8]}"
+    return head, export(clone, upstream, head, overlay, pin, regenerate, dest)

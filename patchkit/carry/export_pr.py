@@ -3,7 +3,7 @@
 Flow: check every argument (backend, branch, title, author, push target, out folder)
 -> prune what a killed run left -> resolve the base (MLX's default branch in the
 cached clone, or ``--onto REV``) -> render that backend's files with
-:func:`workspace.render_all` (the code path the overlay comes from) and the test
+:func:`render.render_all` (the code path the overlay comes from) and the test
 and benchmark from the ``backend = "pr"`` plans -> write them in a fresh worktree,
 format with the versions the base's ``.pre-commit-config.yaml`` pins and check a
 second pass changes nothing -> commit once, as the submitter, dated now -> create
@@ -40,23 +40,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import render, source, workspace
-from patchkit.errors import AnchorError, ToolError, UserError
+from patchkit.carry import render, source
+from patchkit.errors import ToolError, UserError
 from patchkit.util import cache, git, proc
 
-PR_BACKEND = "pr"
 BACKENDS = ("metal", "cuda")
 DEFAULT_BACKEND = "metal"
 # One branch per backend, so exporting the other backend never moves this one.
 DEFAULT_BRANCHES = {"metal": "order-preserving-qmv", "cuda": "order-preserving-qmv-cuda"}
 # Paths one backend's commit must not touch (the other backend's sources).
 FOREIGN_PATHS = {"metal": ("mlx/backend/cuda/",), "cuda": ("mlx/backend/metal/",)}
-# Largest M the test asserts: the smallest qmv batch limit for K, N <= 2048 on any
-# Apple GPU generation is 13, and M >= limit goes to qmm, which sums differently.
-TEST_MAX_M = 12
-# Benchmark shapes (K x N) the test and benchmark templates name: a 4096-wide model's
-# attention and MLP projections, the sizes a speculative-decoding verify runs at small M.
-BENCH_SIZES = ((4096, 4096), (4096, 14336), (14336, 4096))
 BODY_TEMPLATE = "pr/body.md.j2"
 COMMIT_TEMPLATE = "pr/commit.txt.j2"
 RESULTS_MANIFEST = "pr/results.toml"
@@ -124,37 +117,13 @@ class PrResult:
         }
 
 
-def pr_plans(templates_dir: Path) -> list[render.FilePlan]:
-    """The plans only the PR carries (tests, benchmarks): ``backend = "pr"`` in edits.toml."""
-    return [p for p in render.load_plans(templates_dir) if p.backend == PR_BACKEND]
-
-
-def pr_context(options: render.RenderOptions) -> dict[str, object]:
-    """Jinja context for the PR-only snippets: which backends the PR covers, test bounds."""
-    return {
-        "backends": list(options.backends),
-        "routing": options.routing,
-        "flavour": "upstream",
-        "max_m": TEST_MAX_M,
-        "bench_sizes": ",".join(f"{k}x{n}" for k, n in BENCH_SIZES),
-    }
-
-
-def render_pr_file(plan: render.FilePlan, text: str | None, options: render.RenderOptions) -> str:
-    """Patched text of one PR-only file (``text`` is None for a file new upstream)."""
-    try:
-        return render.render_file(plan, text, options, pr_context(options))
-    except AnchorError as exc:
-        raise AnchorError(f"{plan.path}: {exc}") from exc
-
-
 def render_pr(
     read: Read, options: render.RenderOptions, templates_dir: Path
 ) -> tuple[dict[str, str | None], dict[str, str]]:
     """(upstream texts, patched texts) of every file in the PR, kernel files first.
 
-    Kernel, instantiations and dispatch come from :func:`workspace.render_all` in
-    the upstream flavour, the function the overlay export also renders with.
+    Kernel, instantiations and dispatch come from :func:`render.render_all` in
+    the upstream flavour, the function the series and overlay export renders with.
     """
 
     def must_read(path: str) -> str:
@@ -164,12 +133,12 @@ def render_pr(
         return text
 
     upstream_opts = dataclasses.replace(options, flavour="upstream")
-    core = workspace.render_all(must_read, upstream_opts, templates_dir)
+    core = render.render_all(must_read, upstream_opts, templates_dir, overlay=False)
     upstream: dict[str, str | None] = dict(core.upstream)
     patched = dict(core.patched)
-    for plan in pr_plans(templates_dir):
+    for plan in render.pr_plans(templates_dir):
         upstream[plan.path] = read(plan.path)
-        patched[plan.path] = render_pr_file(plan, upstream[plan.path], options)
+        patched[plan.path] = render.render_pr_file(plan, upstream[plan.path], options)
     return upstream, patched
 
 

@@ -45,7 +45,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from patchkit.carry import export_pr, mlx_deps, pin, render, source, workspace
+from patchkit.carry import mlx_deps, pin, render, source, transaction
+from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import ToolError, UserError
 from patchkit.util import git, proc
 from patchkit.util.cache import folder as cache_folder
@@ -273,7 +274,7 @@ def plan(
         raise UserError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     p = pin.load(root / pin.PIN_FILE)
     clone = source.clone_dir(source.source_spec(mlx_repo, p.url), cache)
-    branch = workspace.BRANCH_PREFIX + p.short
+    branch = BRANCH_PREFIX + p.short
     if not clone.exists() or (head := git.try_rev_parse(clone, branch)) is None:
         raise UserError(f"no branch {branch} in the cached clone; run `patchkit apply` first")
     read = source.reader(clone, head)
@@ -543,13 +544,13 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
         wt.parent.mkdir(parents=True, exist_ok=True)
         git.worktree_add(build.clone, wt, build.patch_commit)
     options = render.RenderOptions(backends=("metal", "cuda"))
-    for plan_ in export_pr.pr_plans(root / "templates"):
+    for plan_ in render.pr_plans(root / "templates"):
         # From the commit, not the worktree: an earlier build left its render there.
         exists = git.blob_id(build.clone, build.patch_commit, plan_.path) is not None
         text = git.show_file(build.clone, build.patch_commit, plan_.path) if exists else None
         target = wt / plan_.path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(export_pr.render_pr_file(plan_, text, options))
+        target.write_text(render.render_pr_file(plan_, text, options))
     setup = wt / "setup.py"
     setup.write_text(set_version(setup.read_text(), build.version))
 
@@ -637,7 +638,7 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
 def series_id(root: Path, short: str) -> str:
     """sha256 over the exported patch series (``patches/<pin>/*.patch``), in file order."""
     digest = hashlib.sha256()
-    for path in sorted((root / workspace.PATCHES / short).glob("*.patch")):
+    for path in sorted((root / transaction.PATCHES / short).glob("*.patch")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import tomlkit
@@ -190,3 +191,8 @@ def verify(pin: Pin, blob_of: Callable[[str], str | None], touched: list[str]) -
             f"pin.toml blobs do not cover the touched files (missing {missing}, extra {extra});"
             f" re-run `patchkit apply --pin {pin.short}` to record them"
         )
+
+
+def today() -> str:
+    """UTC date for pin history entries."""
+    return datetime.now(UTC).date().isoformat()

@@ -16,8 +16,10 @@ anything is written, rebase:
    file whose anchor is gone falls back to a 3-way ``git merge-file`` of old
    upstream -> new upstream into the old rendered file, and conflicts are
    reported with file and line range and refuse the rebase;
-4. runs the CPU parity suite on the new patched ``quantized.h``; a failure
-   refuses, and changed called functions are only accepted with parity passing.
+4. runs the parity suites the caller passes (the CLI: the CPU emulator's, from
+   :mod:`patchkit.verify.rebase_gate`) on the new patched ``quantized.h`` and
+   ``fp_quantized.h``; a failure refuses, and changed called functions are only
+   accepted with parity passing (a suite not given cannot accept them).
 
 Only then are ``patches/<new>/`` and ``pin.toml`` written (staged, then renamed),
 and the old ``patches/<old>/`` dropped. Every refusal raises before any write.
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from patchkit.carry import cxx, export, pin, render, source, workspace
+from patchkit.carry import cxx, export, pin, render, source, transaction
 from patchkit.errors import AnchorError, BlobMismatchError, UserError
 from patchkit.util import git, staging
 
@@ -57,7 +59,7 @@ class MergeConflictError(UserError):
 
 @dataclass(frozen=True)
 class Parity:
-    """The part of the emulator's report rebase needs."""
+    """The part of a parity suite's report rebase needs."""
 
     ok: bool
     summary: str
@@ -66,35 +68,11 @@ class Parity:
 
 # A suite takes the new tree's header as upstream has it and with the patch rendered
 # in: the patched kernels at V > 1 are checked against upstream's own M = 1 kernels.
+# The caller passes the suites (the CLI: patchkit.verify.rebase_gate), so the pipeline
+# never imports the verifier; a suite not given, or returning None, is not available.
 ParityCheck = Callable[[str, str], Parity | None]
 # The fp suite also needs the new tree's fp4.h and fp8.h, which define the fp types.
 FpParityCheck = Callable[[str, str, tuple[str, str]], Parity | None]
-
-
-def emulator_parity(upstream_header: str, patched_header: str) -> Parity | None:
-    """Run ``patchkit.verify.emulate.verify_header`` (quick mode); ``None`` if it is not available.
-
-    This is the seam tests replace where the emulator would be too slow; the
-    lead's emulator owns what "parity" means.
-    """
-    try:
-        from patchkit.verify.emulate import Sources, verify_header
-    except ImportError:
-        return None
-    report = verify_header(Sources(upstream_header, patched_header), quick=True)
-    return Parity(bool(report.ok), str(report.summary), tuple(getattr(report, "failures", ())))
-
-
-def emulator_fp_parity(
-    upstream_header: str, patched_header: str, types: tuple[str, str]
-) -> Parity | None:
-    """Run ``patchkit.verify.emulate.verify_fp_header`` (quick mode); ``None`` if unavailable."""
-    try:
-        from patchkit.verify.emulate import Sources, verify_fp_header
-    except ImportError:
-        return None
-    report = verify_fp_header(Sources(upstream_header, patched_header), types, quick=True)
-    return Parity(bool(report.ok), str(report.summary), tuple(report.failures))
 
 
 @dataclass
@@ -332,31 +310,24 @@ def merge_three(base: str, current: str, other: str, path: str) -> tuple[str, li
     return merged, conflicts_in(path, merged)
 
 
-def _render_both(
-    plan: render.FilePlan, text: str, options: render.RenderOptions
-) -> tuple[str, str]:
-    overlay = replace(options, flavour="overlay")
-    return render.render_file(plan, text, options), render.render_file(plan, text, overlay)
-
-
 def render_or_merge(
     plans: list[render.FilePlan],
     old_read: Callable[[str], str],
     new_read: Callable[[str], str],
     options: render.RenderOptions,
-) -> tuple[workspace.Rendered, list[str], list[Conflict]]:
+) -> tuple[render.Rendered, list[str], list[Conflict]]:
     """Render each file on the new tree; 3-way merge the ones whose anchors vanished."""
-    rendered = workspace.Rendered({}, {}, {}, {})
+    rendered = render.Rendered()
     merged, conflicts = [], []
     for plan in plans:
         new_text = new_read(plan.path)
         try:
-            patched, overlay = _render_both(plan, new_text, options)
+            patched, overlay = render.render_both(plan, new_text, options)
         except AnchorError as exc:
             lost = f"{plan.path}: {exc}"  # which template's anchor failed
             old_text = old_read(plan.path)
             try:
-                old_patched, old_overlay = _render_both(plan, old_text, options)
+                old_patched, old_overlay = render.render_both(plan, old_text, options)
             except AnchorError:
                 raise AnchorError(f"{plan.path}: {exc}") from exc
             patched, c1 = merge_three(old_text, old_patched, new_text, plan.path)
@@ -372,8 +343,8 @@ def render_or_merge(
 
 def gate_parity(
     result: RebaseResult,
-    rendered: workspace.Rendered,
-    parity_check: ParityCheck,
+    rendered: render.Rendered,
+    parity_check: ParityCheck | None,
     fp_parity_check: FpParityCheck | None = None,
     new_read: Callable[[str], str] | None = None,
 ) -> None:
@@ -384,13 +355,13 @@ def gate_parity(
     """
     called = sorted({f for fs in result.changed_called.values() for f in fs})
     if PARITY_FILE in rendered.patched:
-        result.parity = parity_check(rendered.upstream[PARITY_FILE], rendered.patched[PARITY_FILE])
+        upstream, patched = rendered.upstream[PARITY_FILE], rendered.patched[PARITY_FILE]
+        result.parity = parity_check(upstream, patched) if parity_check else None
         _judge(result.parity, called, result.new, "patchkit.verify.emulate.verify_header")
-    if fp_parity_check and new_read and FP_PARITY_FILE in rendered.patched:
+    if new_read and FP_PARITY_FILE in rendered.patched:
         types = (new_read(FP_TYPE_FILES[0]), new_read(FP_TYPE_FILES[1]))
-        result.fp_parity = fp_parity_check(
-            rendered.upstream[FP_PARITY_FILE], rendered.patched[FP_PARITY_FILE], types
-        )
+        upstream, patched = rendered.upstream[FP_PARITY_FILE], rendered.patched[FP_PARITY_FILE]
+        result.fp_parity = fp_parity_check(upstream, patched, types) if fp_parity_check else None
         _judge(result.fp_parity, called, result.new, "patchkit.verify.emulate.verify_fp_header")
 
 
@@ -417,11 +388,11 @@ def rebase(
     root: Path,
     mlx_repo: str | None = None,
     templates_dir: Path = render.TEMPLATES_DIR,
-    options: render.RenderOptions = workspace.DEFAULT_OPTIONS,
+    options: render.RenderOptions = render.DEFAULT_OPTIONS,
     release: str | None = None,
     progress: source.Progress = source._quiet,
-    parity_check: ParityCheck = emulator_parity,
-    fp_parity_check: FpParityCheck | None = emulator_fp_parity,
+    parity_check: ParityCheck | None = None,
+    fp_parity_check: FpParityCheck | None = None,
     allow_downgrade: bool = False,
     accept_routing: bool = False,
     wait: bool = True,
@@ -434,8 +405,8 @@ def rebase(
     """
     if release:
         pin.check_release(release)
-    with workspace.writer(root, wait=wait, progress=progress):
-        workspace.ensure_outputs_clean(root)
+    with transaction.writer(root, wait=wait, progress=progress):
+        transaction.ensure_outputs_clean(root)
         old_pin = pin.load(root / pin.PIN_FILE)
         clone = source.open_source(mlx_repo, old_pin.url, progress=progress)
         with source.locked_clone(clone, wait=wait, progress=progress):
@@ -445,8 +416,8 @@ def rebase(
             if new == old:
                 return result
             _refuse_bad_move(clone, rev, old_pin, result, allow_downgrade)
-            plans = workspace.plans(options, templates_dir)
-            workspace.touched(options, templates_dir)  # no templates at all is an error
+            plans = render.selected_plans(options, templates_dir)
+            render.touched(options, templates_dir)  # no templates at all is an error
             _gate_dependencies(result, clone, plans, accept_routing, progress)
             progress("rendering")
             old_read, new_read = source.reader(clone, old), source.reader(clone, new)
@@ -551,7 +522,7 @@ def _write(
     root: Path,
     clone: Path,
     old_pin: pin.Pin,
-    rendered: workspace.Rendered,
+    rendered: render.Rendered,
     release: str | None,
 ) -> None:
     """Commit, export and replace patches/ and pin.toml together."""
@@ -563,23 +534,23 @@ def _write(
         note += "; routing changes accepted: " + ", ".join(routing)
     if result.parity is not None:
         note += f"; parity: {result.parity.summary}"
-    blobs = workspace.tree_blobs(clone, new, sorted(rendered.upstream))
+    blobs = source.tree_blobs(clone, new, sorted(rendered.upstream))
     new_pin = pin.Pin(
         commit=new,
         blobs=blobs,
         url=old_pin.url,
         release=release if release is not None else kept_release(old_pin, blobs),
-        history=(*old_pin.history, pin.Bump(old_pin.commit, new, workspace.today(), note)),
+        history=(*old_pin.history, pin.Bump(old_pin.commit, new, pin.today(), note)),
     )
-    txn = workspace.begin_outputs(root)
+    txn = transaction.begin_outputs(root)
     try:
         staged = txn.stage / new_pin.short
         info = export.PinInfo(new_pin.url, new, new_pin.release)
-        result.head, _ = workspace.build_from(clone, new, rendered, info, staged)
-        drop = [root / workspace.PATCHES / old_pin.short]
-        workspace.write_outputs(root, new_pin, txn, staged, drop)
+        result.head, _ = export.export_patch(clone, new, rendered, info, staged)
+        drop = [root / transaction.PATCHES / old_pin.short]
+        transaction.write_outputs(root, new_pin, txn, staged, drop)
     except BaseException:
         txn.abort()
         raise
-    result.patches_dir = str(root / workspace.PATCHES / new_pin.short)
+    result.patches_dir = str(root / transaction.PATCHES / new_pin.short)
     result.written = True

@@ -13,14 +13,20 @@ upstream's change along.
 Rendering is a pure function of (upstream texts, options): no git, no I/O
 besides reading ``templates/``. That is what makes re-rendering for
 ``patchkit check`` byte-stable.
+
+Two kinds of plan: the kernel files (``backend = "metal"``/``"cuda"``), which
+the series and the overlay carry, each flavour rendered once
+(:func:`render_all`); and the files only an upstream pull request carries (MLX's
+test and benchmark, ``backend = "pr"``: :func:`pr_plans`, :func:`render_pr_file`),
+which ``export-pr`` commits and ``build`` renders into the tree it compiles.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -42,6 +48,14 @@ STREAMED_VECS = (2, 3, 4, 5)
 # edits that delete an upstream definition by name (no template).
 PATCH_OPS = ("patch_function", "patch_file")
 REMOVE_OPS = ("remove_function", "remove_macro")
+# Plans of the files only the pull request carries (MLX's test and benchmark).
+PR_BACKEND = "pr"
+# Largest M the test asserts: the smallest qmv batch limit for K, N <= 2048 on any
+# Apple GPU generation is 13, and M >= limit goes to qmm, which sums differently.
+TEST_MAX_M = 12
+# Benchmark shapes (K x N) the test and benchmark templates name: a 4096-wide model's
+# attention and MLP projections, the sizes a speculative-decoding verify runs at small M.
+BENCH_SIZES = ((4096, 4096), (4096, 14336), (14336, 4096))
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,9 @@ class RenderOptions:
             raise UserError(f"unknown routing '{self.routing}'; choose 'stream' or 'opt_in'")
         if self.flavour not in ("upstream", "overlay"):
             raise UserError(f"unknown flavour '{self.flavour}'; choose 'upstream' or 'overlay'")
+
+
+DEFAULT_OPTIONS = RenderOptions()
 
 
 @dataclass(frozen=True)
@@ -370,6 +387,87 @@ def render_file(
     if text is None:
         raise UserError(f"{plan.path}: its edits.toml has no edits")
     return text
+
+
+def render_both(plan: FilePlan, text: str, options: RenderOptions) -> tuple[str, str]:
+    """``text`` patched in ``options``' flavour and in the overlay flavour, each rendered once."""
+    patched = render_file(plan, text, options)
+    if options.flavour == "overlay":
+        return patched, patched
+    return patched, render_file(plan, text, replace(options, flavour="overlay"))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered patch: the upstream texts and both flavours of the patched texts.
+
+    ``patched`` is what the series commits (the options' flavour), ``overlay``
+    the whole files for downstream engines (empty when not asked for).
+    """
+
+    upstream: dict[str, str] = field(default_factory=dict)
+    patched: dict[str, str] = field(default_factory=dict)
+    overlay: dict[str, str] = field(default_factory=dict)
+    backend_of: dict[str, str] = field(default_factory=dict)
+
+
+def touched(options: RenderOptions, templates_dir: Path) -> list[str]:
+    """Upstream paths the templates in ``templates_dir`` edit; empty templates are an error."""
+    paths = [p.path for p in selected_plans(options, templates_dir)]
+    if not paths:
+        raise UserError(
+            f"no templates for backends {list(options.backends)} under {templates_dir};"
+            " add templates/<upstream path>/edits.toml or choose other --backend values"
+        )
+    return paths
+
+
+def render_all(
+    read: Callable[[str], str],
+    options: RenderOptions,
+    templates_dir: Path,
+    *,
+    overlay: bool = True,
+) -> Rendered:
+    """Render every touched file: upstream text, patched text and (``overlay``) the overlay."""
+    rendered = Rendered()
+    for plan in selected_plans(options, templates_dir):
+        text = read(plan.path)
+        try:
+            if overlay:
+                both = render_both(plan, text, options)
+                rendered.patched[plan.path], rendered.overlay[plan.path] = both
+            else:
+                rendered.patched[plan.path] = render_file(plan, text, options)
+        except AnchorError as exc:
+            raise AnchorError(f"{plan.path}: {exc}") from exc
+        rendered.upstream[plan.path] = text
+        rendered.backend_of[plan.path] = plan.backend
+    return rendered
+
+
+def pr_plans(templates_dir: Path) -> list[FilePlan]:
+    """The plans only the PR carries (tests, benchmarks): ``backend = "pr"`` in edits.toml."""
+    return [p for p in load_plans(templates_dir) if p.backend == PR_BACKEND]
+
+
+def pr_context(options: RenderOptions) -> dict[str, object]:
+    """Jinja context for the PR-only snippets: which backends the PR covers, test bounds."""
+    return {
+        "backends": list(options.backends),
+        "routing": options.routing,
+        "flavour": "upstream",
+        "max_m": TEST_MAX_M,
+        "bench_sizes": ",".join(f"{k}x{n}" for k, n in BENCH_SIZES),
+    }
+
+
+def render_pr_file(plan: FilePlan, text: str | None, options: RenderOptions) -> str:
+    """Patched text of one PR-only file (``text`` is None for a file new upstream)."""
+    try:
+        return render_file(plan, text, options, pr_context(options))
+    except AnchorError as exc:
+        raise AnchorError(f"{plan.path}: {exc}") from exc
 
 
 def changed_functions(old: str, new: str, names: Iterable[str]) -> list[str]:

@@ -304,3 +304,16 @@ def open_source(
 ) -> Path:
     """Resolve the source spec and return its cached clone."""
     return ensure_clone(source_spec(mlx_repo, default_url), progress=progress)
+
+
+def tree_blobs(clone: Path, commit: str, paths: list[str]) -> dict[str, str]:
+    """Blob id of each path at ``commit``; a missing file is a :class:`UserError`."""
+    blobs = {}
+    for p in paths:
+        blob = git.blob_id(clone, commit, p)
+        if blob is None:
+            raise UserError(
+                f"{p} does not exist at {commit[:8]}; the templates target another tree"
+            )
+        blobs[p] = blob
+    return blobs

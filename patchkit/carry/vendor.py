@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import pin, workspace
+from patchkit.carry import pin, transaction
 from patchkit.errors import UserError
 from patchkit.util import git
 
@@ -73,14 +73,14 @@ def vendor(
     """Apply ``patches/<pin>/`` to ``checkout`` as ``flavour``; see the module doc."""
     if flavour not in FLAVOURS:
         raise UserError(f"unknown flavour {flavour!r}; choose from {', '.join(FLAVOURS)}")
-    with workspace.writer(root, wait=wait, progress=progress):
+    with transaction.writer(root, wait=wait, progress=progress):
         return _vendor(root, checkout, flavour, dry_run)
 
 
 def _vendor(root: Path, checkout: Path, flavour: str, dry_run: bool) -> VendorResult:
     """The work of :func:`vendor`, under the checkout's lock."""
     p = pin.load(root / pin.PIN_FILE)
-    patches = root / workspace.PATCHES / p.short
+    patches = root / transaction.PATCHES / p.short
     if not patches.is_dir():
         raise UserError(f"{patches} does not exist; run `patchkit apply` first")
     checkout = checkout.resolve()
