@@ -1,8 +1,8 @@
 """Run one test of MLX's test file verbosely, whole or on one shard of its parameter grid.
 
-Why: on the CUDA host, ``test_qmm`` and ``test_qvm`` run hundreds of subtests from one
-``itertools.product`` grid, a few seconds each, and no lease has seen them end in one
-process. Shard ``i`` of ``n`` runs the test's own body and assertions on every ``n``-th
+Why: on CUDA, ``test_qmm`` and ``test_qvm`` run hundreds of subtests from one
+``itertools.product`` grid, a few seconds each: too long for one process within a time
+limit on a GPU host. Shard ``i`` of ``n`` runs the test's own body and assertions on every ``n``-th
 point of that grid starting at the ``i``-th, so ``n`` processes together run each point
 exactly once. Only the first ``product`` the test calls is split (its outer grid): an inner
 ``product`` of a nested loop runs whole, so no point is lost where a test nests them.
