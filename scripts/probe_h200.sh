@@ -28,7 +28,7 @@ find_site() {  # an importable MLX 0.32.1 with the CUDA backend already unpacked
 }
 
 # MLX's CUDA libs resolve the image's CUDA 13 runtime from the torch venv's nvidia packages
-# (as docs/benchmark_results/cuda-h200-2026-11-29-global.md's commands do).
+# (MLX's CUDA wheels find the runtime there on such an image).
 NV=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
 LD_LIBRARY_PATH=$(ls -d "$NV"/*/lib 2>/dev/null | tr '\n' ':')/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
