@@ -221,13 +221,9 @@ def test_patched_tiling_is_the_rendered_expression() -> None:
     plan = next(p for p in render.load_plans() if p.path == METAL_CPP)
     text = render.render_file(plan, _upstream(METAL_CPP), render.RenderOptions(("metal",)))
     body = cxx.function_text(text, "qmv_vecs_per_tg")
-    n_tiles = re.search(r"int n_tiles = (.*);", body).group(1)
-    cond, small, large = re.search(r"return (.*) <= 2 \? (\d) : (\d);", body).groups()
+    small, large = re.search(r"return M == 2 \? (\d) : (\d);", body).groups()
     assert (int(small), int(large)) == dispatch.STREAMED_VECS
-    for m in range(2, 33):
-        tiles = _c_int(n_tiles, M=m)
-        want = int(small) if _c_int(cond, M=m, n_tiles=tiles) <= 2 else int(large)
-        assert want == dispatch.vecs_per_tg(m), m
+    assert all(dispatch.vecs_per_tg(m) == (2 if m == 2 else 5) for m in range(2, 33))
 
 
 @needs_clone

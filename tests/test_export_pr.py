@@ -175,10 +175,10 @@ def test_rendered_benchmark_is_a_new_python_script() -> None:
     text = render.render_pr_file(plan, None, render.RenderOptions(("metal",)))
     tree = ast.parse(text)
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert {"time_case", "run_cases", "run_stock"} <= names
+    assert {"time_case", "run", "compare"} <= names
     assert "from time_utils import measure_runtime" in text
-    # Stock comes from a second process with the switch off (it is read once per process).
-    assert '"MLX_QMV_STREAMED": "0"' in text
+    # Main against the PR: two builds, one result file each; the PR reads no switch.
+    assert "--compare" in text and "MLX_" not in text
     sizes = ",".join(f"{k}x{n}" for k, n in render.BENCH_SIZES)
     assert f'default="{sizes}"' in text
     with pytest.raises(AnchorError):

@@ -113,8 +113,10 @@ def test_the_batched_branch_calls_qmv_with_the_tile_size(rendered: str) -> None:
 
 def test_tile_size_rule_matches_the_dispatch_facts(rendered: str) -> None:
     body = _fn(rendered, "qmv_vecs_per_tg")
-    assert "int n_tiles = (M + 4) / 5;" in body  # qmv_wide's tiling: as many weight reads
-    assert f"<= 2 ? {dispatch.STREAMED_VECS[0]} : {dispatch.STREAMED_VECS[1]};" in body
+    assert f"return M == 2 ? {dispatch.STREAMED_VECS[0]} : {dispatch.STREAMED_VECS[1]};" in body
+    # Tiles of 5 read the weights as often as qmv_wide's tiles (at most 5 vectors each).
+    for m in range(2, 33):
+        assert -(-m // dispatch.vecs_per_tg(m)) == -(-m // dispatch.wide_vecs_per_tg(m)), m
 
 
 def test_pr_has_no_environment_variable_and_no_qmv_wide(stock: str) -> None:

@@ -50,8 +50,8 @@ STREAMED_VECS = (2, 5)
 
 
 def vecs_per_tg(M: int) -> int:
-    """The patched ``qmv_vecs_per_tg``: as few tiles as ``qmv_wide``, each of 2 or 5 vectors."""
-    return 2 if wide_vecs_per_tg(M) <= 2 else 5
+    """The patched ``qmv_vecs_per_tg``: tiles of 5 (as many as ``qmv_wide``'s), 2 for M = 2."""
+    return 2 if M == 2 else 5
 
 
 def uses_qmv_quad(K: int, bits: int) -> bool:
