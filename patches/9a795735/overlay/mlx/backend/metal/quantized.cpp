@@ -5,10 +5,10 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -472,7 +472,8 @@ void qmv(
-//   @@ -489,7 +490,8 @@ void qmv(
-//   @@ -501,18 +503,38 @@ void qmv(
-//   @@ -530,15 +552,38 @@ void qmv(
-//   @@ -1756,10 +1801,31 @@ void dispatch_qmv(
+//   @@ -483,13 +484,16 @@ void qmv(
+//   @@ -501,18 +505,38 @@ void qmv(
+//   @@ -530,15 +554,37 @@ void qmv(
+//   @@ -1756,10 +1802,31 @@ void dispatch_qmv(
 // end of patchkit header
 // Copyright © 2023-2026 Apple Inc.
 
@@ -496,9 +496,11 @@ void qmv(
   std::string type_string = get_type_string(x.dtype());
   bool fast = N % bn == 0 && K % qmv_fast_k_alignment(bits) == 0;
   // A narrower output tile reduces register pressure for large
-  // floating-point quantized matrix-vector products on M5 Max GPUs.
-  bool use_narrow_qmv = fast && N >= 4096 && d.get_architecture_gen() == 17 &&
-      d.get_architecture().back() == 's' && mode == "nvfp4";
+  // floating-point quantized matrix-vector products on M5 Max GPUs (at M = 1:
+  // the batched qmv takes the full tile).
+  bool use_narrow_qmv = vecs_per_tg == 1 && fast && N >= 4096 &&
+      d.get_architecture_gen() == 17 && d.get_architecture().back() == 's' &&
+      mode == "nvfp4";
   int results_per_simdgroup = use_narrow_qmv ? 2 : 4;
   bn = 2 * results_per_simdgroup;
   MTL::Size group_dims(bk, 2, 1);
@@ -581,11 +583,10 @@ inline bool use_batched_qmv(const std::string& mode, metal::Device& d) {
 }
 
 // Vectors per threadgroup for a batched qmv. Each threadgroup reads the
-// weights once, so use the fewest tiles of at most 5 vectors, then the smaller
-// instantiated size (2 or 5) that fills them.
+// weights once: tiles of 5 read them as often as qmv_wide's tiles did, and a
+// tile skips the vectors it lacks. M = 2 gets a tile of its own size.
 inline int qmv_vecs_per_tg(int M) {
-  int n_tiles = (M + 4) / 5;
-  return (M + n_tiles - 1) / n_tiles <= 2 ? 2 : 5;
+  return M == 2 ? 2 : 5;
 }
 
 // MLX_QMV_STREAMED=0 (read once) runs upstream's qmv_wide for 2 <= M < the
