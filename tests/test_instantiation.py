@@ -98,6 +98,8 @@ def test_host_name_and_jit_arguments_follow_the_kernel_signatures() -> None:
     ]
     positions = [fn.index(p) for p in pieces]
     assert positions == sorted(positions)
+    # The narrow nvfp4 tile is an M = 1 choice: no batched kernel has it.
+    assert "bool use_narrow_qmv = vecs_per_tg == 1 &&" in " ".join(fn.split())
     calls = re.findall(r"get_quantized_kernel_wrapped\(([^;]*)\);", fn)
     args = [[a.strip() for a in c.split(",")] for c in calls]
     # fp_qmv_fast: ..., batched, has_global_scale, results_per_simdgroup, vecs_per_tg;
