@@ -582,9 +582,9 @@ inline bool use_batched_qmv(const std::string& mode, metal::Device& d) {
   return mode != "affine" || d.get_architecture_gen() >= 15;
 }
 
-// Vectors per threadgroup for a batched qmv. Each threadgroup reads the
-// weights once: tiles of 5 read them as often as qmv_wide's tiles did, and a
-// tile skips the vectors it lacks. M = 2 gets a tile of its own size.
+// Vectors per threadgroup for a batched qmv: each threadgroup reads the
+// weights once for its tile. Tiles of 5, the last one skipping the vectors it
+// lacks; M = 2 gets a tile of its own size.
 inline int qmv_vecs_per_tg(int M) {
   return M == 2 ? 2 : 5;
 }
