@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from patchkit.carry import mlx_deps, pin, render, source, transaction
+from patchkit.carry import export, mlx_deps, pin, render, source, transaction
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import ToolError, UserError
 from patchkit.util import git, proc
@@ -531,7 +531,8 @@ def _reachable(host: str, port: int, timeout: float = 5.0) -> bool:
 
 
 def prepare_worktree(build: BuildPlan, root: Path) -> None:
-    """Check the patch commit out in the build worktree and render the PR-only files into it.
+    """Check the patch commit out in the build worktree, with the overlay's files and the
+    PR-only files (MLX's test, the benchmark) rendered into it.
 
     An existing worktree is moved to the commit in place (``checkout --force``),
     so the build folder MLX's setup.py keeps inside it survives and a rebuild is
@@ -551,6 +552,12 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
         target = wt / plan_.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(render.render_pr_file(plan_, text, options))
+    # The wheel is the overlay: the PR's change plus its downstream switches (each
+    # off by default), so an engine can compare with stock's kernels in one build.
+    overlay = root / transaction.PATCHES / build.mlx_commit[:8] / "overlay"
+    for path in sorted(p for p in overlay.rglob("*") if p.is_file()):
+        rel = path.relative_to(overlay).as_posix()
+        (wt / rel).write_text(export.strip_header(rel, path.read_text()))
     setup = wt / "setup.py"
     setup.write_text(set_version(setup.read_text(), build.version))
 
