@@ -294,7 +294,7 @@ def test_a_numpy_found_another_way_is_lent_too(
     assert got == "elsewhere"
     # The preflight step checks parity's imports before the compile, in parity's folder
     # and with the PYTHONPATH parity itself gets (the checkout, then the lent folders,
-    # which the .pth alone did not make importable on one GPU host); without numpy it
+    # which a .pth alone may not make importable); without numpy it
     # fails, in seconds, with one line naming what to install.
     check = next(s for s in build.steps if s.stage == "preflight")
     parity = next(s for s in build.steps if s.stage == "parity")

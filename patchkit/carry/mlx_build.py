@@ -226,8 +226,8 @@ def _lent_sites(python: str) -> list[str]:
     ``venv --system-site-packages`` exposes the *base* installation's packages, not
     those of a venv ``python`` runs in itself (GPU hosts often ship PyTorch, numpy
     and cuDNN in such a venv), so those site folders are lent. So is the folder
-    ``python`` imports numpy from, wherever that is: on one GPU host the build's
-    venv could not import numpy even so, and parity failed after the whole compile.
+    ``python`` imports numpy from, wherever that is: numpy may live in neither, and
+    then parity would fail only after the whole compile.
     """
     probe = (
         "import os, site, sys\n"
@@ -296,8 +296,8 @@ def plan(
     where = layout(backend, p.short, cache)
     sites = _lent_sites(python) if system_site_packages else []
     # The steps that import numpy also get the lent folders on PYTHONPATH, after patchkit's
-    # checkout: on one GPU host the .pth alone left numpy unimportable after the compile,
-    # while the check before it passed. No lent folder holds an mlx (_base_has_mlx above).
+    # checkout: the .pth alone has left numpy unimportable after the compile while the
+    # check before it passed. No lent folder holds an mlx (_base_has_mlx above).
     python_env = {"PYTHONPATH": os.pathsep.join([str(root), *sites])}
     parity_env = {**python_env, **PARITY_ROUTE_ENV.get(backend, {})}
     version = f"{_mlx_version(read)}+patchkit.{head[:12]}"
