@@ -11,9 +11,9 @@
 //   @@ -146,29 +155,33 @@ __device__ __forceinline__ void qmv_kernel_impl(
 //   @@ -197,14 +210,20 @@ __global__ void qmv_kernel(
 //   @@ -244,11 +263,12 @@ __global__ void gather_qmv_kernel(
-//   @@ -273,13 +293,16 @@ void qmv(
-//   @@ -338,6 +361,46 @@ void gather_qmv(
-//   @@ -439,22 +502,33 @@ void qmv(
+//   @@ -272,14 +292,18 @@ void qmv(
+//   @@ -338,6 +362,46 @@ void gather_qmv(
+//   @@ -439,22 +503,33 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -309,6 +309,7 @@ void qmv(
   constexpr int elems_per_thread =
       (cute::sizeof_bits_v<T> <= 16 && cute::sizeof_bits_v<Q> <= 4) ? 16 : 8;
 
+  // The host launches whole tiles: m is a multiple of vecs_per_block.
   dim3 num_blocks{
       uint32_t(cuda::ceil_div(n, rows_per_block)),
       uint32_t(m / vecs_per_block),
@@ -379,9 +380,9 @@ void gather_qmv(
 }
 
 // Weights for which qmv reads each weight once for several vectors: 8-bit
-// ones with 16-bit activations. With the weights in HBM, an H200 ran those
-// layers of 2^23 weights and more in 0.68-0.90 of the time of one vector per
-// block; 4-bit weights gained too little to measure, and smaller layers lost.
+// ones with 16-bit activations, on layers of 2^23 weights and more (below).
+// There sharing the weight reads is faster than one vector per block; for
+// 4-bit weights and smaller layers it is not.
 template <typename T, typename Q>
 constexpr bool qmv_shares_weights =
     cute::sizeof_bits_v<T> == 16 && cuda::std::is_same_v<Q, uint8_t>;
