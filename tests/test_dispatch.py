@@ -8,8 +8,10 @@ kernel.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import re
+import types
 
 import pytest
 from support_git import PIN_SHA, mlx_clone
@@ -368,3 +370,55 @@ def test_cuda_exact_route_is_the_rendered_overlay() -> None:
         f"M <= {dispatch.CUDA_QMV_EXACT_MAX_ROWS} && m1_runs_qmv) {{ call_qmv(); return; }}"
     ) in text
     assert text.index("m1_runs_qmv) {") < text.index("if (can_use_qmm_sm90) {")
+
+
+PR_TEST = "python/tests/test_quantized.py/test_qmv_small_batch.py.j2"
+PR_CUDA_METHOD = "test_qmv_vecs_per_block_matches_single_vector"
+
+
+def _pr_test_methods(backends: tuple[str, ...]) -> dict[str, ast.FunctionDef]:
+    """The methods the PR's test snippet renders for ``backends``, parsed."""
+    env = render.environment(render.TEMPLATES_DIR)
+    text = env.get_template(PR_TEST).render(
+        **render.pr_context(render.RenderOptions(backends=backends))
+    )
+    tree = ast.parse("class TestQuantized:\n" + text)
+    return {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+
+
+# What the snippet's assignments may name: dtypes as their names, and range.
+PR_NAMES = {"range": range, "mx": types.SimpleNamespace(float16="float16", bfloat16="bfloat16")}
+
+
+def _assigned(fn: ast.FunctionDef, name: str) -> object:
+    """The value of the first plain assignment to ``name`` in ``fn``."""
+    node = next(
+        n.value
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [name]
+    )
+    return eval(ast.unparse(node), dict(PR_NAMES))
+
+
+def test_pr_cuda_test_reaches_the_shared_weight_launches() -> None:
+    """The CUDA PR's own test runs shapes, dtypes and M the patched qmv reads each weight of
+    once for several vectors: every V the patch adds (2, 3, 4), each M = 2..7 plan, a K tail
+    and a batch, each group size. The Metal PR renders no such method."""
+    assert PR_CUDA_METHOD not in _pr_test_methods(("metal",))
+    for backends in (("cuda",), ("metal", "cuda")):
+        fn = _pr_test_methods(backends)[PR_CUDA_METHOD]
+        shapes, ms = _assigned(fn, "shapes"), list(_assigned(fn, "Ms"))
+        bits, dtypes = _assigned(fn, "bits"), _assigned(fn, "dtypes")
+        assert ms == list(range(2, 8)) and bits == 8
+        assert _assigned(fn, "group_sizes") == list(dispatch.GROUP_SIZES)
+        assert sorted(dtypes) == ["bfloat16", "float16"]
+        plans = set()
+        for (n, k, b), dtype, m in itertools.product(shapes, dtypes, ms):
+            if m * b >= dispatch.CUDA_QMV_MAX_ROWS:
+                continue  # the test skips these on CUDA (qmm)
+            plan = dispatch.cuda_plan("affine", bits, dtype, k, n, m, b)
+            assert all(v > 1 for v, _ in plan), (n, k, b, dtype, m, plan)
+            plans.add((plan, b > 1, k % 256 != 0))
+        one_batch = {dispatch.cuda_plan("affine", 8, BF16, 4096, 2048, m) for m in ms}
+        assert {p for p, _, _ in plans} == one_batch | {((2, 2),), ((3, 3),)}
+        assert any(batched for _, batched, _ in plans) and any(tail for _, _, tail in plans)
