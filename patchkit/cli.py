@@ -144,16 +144,8 @@ def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Choice(render.BACKENDS),
         help="Backends to render (repeatable; default all).",
     )
-    @click.option(
-        "--routing",
-        type=click.Choice(["stream", "opt_in"]),
-        default="stream",
-        show_default=True,
-        help="stream: the streamed kernels are on by default (MLX_QMV_STREAMED=0 turns them off);"
-        " opt_in: off unless the switch is set.",
-    )
     @wraps(fn)
-    def wrapper(as_json: bool, mlx_repo, root, templates, backends, routing, **kw: Any) -> Any:
+    def wrapper(as_json: bool, mlx_repo, root, templates, backends, **kw: Any) -> Any:
         click.get_current_context().meta["json"] = as_json
         if root is not None and not root.is_dir():
             raise UserError(f"--root {root}: no such folder; pass your patchkit checkout")
@@ -162,7 +154,7 @@ def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "root": root,
             "mlx_repo": mlx_repo,
             "templates_dir": templates or root / "templates",
-            "options": render.RenderOptions(tuple(backends) or render.BACKENDS, routing),
+            "options": render.RenderOptions(tuple(backends) or render.BACKENDS),
         }
         return fn(as_json=as_json, common=common, **kw)
 

@@ -39,7 +39,6 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 MANIFEST = "edits.toml"
 
 Flavour = Literal["upstream", "overlay"]
-Routing = Literal["stream", "opt_in"]
 BACKENDS = ("metal", "cuda")
 # The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
 # so V = 2..5 covers every M in [2, batch limit).
@@ -60,7 +59,7 @@ BENCH_SIZES = ((4096, 4096), (4096, 14336), (14336, 4096))
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """What to render: which backends, which routing policy, which flavour.
+    """What to render: which backends, which flavour.
 
     ``upstream`` is the pull-request flavour, ``overlay`` the whole-file one
     for downstream engines. The CUDA templates render the downstream knobs
@@ -71,15 +70,12 @@ class RenderOptions:
     """
 
     backends: tuple[str, ...] = BACKENDS
-    routing: Routing = "stream"
     flavour: Flavour = "upstream"
 
     def __post_init__(self) -> None:
         unknown = set(self.backends) - set(BACKENDS)
         if unknown:
             raise UserError(f"unknown backend {sorted(unknown)}; choose from {list(BACKENDS)}")
-        if self.routing not in ("stream", "opt_in"):
-            raise UserError(f"unknown routing '{self.routing}'; choose 'stream' or 'opt_in'")
         if self.flavour not in ("upstream", "overlay"):
             raise UserError(f"unknown flavour '{self.flavour}'; choose 'upstream' or 'overlay'")
 
@@ -270,7 +266,6 @@ def context(options: RenderOptions, derived: dict[str, str]) -> dict[str, object
     """The Jinja context every snippet of a patch sees; harnesses use it to render the same text."""
     return {
         "flavour": options.flavour,
-        "routing": options.routing,
         "vecs": list(STREAMED_VECS),
         **derived,
     }
@@ -455,7 +450,6 @@ def pr_context(options: RenderOptions) -> dict[str, object]:
     """Jinja context for the PR-only snippets: which backends the PR covers, test bounds."""
     return {
         "backends": list(options.backends),
-        "routing": options.routing,
         "flavour": "upstream",
         "max_m": TEST_MAX_M,
         "bench_sizes": ",".join(f"{k}x{n}" for k, n in BENCH_SIZES),
