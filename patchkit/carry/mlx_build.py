@@ -48,7 +48,7 @@ from typing import Any, TextIO
 from patchkit.carry import export, mlx_deps, pin, render, source, transaction
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import ToolError, UserError
-from patchkit.util import git, proc
+from patchkit.util import git, proc, staging
 from patchkit.util.cache import folder as cache_folder
 
 BACKENDS = ("metal", "cuda", "cpu")
@@ -689,8 +689,18 @@ def fail(step: Step, code: int, lines: list[str], log: Path) -> None:
 
 
 def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
-    """Run the plan; returns the build record. A failing step raises, naming its cause and log."""
+    """Run the plan; returns the build record. A failing step raises, naming its cause and log.
+
+    Two builds of one backend and pin share a worktree, a venv and a wheel folder: the
+    second waits for the first (the lock sits beside that build folder).
+    """
     preflight(build)  # tools, system libraries, the network: seconds, before anything is made
+    lock = build.layout.base.parent / f"{build.layout.base.name}.lock"
+    with staging.exclusive(lock, on_wait=lambda: progress(f"waiting for the build holding {lock}")):
+        return _execute(build, root, progress)
+
+
+def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
     progress(f"log: {build.layout.log}")
     if why := venv_broken(build.layout):
         progress(f"the build's venv is broken ({why}); recreating it")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit.errors import UserError
-from patchkit.util import cache, git
+from patchkit.util import cache, git, staging
 
 STAMP = ".patchkit-source"
 
@@ -217,6 +217,12 @@ def _release_layout(name: str, tree: Path) -> None:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
+def _current(root: Path, dep: Dependency, stamp: str) -> bool:
+    """Whether ``root`` already holds ``dep`` exported as ``stamp`` says."""
+    current = root / dep.name / STAMP
+    return current.is_file() and current.read_text() == stamp
+
+
 def fill(
     deps: list[Dependency],
     search: Path,
@@ -241,13 +247,31 @@ def fill(
     for dep in deps:
         rev = revs.get(dep.name, dep.tag)
         stamp = dep.stamp + (f"exported from {rev}\n" if rev != dep.tag else "")
-        current = root / dep.name / STAMP
-        if not (current.is_file() and current.read_text() == stamp):
+        if not _current(root, dep, stamp):
             todo.append((dep, rev, stamp))
     sources = _sources(todo, search)
     if not todo:
         return []
     root.mkdir(parents=True, exist_ok=True)
+    # One filler at a time: a second waits, then finds the stamps current.
+    with staging.exclusive(
+        root.parent / f"{root.name}.lock",
+        on_wait=lambda: progress(f"waiting for another patchkit run filling {root}"),
+    ):
+        return _fill_locked(todo, sources, search, root, progress)
+
+
+def _fill_locked(
+    todo: list[tuple[Dependency, str, str]],
+    sources: dict[str, Path],
+    search: Path,
+    root: Path,
+    progress: Callable[[str], None],
+) -> list[str]:
+    """:func:`fill` under the directory's lock: export into one stage, rename into place."""
+    todo = [(d, r, s) for d, r, s in todo if not _current(root, d, s)]
+    if not todo:
+        return []
     stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=root))
     try:
         for dep, rev, stamp in todo:
