@@ -5,7 +5,7 @@ committed per backend (Metal first: the series order is the review order) with
 patchkit's fixed author and the upstream commit's date, so rendering the same
 templates on the same commit always gives the same commit ids, and ``patchkit
 check`` can recommit without moving anything. The branch ``patchkit/<short>``
-marks the head for ``build`` and ``vendor``.
+marks the head for ``build`` (which compiles it) and ``status``.
 """
 
 from __future__ import annotations
