@@ -138,11 +138,12 @@ def test_rendered_test_sweeps_small_m_in_mlx_style() -> None:
     assert "with self.subTest(" in metal
     assert "mx.array_equal(y, mx.concatenate(rows[:M], -2))" in metal
     # Every grid axis carries its comment, as the file's own product() grids do.
-    for axis in ("# group_size", "# bits", "# (N, K, B)", "# dtype", "# mode", "# global scale"):
+    for axis in ("# group_size", "# bits", "# (N, K, B)", "# dtype", "# mode", "# op"):
         assert axis in metal, axis
     # Metal-only PR: both tests skip on CUDA through the file's decorator.
     assert metal.count("@unittest.skipIf(") == 2 and "Metal only" not in metal
-    # The global-scale (qqmm) cases run only on the GPU, as test_qqmv gates them.
+    # The qqmm cases (with and without a global scale) run only on the GPU, as
+    # test_qqmv gates them.
     assert "if mx.default_device() == mx.gpu:" in metal
     both = _render_test(("metal", "cuda"))
     # With CUDA: the affine test runs there for the M * B CUDA streams by default (< 8);
@@ -166,8 +167,9 @@ def test_rendered_test_covers_each_m1_path() -> None:
     metal = _render_test(("metal",))
     for shape, why in PATH_CASES.items():
         assert f"            {shape},  #" in metal, why
-    assert '("nvfp4", (4096, 1024, 1), False)' in metal  # _r_2 needs N >= 4096, fast
-    assert 'product(["nvfp4"], shapes[:4], [True])' in metal  # global scale, 2-D only
+    assert '("nvfp4", (4096, 1024, 1), "quantized_matmul")' in metal  # _r_2: N >= 4096, fast
+    assert 'product(["nvfp4", "mxfp8"], shapes[:4], ["qqmm"])' in metal  # the batched qmv
+    assert 'product(["nvfp4"], shapes[:4], ["qqmm_global_scale"])' in metal  # 2-D only
 
 
 def test_rendered_benchmark_is_a_new_python_script() -> None:

@@ -57,10 +57,16 @@ def test_newcomer_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         mine[flavour] = _cli("vendor", str(user), "--flavour", flavour)
     series, overlay = mine["series"], mine["overlay"]
     assert series["head"] != PIN_SHA and overlay["head"] == PIN_SHA
-    # Same kernels either way: the overlay's files are the series' files plus a header.
-    for path in overlay["files"]:
-        committed = git.show_file(Path(series["checkout"]), series["head"], path)
-        assert committed in (Path(overlay["checkout"]) / path).read_text(), path
+    # The same one-body kernels either way; the overlay adds its downstream switches.
+    header = "mlx/backend/metal/kernels/quantized.h"
+    for text in (
+        git.show_file(Path(series["checkout"]), series["head"], header),
+        (Path(overlay["checkout"]) / header).read_text(),
+    ):
+        assert "int vecs_per_tg = 1>" in text
+    host = "mlx/backend/metal/quantized.cpp"
+    assert "MLX_QMV_STREAMED" not in git.show_file(Path(series["checkout"]), series["head"], host)
+    assert "MLX_QMV_STREAMED" in (Path(overlay["checkout"]) / host).read_text()
 
     out = tmp_path / "pr"
     pr = CliRunner().invoke(main, ["export-pr", "--out", str(out), "--json"])
