@@ -716,11 +716,6 @@ def _probe_root() -> Path:
     show_default=True,
     help="Per-token probability a drafted token is accepted (for the simulated tok/s).",
 )
-@click.option(
-    "--cuda-header",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="JIT header from scripts/cuda_jit_bundle.py (streamed arm on NVIDIA).",
-)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="JSON (+ .md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
 def probe_cmd(as_json: bool, out: Path | None, **kw: Any) -> None:
@@ -742,7 +737,6 @@ def probe_cmd(as_json: bool, out: Path | None, **kw: Any) -> None:
         per_op=kw["per_op"],
         timing=kw["timing"],
         alpha=kw["acceptance"],
-        cuda_header=kw["cuda_header"],
         root=_probe_root(),
         attention=kw["attention"],
     )

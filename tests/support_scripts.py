@@ -1,6 +1,6 @@
-"""Load a script of this repository (scripts/, ci/) as a module, for its tests.
+"""Load a script of this repository (bench/, ci/) as a module, for its tests.
 
-The scripts run as files (``python scripts/x.py``) and are not a package; the tests reach
+The scripts run as files (``python ci/x.py``) and are not a package; the tests reach
 their functions through this one loader.
 """
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_script(relative: str) -> ModuleType:
-    """The module of ``ROOT / relative`` (e.g. ``scripts/cuda_kernel_times.py``), run once."""
+    """The module of ``ROOT / relative`` (e.g. ``ci/no_differing_rows.py``), run once."""
     path = ROOT / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None, path

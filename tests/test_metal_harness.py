@@ -127,7 +127,7 @@ def test_bench_without_an_apple_gpu_says_so_in_one_line_and_fails() -> None:
     r = CliRunner().invoke(main, ["bench", "--quick", "--out", "unused.json"])
     assert r.exit_code == 1
     message = " ".join(r.stderr.split())
-    assert "needs an Apple GPU" in message and "scripts/cuda_qmv_bench.py" in message
+    assert "needs an Apple GPU" in message and "bench/cuda_qmv.py" in message
     assert not Path("unused.json").exists()
 
 

@@ -31,7 +31,7 @@ def payload() -> dict[str, Any]:
     T = 2 (smallest block), 8 (where CUDA's stock routing leaves qmv) and 16 (the limit).
     """
     if mx.default_device() != mx.cpu:
-        pytest.skip("the CPU test of the probe; GPU runs go through scripts/probe_h200.sh")
+        pytest.skip("the CPU test of the probe; on a GPU run `patchkit probe` itself")
     opts = Options(bits=(4, 8), arms=("stock", "streamed", "reordered"), ts=(2, 8, 16))
     return run(opts)
 

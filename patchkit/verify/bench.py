@@ -46,7 +46,7 @@ def require_apple_gpu(mx: Any) -> None:
     if not mx.metal.is_available():
         raise UserError(
             "the Metal arm of `patchkit bench` needs an Apple GPU (Apple silicon macOS); "
-            "on an NVIDIA machine run scripts/cuda_qmv_bench.py (the CUDA harness: the pin's "
+            "on an NVIDIA machine run bench/cuda_qmv.py (the CUDA harness: the pin's "
             "and the patched qmv.cu compiled side by side)"
         )
 

@@ -50,7 +50,6 @@ class Options:
     alpha: float = 0.7
     # Unused: the CUDA streamed arm's JIT header (linears says why there is none); kept
     # while the CLI's --cuda-header still passes it.
-    cuda_header: Path | None = None
     root: Path = Path(".")
     deadline_s: float | None = None  # no new (bits, arm) after this many seconds
     attention: str = "fused"  # or "per_query" (see model.Model.attention)

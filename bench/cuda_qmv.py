@@ -1,7 +1,7 @@
 """The pin's and the patched qmv.cu, compiled and run side by side on one CUDA GPU.
 
-  build (here: nvcc, the pinned tree)  python3 scripts/cuda_qmv_bench.py build --out .device/qmv
-  run   (on the GPU host: torch)       python3 scripts/cuda_qmv_bench.py run --libs .device/qmv \
+  build (here: nvcc, the pinned tree)  python3 bench/cuda_qmv.py build --out .device/qmv
+  run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
                                            --json results.json [--deadline SECONDS] [--quick]
 ``build`` renders the patched qmv.cu from the templates and compiles both arms with MLX's
 own nvcc flags and include directories (patchkit.verify.harness.cuda says how); ``run``
