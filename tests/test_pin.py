@@ -37,6 +37,16 @@ def test_round_trip(tmp_path: Path) -> None:
     assert not pin.save(_pin(), path)  # unchanged: not rewritten
 
 
+def test_a_rebase_entry_is_short_and_structured(tmp_path: Path) -> None:
+    bump = pin.Bump(SHA, "a" * 40, "2026-12-02", "rebase", ("qdot",), ("dispatch_qmv",), "passed")
+    path = tmp_path / "pin.toml"
+    pin.save(_pin(commit="a" * 40, history=(*_pin().history, bump)), path)
+    assert pin.load(path).history[-1] == bump
+    entry = path.read_text().split("[[history]]")[-1]
+    assert 'called = ["qdot"]' in entry and 'parity = "passed"' in entry
+    assert max(len(line) for line in entry.splitlines()) < 100
+
+
 def test_save_keeps_a_hand_written_comment_and_drops_release(tmp_path: Path) -> None:
     path = tmp_path / "pin.toml"
     pin.save(_pin(), path)

@@ -97,7 +97,8 @@ def test_follows_moved_anchor_and_accepts_unrelated_change(env: dict) -> None:
     assert "//   @@ -985,6 +985," in overlay, overlay[:800]
     p = pin.load(root / "pin.toml")
     assert p.commit == new and [b.new for b in p.history] == [env["old"], new]
-    assert "changed called functions: none" in p.history[-1].note
+    last = p.history[-1]
+    assert (last.note, last.called, last.routing, last.parity) == ("rebase", (), (), "passed")
     assert p.blobs[QH] == git.blob_id(env["path"], new, QH)
 
 
@@ -129,7 +130,7 @@ def test_called_function_change_is_gated_on_parity(
     if accepted:
         r = do_rebase(env, new, ParityStub(parity_ok))
         assert r.changed_called == {QH: ["load_vector"]} and r.written
-        assert "load_vector" in pin.load(env["root"] / "pin.toml").history[-1].note
+        assert "load_vector" in pin.load(env["root"] / "pin.toml").history[-1].called
         return
     match = "row 1 differs" if parity_ok is False else "not available to judge"
     with pytest.raises(rebase.RebaseRefused, match=match):

@@ -41,6 +41,11 @@ class Bump:
     new: str
     date: str
     note: str = ""
+    # What the rebase gate saw: upstream functions the patch calls that changed, routing
+    # changes the user accepted, and the parity verdict ("passed", "failed", "not run").
+    called: tuple[str, ...] = ()
+    routing: tuple[str, ...] = ()
+    parity: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,10 +76,7 @@ def load(path: Path) -> Pin:
             url=up.get("url", UPSTREAM_URL),
             release=up.get("release", ""),
             blobs=dict(doc.get("blobs", {})),
-            history=tuple(
-                Bump(h["from"], h["to"], h["date"], h.get("note", ""))
-                for h in doc.get("history", [])
-            ),
+            history=tuple(_bump(h) for h in doc.get("history", [])),
         )
     except (TOMLKitError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UserError(f"{path} is malformed ({exc}); fix it or restore it from git") from exc
@@ -132,18 +134,36 @@ def dumps(pin: Pin, existing: str | None = None) -> str:
     return tomlkit.dumps(doc)
 
 
+def _bump(h: dict) -> Bump:
+    """One ``[[history]]`` table as a :class:`Bump`."""
+    return Bump(
+        h["from"],
+        h["to"],
+        h["date"],
+        h.get("note", ""),
+        tuple(h.get("called", ())),
+        tuple(h.get("routing", ())),
+        h.get("parity", ""),
+    )
+
+
 def _entry(bump: Bump) -> tomlkit.items.Table:
     entry = tomlkit.table()
     entry["from"], entry["to"], entry["date"] = bump.old, bump.new, bump.date
     if bump.note:
         entry["note"] = bump.note
+    for key in ("called", "routing"):
+        if getattr(bump, key):
+            entry[key] = list(getattr(bump, key))
+    if bump.parity:
+        entry["parity"] = bump.parity
     return entry
 
 
 def _set_history(doc: tomlkit.TOMLDocument, history: tuple[Bump, ...]) -> None:
     """Append new bumps to the existing array of tables (keeping its comments) when possible."""
     current = doc.get("history")
-    known = [Bump(h["from"], h["to"], h["date"], h.get("note", "")) for h in (current or [])]
+    known = [_bump(h) for h in (current or [])]
     if current is not None and tuple(known) == history[: len(known)]:
         for bump in history[len(known) :]:
             current.append(_entry(bump))

@@ -527,20 +527,18 @@ def _write(
 ) -> None:
     """Commit, export and replace patches/ and pin.toml together."""
     new = result.new
-    called = sorted({f for fs in result.changed_called.values() for f in fs})
-    note = "changed called functions: " + (", ".join(called) or "none")
-    routing = sorted({f for fs in result.changed_routing.values() for f in fs})
-    if routing:
-        note += "; routing changes accepted: " + ", ".join(routing)
-    if result.parity is not None:
-        note += f"; parity: {result.parity.summary}"
+    called = tuple(sorted({f for fs in result.changed_called.values() for f in fs}))
+    routing = tuple(sorted({f for fs in result.changed_routing.values() for f in fs}))
+    verdicts = [p for p in (result.parity, result.fp_parity) if p is not None]
+    parity = "not run" if not verdicts else ("passed" if all(p.ok for p in verdicts) else "failed")
+    bump = pin.Bump(old_pin.commit, new, pin.today(), "rebase", called, routing, parity)
     blobs = source.tree_blobs(clone, new, sorted(rendered.upstream))
     new_pin = pin.Pin(
         commit=new,
         blobs=blobs,
         url=old_pin.url,
         release=release if release is not None else kept_release(old_pin, blobs),
-        history=(*old_pin.history, pin.Bump(old_pin.commit, new, pin.today(), note)),
+        history=(*old_pin.history, bump),
     )
     txn = transaction.begin_outputs(root)
     try:
