@@ -42,6 +42,8 @@ def test_newcomer_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         shutil.copy(ROOT / name, project / name)
     monkeypatch.chdir(project)
     monkeypatch.setenv("PATCHKIT_MLX_REPO", SPEC)
+    # A newcomer's own cache: nothing (branches, worktrees) from earlier runs.
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path / "cache"))
 
     applied = _cli("apply")  # what pin.toml pins; the README never repeats the sha
     assert applied["upstream_commit"] == PIN_SHA and not applied["patches_changed"]
