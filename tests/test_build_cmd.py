@@ -601,6 +601,7 @@ def test_the_record_replaces_the_previous_one(project: dict[str, Path], tmp_path
     rec = json.loads(path.read_text())
     assert rec["wall_s"] == {"build": 2.0} and rec["wheel_version"] == plan.version
     assert rec["offline"] and "--offline" in rec["command"]
+    assert "[build-cpu.json](build-cpu.json)" in (out / "build-cpu.md").read_text()  # beside it
 
 
 def _clone_with_tag(search: Path, repo: str, tag: str, files: dict[str, str]) -> None:

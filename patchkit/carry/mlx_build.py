@@ -913,8 +913,8 @@ def route_words(env: dict[str, str] | None) -> str:
     return " (route: " + " ".join(f"{k}={v}" for k, v in env.items()) + ")"
 
 
-def markdown(rec: dict[str, Any]) -> str:
-    """The short page beside the record's JSON."""
+def markdown(rec: dict[str, Any], raw: str | None = None) -> str:
+    """The short page beside the record's JSON (``raw``: that file's name, linked)."""
     t, p, m = rec["tests"], rec["parity"], rec["machine"]
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in rec["wall_s"].items())
     if rec.get("incremental"):
@@ -942,7 +942,8 @@ def markdown(rec: dict[str, Any]) -> str:
                 if rec.get("offline", True)
                 else "MLX's CMake fetched its dependencies"
             )
-            + ").",
+            + ")."
+            + (f" The raw record: [{raw}]({raw})." if raw else ""),
             "",
         ]
     )
@@ -958,5 +959,5 @@ def write_record(rec: dict[str, Any], out_dir: Path) -> Path:
 def write_record_at(rec: dict[str, Any], path: Path) -> Path:
     """Write the record to ``path`` and its markdown beside it (``.md``); returns ``path``."""
     path.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    path.with_suffix(".md").write_text(markdown(rec))
+    path.with_suffix(".md").write_text(markdown(rec, path.name))
     return path
