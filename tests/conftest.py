@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-# support_git is loaded as a plugin by several test modules; register it before
-# any of them imports it so its asserts are rewritten like a test module's.
-pytest.register_assert_rewrite("support_git")
+# support_git and support_emulate are imported by several test modules; register them before
+# any of them imports them so their asserts are rewritten like a test module's.
+pytest.register_assert_rewrite("support_git", "support_emulate")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,4 +1,5 @@
-"""Mutations of the patched kernel text, for the tests that show a check can fail."""
+"""Mutations of the patched kernel text, for the tests that show a check can fail, and the
+checks every kernel family's matrix report must pass."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 import re
 
 from patchkit.verify import emulate
+from patchkit.verify.emulate import suite
 
 
 def loose(snippet: str) -> re.Pattern[str]:
@@ -23,3 +25,14 @@ def mutate(src: emulate.Sources, old: str, new: str, count: int) -> emulate.Sour
     text, n = loose(old).subn(lambda _: new, src.patched)
     assert n == count, (old, n, count)
     return dataclasses.replace(src, patched=text)
+
+
+def assert_streamed_equal_m1(report: suite.Report) -> None:
+    """Every streamed row equals upstream's M = 1 bit for bit, and every output element's
+    simd_sum was handed the M = 1 kernel's 32 per-lane values, each recorded call's key
+    confirmed by the kernel's own store (sums.py)."""
+    assert report.streamed(), "no streamed cases ran"
+    assert report.failures() == []
+    for r in report.streamed():
+        assert r.sum_inputs == r.case.B * r.case.M * r.case.N, r.case.label()
+        assert (r.sum_inputs_differing, r.sum_calls_unconfirmed) == (0, 0), r.case.label()
