@@ -27,10 +27,10 @@ from patchkit.verify.harness import cuda
 
 def build(out: Path, arch: str) -> None:
     """Extract the pinned tree, render the patched qmv.cu, compile both libraries."""
-    from patchkit.carry import pin, render, source
+    from patchkit.carry import mlx_deps, pin, render, source
     from patchkit.util import git
 
-    deps = Path(os.environ.get("PATCHKIT_DEPS_DIR", source.cache_root() / "deps"))
+    deps = mlx_deps.deps_root()
     if missing := cuda.missing_deps(deps):
         raise SystemExit(f"MLX's configure-time sources missing: {', '.join(missing)}")
     sha = pin.load(Path("pin.toml")).commit

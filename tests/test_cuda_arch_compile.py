@@ -9,7 +9,7 @@ with MLX's own nvcc flags and include directories as its CMake build uses them:
 * the sources are the pinned tree (``git archive`` of ``mlx/``), the patched
   ``qmv.cu`` rendered into it;
 * MLX's configure-time downloads come from the dependency directory
-  (``PATCHKIT_DEPS_DIR``, else ``<cache>/deps``; one folder per FetchContent
+  (the cache's ``deps`` folder, ``mlx_deps.deps_root()``; one folder per FetchContent
   name): ``cutlass`` and ``fmt`` are required, ``cccl`` is used when present
   (else the toolkit's bundled CCCL).
 
@@ -25,7 +25,6 @@ cp.async) and sm_90a (the H200); ``--wide`` adds the rest.
 from __future__ import annotations
 
 import io
-import os
 import re
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ from pathlib import Path
 import pytest
 from support_git import PIN_SHA, mlx_clone
 
-from patchkit.carry import render, source
+from patchkit.carry import mlx_deps, render, source
 from patchkit.util import git
 
 QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
@@ -58,8 +57,7 @@ WHEEL_ARCHS = (
 
 def deps_root() -> Path:
     """MLX's configure-time downloads, one folder per FetchContent name."""
-    override = os.environ.get("PATCHKIT_DEPS_DIR")
-    return Path(override).expanduser() if override else source.cache_root() / "deps"
+    return mlx_deps.deps_root()
 
 
 def wheel_archs(setup_py: str) -> list[str]:
@@ -133,7 +131,7 @@ def _includes(root: Path) -> list[str]:
     if missing:
         pytest.skip(
             f"MLX's configure-time sources missing: {', '.join(missing)}; export cutlass "
-            "v4.4.2's include/ and fmt 12.1.0 there, or set PATCHKIT_DEPS_DIR"
+            "v4.4.2's include/ and fmt 12.1.0 there (`patchkit deps --from DIR --backend cuda`)"
         )
     cccl = deps / "cccl" / "include"
     return [

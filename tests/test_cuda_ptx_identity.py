@@ -17,24 +17,22 @@ Skipped without nvcc, a clone holding the pin, or MLX's cutlass and fmt download
 from __future__ import annotations
 
 import io
-import os
 import re
 import shutil
 import subprocess
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from support_git import PIN_SHA, mlx_clone
 
-from patchkit.carry import render, source
+from patchkit.carry import mlx_deps, render, source
 from patchkit.util import git
 from patchkit.verify.harness import cuda
 
 NVCC = shutil.which("nvcc")
 CXXFILT = shutil.which("c++filt")
-DEPS = Path(os.environ.get("PATCHKIT_DEPS_DIR", source.cache_root() / "deps"))
+DEPS = mlx_deps.deps_root()
 
 pytestmark = [
     pytest.mark.clone,

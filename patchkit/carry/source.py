@@ -46,7 +46,6 @@ def _quiet(_: str) -> None:
 
 
 # Scripts outside the package still reach the cache root through this name.
-cache_root = cache.root
 
 
 def source_spec(mlx_repo: str | None, default_url: str = UPSTREAM_URL) -> str:
