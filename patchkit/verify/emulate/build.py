@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from patchkit.errors import ToolError, UserError
+from patchkit.errors import UserError
 from patchkit.util import cache
+from patchkit.util import proc as tools
 from patchkit.verify.emulate.extract import Extracted
 
 HERE = Path(__file__).resolve().parent
@@ -204,9 +205,7 @@ def build(
         src.write_text(source)
         lib = Path(tmp) / "lib.so"
         cmd = [compiler, *cmd_tail, str(src), "-o", str(lib)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ToolError(cmd, proc.returncode, proc.stdout, proc.stderr)
+        tools.run(cmd)
         os.replace(lib, out)  # atomic: a concurrent build never sees half a library
     return out
 

@@ -86,14 +86,12 @@ def _every_tenth(say: Callable[[str], None], what: str) -> Callable[[int, int], 
 
 
 def ir_identity(
-    root: Path,
     family: Header,
-    header: Path | None,
-    opts: dict[str, Any],
+    sources: emulate.Sources,
+    types: tuple[str, ...],
     say: Callable[[str], None],
 ) -> tuple[dict[str, Any], str, bool]:
     """Every M = 1 kernel of ``family`` at vecs_per_tg = 1 against upstream's (:mod:`.ir`)."""
-    sources, types = _sources(root, family, header, opts, say)
     say(f"compiling {family.name}'s M = 1 kernels, upstream and patched (clang -O2)")
     pairs = ir.compare(sources, family, types)
     differing = [p.instance.label for p in pairs if not p.identical]
@@ -166,15 +164,14 @@ def _modes(choice: str) -> tuple[str, ...]:
 
 
 def _header_matrix(
-    root: Path,
     family: Header,
-    header: Path | None,
+    text: emulate.Sources,
+    types: tuple[str, ...],
     opts: dict[str, Any],
     modes: tuple[str, ...],
     say: Callable[[str], None],
 ) -> tuple[dict[str, Any], list[str], bool]:
     """``family``'s matrix for ``modes`` with each toolchain, judged by :func:`suite.summarize`."""
-    text, types = _sources(root, family, header, opts, say)
     cases = suite.full_matrix(modes) if opts["full"] else suite.default_matrix(modes)
     payload: dict[str, Any] = {"modes": list(modes), "cases": len(cases), "toolchains": {}}
     lines, ok = [], True
@@ -206,9 +203,11 @@ def matrix(
     lines, ok = [], True
     for family in dict.fromkeys(FAMILIES[m].header for m in modes):
         picked = tuple(m for m in modes if FAMILIES[m].header is family)
-        ir_part, ir_line, ir_ok = ir_identity(root, family, header, opts, say)
+        # Read and rendered once per family: the IR check and the matrix share them.
+        sources, types = _sources(root, family, header, opts, say)
+        ir_part, ir_line, ir_ok = ir_identity(family, sources, types, say)
         payload["ir"][family.name] = ir_part
-        part, part_lines, part_ok = _header_matrix(root, family, header, opts, picked, say)
+        part, part_lines, part_ok = _header_matrix(family, sources, types, opts, picked, say)
         if family is AFFINE:
             payload.update(cases=part["cases"], toolchains=part["toolchains"])
         else:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import itertools
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.errors import ToolError, UserError
+from patchkit.errors import UserError
+from patchkit.util import proc
 from patchkit.verify import dispatch
 from patchkit.verify.emulate import build, extract
 from patchkit.verify.emulate.extract import PATCHED_NS, UPSTREAM_NS
@@ -125,10 +125,7 @@ def compile_ir(unit: str) -> str:
         src = Path(tmp) / "ir.cpp"
         src.write_text(unit)
         cmd = [clang, *FLAGS, *build._fma_flags(), f"-I{build.HERE}", str(src), "-o", "-"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ToolError(cmd, proc.returncode, "", proc.stderr[-4000:])
-    return proc.stdout
+        return proc.run(cmd).stdout
 
 
 def _numbered_in_order(body: str) -> str:
