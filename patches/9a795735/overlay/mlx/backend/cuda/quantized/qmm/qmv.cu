@@ -13,7 +13,7 @@
 //   @@ -244,11 +263,12 @@ __global__ void gather_qmv_kernel(
 //   @@ -272,14 +292,18 @@ void qmv(
 //   @@ -338,6 +362,46 @@ void gather_qmv(
-//   @@ -439,22 +503,33 @@ void qmv(
+//   @@ -439,22 +503,41 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -520,6 +520,14 @@ void qmv(
           }
           encoder.set_output_array(out);
           constexpr bool has_bias = !cutlass::has_negative_zero_v<Q>;
+          // More than one launch: MLX's concurrent nodes, so that each launch
+          // depends on the inputs registered above and every reader of out
+          // waits for all of them.
+          std::optional<cu::CommandEncoder::ConcurrentContext> concurrent;
+          int first = cu::qmv_vecs_per_block<T, Q>(m, l, n, k);
+          if (first > 1 && first < m) {
+            concurrent.emplace(encoder);
+          }
           for (int vec = 0; vec < m;) {
             int vecs_per_block = cu::qmv_vecs_per_block<T, Q>(m - vec, l, n, k);
             int vecs = vecs_per_block == 1 ? m - vec : vecs_per_block;
