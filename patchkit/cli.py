@@ -574,7 +574,14 @@ def build_cmd(
         f"built MLX {rec['mlx_version']} ({rec['backend']}) in {plan.layout.worktree}",
         mlx_build.tests_line(t).removeprefix("- "),
         f"parity: {p['rows_differing']}/{p['rows']} rows differ "
-        f"(paths {', '.join(p['kernel_paths'])})",
+        f"(paths {', '.join(p['kernel_paths'])})"
+        + mlx_build.route_words(p.get("route_env")),
+        *(
+            [mlx_build.parity_default_line(rec["parity_default"]).removeprefix("- ")]
+            if "parity_default" in rec
+            else []
+        ),
+        *([f"LTO off: {rec['no_lto']}"] if rec.get("no_lto") else []),
         f"record: {path}",
         f"log: {plan.layout.log}",
     ]
@@ -590,6 +597,11 @@ def build_cmd(
         raise UserError(f"MLX's test_quantized.py failed on the build; log: {plan.layout.log}")
     if p["rows_differing"]:
         raise UserError(f"parity: rows differ on the build; see {plan.layout.parity_json}")
+    if "parity_default" in rec and mlx_build.patch_rows_differing(rec["parity_default"]):
+        raise UserError(
+            "parity: rows differ on the patch's kernels on the default route; see "
+            f"{plan.layout.parity_default_json}"
+        )
 
 
 @main.command("deps")

@@ -114,6 +114,11 @@ class Layout:
         return self.base / "parity.json"
 
     @property
+    def parity_default_json(self) -> Path:
+        """Parity on the default route, where the claim route is another (CUDA)."""
+        return self.base / "parity-default.json"
+
+    @property
     def dist(self) -> Path:
         return self.base / "dist"
 
@@ -156,6 +161,8 @@ class BuildPlan:
     offline: bool = True  # dependencies from the dependency directory, not the network
     python: str = sys.executable  # the interpreter that creates the venv
     cmake_min: str = "3.25"  # MLX's cmake_minimum_required
+    # Why interprocedural optimization is off (this compiler cannot link -flto), or "".
+    no_lto: str = ""
 
     @property
     def wheel_requirement(self) -> str:
@@ -181,6 +188,7 @@ class BuildPlan:
             "version": self.version,
             "dist": str(self.layout.dist),
             "preflight": preflight_checks(self),
+            "no_lto": self.no_lto,
             "steps": [
                 {"stage": s.stage, "why": s.why, "argv": s.argv, "cwd": str(s.cwd), "env": s.env}
                 for s in self.steps
@@ -194,6 +202,8 @@ class BuildPlan:
             f"# setup.py's version: {self.version}",
             "# preflight: " + "; ".join(preflight_checks(self)),
         ]
+        if self.no_lto:
+            head.append(f"# {self.no_lto}")
         return "\n".join(head + [f"# [{s.stage}] {s.why}\n{s.shell()}" for s in self.steps])
 
 
@@ -301,8 +311,10 @@ def plan(
     python_env = {"PYTHONPATH": os.pathsep.join([str(root), *sites])}
     parity_env = {**python_env, **PARITY_ROUTE_ENV.get(backend, {})}
     version = f"{_mlx_version(read)}+patchkit.{head[:12]}"
+    no_lto = "" if lto_links(compiler()) else NO_LTO_NOTE
+    lto_args = [f"-DCMAKE_PROJECT_INCLUDE={NO_IPO_CMAKE}"] if no_lto else []
     build_env = {
-        "CMAKE_ARGS": " ".join([*CMAKE_ARGS[backend], *fetch_args, *cmake_args]),
+        "CMAKE_ARGS": " ".join([*CMAKE_ARGS[backend], *fetch_args, *lto_args, *cmake_args]),
         "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs or os.cpu_count() or 1),
     }
     if shutil.which("ninja"):
@@ -328,15 +340,49 @@ def plan(
                  [vpy, "-m", "unittest", "-v", TEST_FILE], where.worktree / "python" / "tests",
                  python_env, ok_codes=(0, 1))
         )  # fmt: skip
+    route = route_words(PARITY_ROUTE_ENV.get(backend))
     steps.append(
-        Step("parity", "patchkit parity on the MLX just built (exit 1 = rows differ)",
+        Step("parity", f"patchkit parity on the MLX just built{route} (exit 1 = rows differ)",
              [vpy, "-m", "patchkit.verify.mlx_parity", "--patched", "--out",
               str(where.parity_json)], where.base, parity_env, ok_codes=(0, 1))
     )  # fmt: skip
+    if backend in PARITY_ROUTE_ENV:  # and the route a user gets without the overlay's switch
+        steps.append(
+            Step("parity", "patchkit parity on the default route (rows on stock's qmm may "
+                 "differ: another summation order, stock's choice)",
+                 [vpy, "-m", "patchkit.verify.mlx_parity", "--patched", "--out",
+                  str(where.parity_default_json)], where.base, python_env, ok_codes=(0, 1))
+        )  # fmt: skip
     return BuildPlan(
         backend, p.commit, head, clone, where, deps, steps, version=version, offline=offline,
-        python=python, cmake_min=_cmake_min(read),
+        python=python, cmake_min=_cmake_min(read), no_lto=no_lto,
     )  # fmt: skip
+
+
+# Included after each project() of MLX's CMake when the compiler cannot link -flto.
+NO_IPO_CMAKE = Path(__file__).with_name("no_ipo.cmake")
+NO_LTO_NOTE = (
+    "this compiler cannot link -flto: built without interprocedural optimization "
+    "(nanobind's LTO of MLX's Python module, binding glue; no kernel changes)"
+)
+_LTO_PROBE = "int twice(int x) { return 2 * x; }\nint main() { return twice(0); }\n"
+
+
+def compiler() -> str | None:
+    """The C++ compiler CMake will pick: ``CXX``, else ``c++``, ``g++`` or ``clang++``."""
+    return (
+        shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
+    )
+
+
+def lto_links(cxx: str | None) -> bool:
+    """Whether ``cxx`` compiles and links a program with ``-flto`` (about a second).
+
+    nanobind links MLX's Python module with LTO; a compiler whose LTO plugin cannot run
+    (``could not run lto-wrapper``) would otherwise fail the build at its last link. No
+    compiler: True, and the preflight names what is missing.
+    """
+    return cxx is None or _links(cxx, _LTO_PROBE, ["-flto", "-O1"], ("-flto", "-O1"))
 
 
 def _environment_steps(
@@ -453,9 +499,7 @@ def _needs_blas(backend: str, system: str | None = None) -> bool:
 def missing_tools(build: BuildPlan) -> list[str]:
     """Keys of :data:`INSTALL` this machine lacks for ``build``; each check takes < 2 s."""
     missing = []
-    cxx = (
-        shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
-    )
+    cxx = compiler()
     if cxx is None:
         missing.append("compiler")
     have = _tool_version(["cmake", "--version"])
@@ -514,10 +558,10 @@ def _fails(argv: list[str]) -> bool:
     return subprocess.run(argv, capture_output=True, check=False, timeout=10).returncode != 0
 
 
-def _links(cxx: str, program: str, libs: list[str]) -> bool:
-    """Whether ``program`` compiles and links with ``libs`` (headers and libraries present)."""
+def _links(cxx: str, program: str, libs: list[str], flags: tuple[str, ...] = ()) -> bool:
+    """Whether ``program`` compiles (with ``flags``) and links with ``libs``."""
     with tempfile.TemporaryDirectory(prefix="patchkit-preflight-") as tmp:
-        argv = [cxx, "-x", "c++", "-", "-o", str(Path(tmp) / "a.out"), *libs]
+        argv = [cxx, *flags, "-x", "c++", "-", "-o", str(Path(tmp) / "a.out"), *libs]
         return proc.run(argv, input=program, check=False).returncode == 0
 
 
@@ -702,10 +746,13 @@ def execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
 
 def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]:
     progress(f"log: {build.layout.log}")
+    if build.no_lto:
+        progress(build.no_lto)
     if why := venv_broken(build.layout):
         progress(f"the build's venv is broken ({why}); recreating it")
         shutil.rmtree(build.layout.venv)
-    build.layout.parity_json.unlink(missing_ok=True)  # only this run's report counts
+    for report in (build.layout.parity_json, build.layout.parity_default_json):
+        report.unlink(missing_ok=True)  # only this run's reports count
     incremental = (build.layout.worktree / "build").is_dir()  # setup.py's build folder
     prepare_worktree(build, root)
     build.layout.log.parent.mkdir(parents=True, exist_ok=True)
@@ -726,13 +773,18 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
     if not build.layout.parity_json.is_file():
         fail(build.steps[-1], 1, outputs["parity"], build.layout.log)
     parity = json.loads(build.layout.parity_json.read_text())
+    default = None
+    if build.backend in PARITY_ROUTE_ENV:
+        if not build.layout.parity_default_json.is_file():
+            fail(build.steps[-1], 1, outputs["parity"], build.layout.log)
+        default = json.loads(build.layout.parity_default_json.read_text())
     tests = None  # --no-test: the record says the tests were not run
     if "test" in outputs:
         try:
             tests = unittest_counts(outputs["test"])
         except UserError as exc:
             raise UserError(f"{exc}; the whole log: {build.layout.log}") from exc
-    rec = record(build, root, tests, parity, walls)
+    rec = record(build, root, tests, parity, walls, default)
     wheel = build.wheel()
     return {**rec, "incremental": incremental, "wheel": str(wheel) if wheel else None}
 
@@ -837,11 +889,15 @@ def record(
     tests: dict[str, int] | None,
     parity: dict[str, Any],
     walls: dict[str, float],
+    parity_default: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The build record (``docs/results/build-<backend>.json``)."""
-    paths = sorted({m["path"] for r in parity["rows"] for m in r.get("by_m", [])})
+    """The build record (``docs/results/build-<backend>.json``).
+
+    ``parity`` is the route whose claim covers parity's whole matrix; ``parity_default``,
+    where that route is a switch (CUDA), the route a user gets without it, by kernel path.
+    """
     short = build.mlx_commit[:8]
-    return {
+    rec: dict[str, Any] = {
         "backend": build.backend,
         "mlx_commit": build.mlx_commit,
         "patch": {
@@ -857,11 +913,7 @@ def record(
         "deps": build.deps,
         "tests": None if tests is None else {"file": f"python/tests/{TEST_FILE}.py", **tests},
         "parity": {
-            "rows": parity["rows_compared"],
-            "rows_differing": parity["rows_differing"],
-            "kernel_paths": paths,
-            # Configurations run: the GPU-only large shapes are skipped on the CPU backend.
-            "configs": sum(r["status"] != "skipped" for r in parity["rows"]),
+            **parity_summary(parity),
             "route_env": PARITY_ROUTE_ENV.get(build.backend, {}),
         },
         "wall_s": {k: round(v, 1) for k, v in walls.items()},
@@ -871,6 +923,36 @@ def record(
         + build.backend
         + (" --offline" if build.offline else ""),
     }
+    if parity_default is not None:
+        rec["parity_default"] = {**parity_summary(parity_default), "route_env": {}}
+    if build.no_lto:
+        rec["no_lto"] = build.no_lto
+    return rec
+
+
+def parity_summary(parity: dict[str, Any]) -> dict[str, Any]:
+    """What the record keeps of one parity report."""
+    return {
+        "rows": parity["rows_compared"],
+        "rows_differing": parity["rows_differing"],
+        "rows_differing_by_path": parity.get("rows_differing_by_path", {}),
+        # Rows that differed only with operands produced and read in one lazy graph.
+        "graph_only_differing": sum(
+            m.get("graph_only_differing", 0) for r in parity["rows"] for m in r.get("by_m", [])
+        ),
+        "kernel_paths": sorted({m["path"] for r in parity["rows"] for m in r.get("by_m", [])}),
+        # Configurations run: the GPU-only large shapes are skipped on the CPU backend.
+        "configs": sum(r["status"] != "skipped" for r in parity["rows"]),
+    }
+
+
+def patch_rows_differing(summary: dict[str, Any]) -> int:
+    """Differing rows on every path but stock's qmm (another summation order, stock's route)."""
+    return sum(n for path, n in summary["rows_differing_by_path"].items() if path not in STOCK_QMM)
+
+
+# Kernel paths (patchkit.verify.dispatch) where stock sums in another order than M = 1.
+STOCK_QMM = {"qmm", "qmm_sm90"}
 
 
 def tests_line(t: dict[str, Any] | None) -> str:
@@ -913,6 +995,26 @@ def route_words(env: dict[str, str] | None) -> str:
     return " (route: " + " ".join(f"{k}={v}" for k, v in env.items()) + ")"
 
 
+def parity_line(p: dict[str, Any]) -> str:
+    """The record's claim-route parity in one line."""
+    return (
+        f"- `patchkit parity` on it{route_words(p.get('route_env'))}: "
+        f"{p['rows_differing']} of {p['rows']} rows differ, each M also run with its operands "
+        f"produced and its output read in one lazy graph ({p['configs']} configurations; "
+        f"kernel paths: {', '.join(p['kernel_paths'])})."
+    )
+
+
+def parity_default_line(p: dict[str, Any]) -> str:
+    """The default route's parity in one line, stock's qmm apart."""
+    by_path = ", ".join(f"{k} {v}" for k, v in p["rows_differing_by_path"].items())
+    return (
+        f"- The same on the default route: {patch_rows_differing(p)} rows differ on the "
+        f"patch's kernels; by kernel path: {by_path} (of {p['rows']} rows; stock's qmm sums "
+        "M * B >= 8 in another order, the route stock chose)."
+    )
+
+
 def markdown(rec: dict[str, Any], raw: str | None = None) -> str:
     """The short page beside the record's JSON (``raw``: that file's name, linked)."""
     t, p, m = rec["tests"], rec["parity"], rec["machine"]
@@ -928,9 +1030,9 @@ def markdown(rec: dict[str, Any], raw: str | None = None) -> str:
             f"`{rec['patch']['series_sha256'][:16]}`), MLX {rec['mlx_version']}",
             f"- What was compiled: {rec['compiled']}.",
             tests_line(t),
-            f"- `patchkit parity` on it{route_words(p.get('route_env'))}: "
-            f"{p['rows_differing']} of {p['rows']} rows differ "
-            f"({p['configs']} configurations; kernel paths: {', '.join(p['kernel_paths'])}).",
+            parity_line(p),
+            *([parity_default_line(rec["parity_default"])] if "parity_default" in rec else []),
+            *([f"- LTO: off; {rec['no_lto']}."] if rec.get("no_lto") else []),
             f"- Wall time: {walls}.",
             f"- Machine: {m['system']} {m['machine']}, {m['cpus']} CPUs, Python {m['python']}"
             + (f", {m['gpu']}" if m.get("gpu") else "")

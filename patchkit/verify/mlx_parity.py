@@ -3,8 +3,11 @@
 For each configuration it runs ``mx.quantized_matmul`` once per vector (M = 1,
 the reference every decoding step produces) and once per M = 2 ... limit - 1
 on the same vectors, and compares every row bit for bit (float32 as uint32,
-half types as uint16). Whatever MLX is importable is measured: a stock wheel,
-or the build ``patchkit build`` made. It also names the kernel path MLX's
+half types as uint16). Each M also runs with its operands produced and its output
+compared inside one lazy graph, with new and with recycled buffers: a primitive
+whose launches do not wait for their inputs, or whose readers do not wait for
+every launch, differs there although a call on evaluated arrays passes. Whatever
+MLX is importable is measured: a stock wheel, or the build ``patchkit build`` made. It also names the kernel path MLX's
 dispatch takes for each shape on this device (:func:`kernel_path`), because the
 verdict means different things on different paths.
 
@@ -49,6 +52,9 @@ SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
 # would go unchecked. "floor" sits exactly on 2**23; "ragged" above it, with a K tail
 # (4160 % 512 != 0) and N % 8 != 0.
 LARGE_SHAPES = {"floor": (4096, 2048), "ragged": (4160, 4100)}
+# Lazy-graph runs per M on a GPU, each with new buffers and each with recycled ones
+# (:meth:`_Operands.rows_differing_in_graph`).
+GRAPH_REPEATS = 3
 LARGE_BITS = (8,)  # the only width CUDA shares weight reads for (4-bit: one vector per block)
 
 
@@ -264,6 +270,38 @@ class _Operands:
         mx.eval(y)
         return y
 
+    def rows_differing_in_graph(self, x: np.ndarray, want: np.ndarray, recycle: bool) -> Any:
+        """Which rows of ``quantized_matmul(x)`` differ from ``want`` (bits), with the operands
+        produced and the output compared in the same lazy graph as the matmul.
+
+        Nothing is evaluated between the producers and the matmul, nor between the matmul and
+        the comparison: a launch that does not wait for its inputs, or a reader that does not
+        wait for every launch writing the output, reads memory not yet written. ``recycle``
+        first leaves a NaN-filled buffer of the output's size in MLX's cache, so a read of
+        recycled memory shows as a difference rather than as an earlier call's right answer;
+        otherwise the cache is emptied and every buffer is new.
+        """
+        mx, c = self.mx, self.cfg
+        n_out = int(np.prod(want.shape))
+        if recycle:
+            mx.eval(mx.full((n_out,), float("nan"), self.dtype))
+        else:
+            mx.clear_cache()
+        one = mx.array(1, self.dtype)
+        # Multiplying by one (adding zero for packed weights) keeps every bit: a producer
+        # kernel per operand, in the graph.
+        xs = mx.array(x).astype(self.dtype) * one
+        biases = None if self.biases is None else self.biases * mx.array(1, self.biases.dtype)
+        scales = self.scales * mx.array(1, self.scales.dtype)
+        y = mx.quantized_matmul(
+            xs, self.w + 0, scales, biases, transpose=True, group_size=c.group_size,
+            bits=c.bits, mode=c.mode,
+        )  # fmt: skip
+        view = mx.uint32 if y.dtype == mx.float32 else mx.uint16
+        differ = mx.any(y.view(view) != mx.array(want.reshape(y.shape)), axis=-1)
+        mx.eval(differ)
+        return np.array(differ).reshape(want.shape[:-1])
+
     def _weights_of(self, b: int) -> int | None:
         """Which weights batch ``b`` multiplies: its own, or the shared matrix (None)."""
         return b if self.cfg.B > 1 and not self.cfg.shared_w else None
@@ -295,11 +333,16 @@ def run_config(
         ref = ops.reference()
     except (ValueError, RuntimeError) as exc:  # MLX raises these for unsupported modes
         return {**row, **no_rows, "status": "unsupported", "error": str(exc).splitlines()[0]}
+    repeats = graph_repeats(dev)
     for M in range(2, m_stop(dev, cfg, limit)):
         y = ops.matmul(ops.x[..., :M, :])
         got = _bits(mx, y).reshape(ref.shape[0], M, -1)
         want = ref[:, :M]
-        diff = (got != want).any(axis=-1)
+        eager_diff = (got != want).any(axis=-1)
+        graph_diff = np.zeros_like(eager_diff)
+        for recycle in [False] * repeats + [True] * repeats:
+            graph_diff |= ops.rows_differing_in_graph(ops.x[..., :M, :], want, recycle)
+        diff = eager_diff | graph_diff
         yf = np.array(y.astype(mx.float32)).reshape(got.shape)
         wf = np.array(mx.array(want).view(y.dtype).astype(mx.float32))
         row["by_m"].append(
@@ -308,6 +351,8 @@ def run_config(
                 "path": kernel_path(dev, cfg, M, patched),
                 "rows": int(diff.size),
                 "rows_differing": int(diff.sum()),
+                # Of those, the rows that differed only when produced and read lazily.
+                "graph_only_differing": int((graph_diff & ~eager_diff).sum()),
                 "max_abs_diff": float(np.abs(yf - wf).max()),
             }
         )
@@ -316,6 +361,15 @@ def run_config(
     row["max_abs_diff"] = max(r["max_abs_diff"] for r in row["by_m"])
     row["paths"] = _path_summary(row["by_m"])
     return row
+
+
+def graph_repeats(dev: DeviceInfo) -> int:
+    """How often each M runs lazily with new buffers, and again with recycled ones.
+
+    A GPU backend can race (launches scheduled as graph nodes), and a race shows only in
+    some runs; the CPU backend runs each primitive in order, so once proves the check runs.
+    """
+    return 1 if dev.backend == "cpu" else GRAPH_REPEATS
 
 
 def import_mlx() -> Any:
