@@ -574,8 +574,7 @@ def build_cmd(
         f"built MLX {rec['mlx_version']} ({rec['backend']}) in {plan.layout.worktree}",
         mlx_build.tests_line(t).removeprefix("- "),
         f"parity: {p['rows_differing']}/{p['rows']} rows differ "
-        f"(paths {', '.join(p['kernel_paths'])})"
-        + mlx_build.route_words(p.get("route_env")),
+        f"(paths {', '.join(p['kernel_paths'])})" + mlx_build.route_words(p.get("route_env")),
         *(
             [mlx_build.parity_default_line(rec["parity_default"]).removeprefix("- ")]
             if "parity_default" in rec

@@ -7,9 +7,9 @@ half types as uint16). Each M also runs with its operands produced and its outpu
 compared inside one lazy graph, with new and with recycled buffers: a primitive
 whose launches do not wait for their inputs, or whose readers do not wait for
 every launch, differs there although a call on evaluated arrays passes. Whatever
-MLX is importable is measured: a stock wheel, or the build ``patchkit build`` made. It also names the kernel path MLX's
-dispatch takes for each shape on this device (:func:`kernel_path`), because the
-verdict means different things on different paths.
+MLX is importable is measured: a stock wheel, or the build ``patchkit build`` made.
+It also names the kernel path MLX's dispatch takes for each shape on this device
+(:func:`kernel_path`), because the verdict means different things on different paths.
 
 MLX is imported lazily so the rest of patchkit works without it.
 """
