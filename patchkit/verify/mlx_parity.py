@@ -45,7 +45,7 @@ BATCHES = (1, 3)
 # bits (K % qmv_fast_k_alignment == 0, N % 8 == 0); "ragged" takes qmv with its
 # safe tail (640 % 512 != 0) and moved-back last tile (37 = 4 * 8 + 5).
 SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
-# GPU only (minutes on MLX's CPU backend), in the full matrix: shapes of at least 2**23
+# GPU only (minutes on MLX's CPU backend), in either matrix: shapes of at least 2**23
 # weights (N * K), the floor above which the patched CUDA qmv reads each 8-bit weight once
 # for several bfloat16/float16 vectors (dispatch.cuda_plan); every shape above lies below
 # it, so without these the shared-weights launches (V = 2..4, M = 5..7 as two launches)
@@ -201,20 +201,21 @@ def _all_configs(full: bool) -> list[Config]:
         Config("affine", bits, 64, "float16", K, N, BATCHES[-1], shared_w=True)
         for (K, N), bits in itertools.product(shapes, AFFINE_BITS)
     ]
-    if full:
-        out += [
-            Config("affine", bits, 64, dtype, K, N, 1, gpu_only=True)
-            for (K, N), bits, dtype in itertools.product(
-                LARGE_SHAPES.values(), LARGE_BITS, ("bfloat16", "float16")
-            )
-        ]
-        # Batched and broadcast weights above the floor: below it every batch keeps one
-        # vector per block, so only these reach the shared-weights launches with B > 1.
-        out += [
-            Config("affine", bits, 64, "bfloat16", *LARGE_SHAPES["floor"], BATCHES[-1],
-                   shared_w=shared, gpu_only=True)
-            for bits, shared in itertools.product(LARGE_BITS, (False, True))
-        ]  # fmt: skip
+    # Quick and full: skipped on the CPU backend, seconds on a GPU, and the only shapes
+    # that reach the shared-weights launches.
+    out += [
+        Config("affine", bits, 64, dtype, K, N, 1, gpu_only=True)
+        for (K, N), bits, dtype in itertools.product(
+            LARGE_SHAPES.values(), LARGE_BITS, ("bfloat16", "float16")
+        )
+    ]
+    # Batched and broadcast weights above the floor: below it every batch keeps one
+    # vector per block, so only these reach the shared-weights launches with B > 1.
+    out += [
+        Config("affine", bits, 64, "bfloat16", *LARGE_SHAPES["floor"], BATCHES[-1],
+               shared_w=shared, gpu_only=True)
+        for bits, shared in itertools.product(LARGE_BITS, (False, True))
+    ]  # fmt: skip
     fp_dtypes = DTYPES if full else ("float16",)
     for (mode, (gs, bits)), dtype, B in itertools.product(FP_MODES.items(), fp_dtypes, BATCHES):
         out.append(Config(mode, bits, gs, dtype, *shapes[0], B))
