@@ -372,16 +372,18 @@ def test_cuda_exact_route_is_the_rendered_overlay() -> None:
     assert text.index("m1_runs_qmv) {") < text.index("if (can_use_qmm_sm90) {")
 
 
-PR_TEST = "python/tests/test_quantized.py/test_qmv_small_batch.py.j2"
+PR_TESTS = (
+    "python/tests/test_quantized.py/test_qmv_small_batch.py.j2",
+    "python/tests/test_quantized.py/test_qmv_vecs_per_block.py.j2",
+)
 PR_CUDA_METHOD = "test_qmv_vecs_per_block_matches_single_vector"
 
 
 def _pr_test_methods(backends: tuple[str, ...]) -> dict[str, ast.FunctionDef]:
     """The methods the PR's test snippet renders for ``backends``, parsed."""
     env = render.environment(render.TEMPLATES_DIR)
-    text = env.get_template(PR_TEST).render(
-        **render.pr_context(render.RenderOptions(backends=backends))
-    )
+    context = render.pr_context(render.RenderOptions(backends=backends))
+    text = "".join(env.get_template(t).render(**context) for t in PR_TESTS)
     tree = ast.parse("class TestQuantized:\n" + text)
     return {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
 

@@ -50,6 +50,9 @@ class TestQuantized(mlx_tests.MLXTestCase):
 
         self.assertTrue(True)
 
+    def test_qmv_small_non_multiples(self):
+        pass
+
     def test_b(self):
         x = 1
         # trailing comment inside the method
@@ -92,7 +95,12 @@ def _methods(text: str, cls: str) -> list[str]:
 def test_append_to_class_adds_the_last_method_inside_the_class() -> None:
     snippet = "    def test_new(self):\n        self.assertTrue(True)\n"
     out = pyedit.append_to_class(UPSTREAM_TEST, "TestQuantized", snippet)
-    assert _methods(out, "TestQuantized") == ["test_a", "test_b", "test_new"]
+    assert _methods(out, "TestQuantized") == [
+        "test_a",
+        "test_qmv_small_non_multiples",
+        "test_b",
+        "test_new",
+    ]
     assert _methods(out, "TestOther") == ["test_c"]
     # One blank line before the new method; the rest of the file is untouched.
     assert "        self.assertEqual(x, 1)\n\n    def test_new(self):\n" in out

@@ -1,7 +1,8 @@
 """Commit a rendered patch on an upstream commit: one commit per backend, same inputs, same ids.
 
 The render is written into a fresh detached worktree of the cached clone and
-committed per backend (Metal first: the series order is the review order) with
+committed per change (the JIT fix, Metal, CUDA: the series order is the review
+order; a change may build on the one before it in the same file) with
 patchkit's fixed author and the upstream commit's date, so rendering the same
 templates on the same commit always gives the same commit ids, and ``patchkit
 check`` can recommit without moving anything. The branch ``patchkit/<short>``
@@ -19,6 +20,7 @@ from patchkit.util import git
 BRANCH_PREFIX = "patchkit/"
 
 SUBJECTS = {
+    "jit-fix": "metal: qmv passes each kernel exactly its template arguments",
     "metal": "metal: qmv streams vectors in M = 1's order, replacing qmv_wide",
     "cuda": "cuda: qmv streams vectors in M = 1's order for small batches",
 }
@@ -32,6 +34,19 @@ BODY = (
 )
 
 
+def stages_of(rendered: render.Rendered) -> list[tuple[str, dict[str, str]]]:
+    """The commits' texts in series order: the render's stages, or (a merged rebase, which
+    has no stages) each change's files as a whole, in ``render.BACKENDS`` order."""
+    if rendered.stages:
+        return rendered.stages
+    present = set(rendered.backend_of.values())
+    order = [b for b in render.BACKENDS if b in present] + sorted(present - set(render.BACKENDS))
+    return [
+        (b, {p: rendered.patched[p] for p, pb in rendered.backend_of.items() if pb == b})
+        for b in order
+    ]
+
+
 def commit_patch(
     clone: Path, upstream: str, rendered: render.Rendered, *, move_refs: bool = True
 ) -> str:
@@ -42,19 +57,15 @@ def commit_patch(
     """
     date = git.commit_date(clone, upstream)
     base_ref = source.BASE_REF if move_refs else None
+    written = dict(rendered.upstream)
     with source.worktree(clone, upstream, base_ref=base_ref) as wt:
-        present = set(rendered.backend_of.values())
-        # Metal first: it is the primary target, and the series order is the review order.
-        order = [b for b in render.BACKENDS if b in present] + sorted(
-            present - set(render.BACKENDS)
-        )
-        for backend in order:
-            paths = sorted(p for p, b in rendered.backend_of.items() if b == backend)
-            changed = [p for p in paths if rendered.patched[p] != rendered.upstream[p]]
+        for backend, texts in stages_of(rendered):
+            changed = sorted(p for p, t in texts.items() if t != written.get(p))
             if not changed:
                 continue
             for p in changed:
-                (wt / p).write_bytes(rendered.patched[p].encode("utf-8", "surrogateescape"))
+                (wt / p).write_bytes(texts[p].encode("utf-8", "surrogateescape"))
+                written[p] = texts[p]
             git.add(wt, changed)
             subject = SUBJECTS.get(backend, f"{backend}: order-preserving streamed qmv")
             git.commit(wt, f"{subject}\n\n{BODY.format(short=upstream[:8])}", date=date)

@@ -593,9 +593,12 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
         # From the commit, not the worktree: an earlier build left its render there.
         exists = git.blob_id(build.clone, build.patch_commit, plan_.path) is not None
         text = git.show_file(build.clone, build.patch_commit, plan_.path) if exists else None
+        rendered = render.render_pr_file(plan_, text, options)
+        if rendered is None:
+            continue
         target = wt / plan_.path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(render.render_pr_file(plan_, text, options))
+        target.write_text(rendered)
     # The wheel is the overlay: the PR's change plus its downstream switches (each
     # off by default), so an engine can compare with stock's kernels in one build.
     overlay = root / transaction.PATCHES / build.mlx_commit[:8] / "overlay"

@@ -19,7 +19,7 @@ import ast
 
 from patchkit.errors import AnchorError
 
-PY_OPS = ("append_to_class", "new_file")
+PY_OPS = ("append_to_class", "after_method", "new_file")
 
 
 def find_class(source: str, name: str) -> ast.ClassDef:
@@ -69,15 +69,36 @@ def append_to_class(source: str, name: str, snippet: str) -> str:
     return head + "\n" + body + "".join(lines[end:])
 
 
+def after_method(source: str, anchor: str, snippet: str) -> str:
+    """``source`` with ``snippet`` as a new member right after method ``Class.method``.
+
+    Two PRs that each add a test method at their own anchor in one class apply in
+    either order; both appended at the class's end would conflict.
+    """
+    cls_name, _, method = anchor.partition(".")
+    found = [
+        n
+        for n in find_class(source, cls_name).body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == method
+    ]
+    if len(found) != 1:
+        raise AnchorError(f"class '{cls_name}' has {len(found)} methods '{method}', not one")
+    end = found[0].end_lineno or 0
+    lines = source.splitlines(keepends=True)
+    return "".join(lines[:end]) + "\n" + snippet.strip("\n") + "\n" + "".join(lines[end:])
+
+
 def new_file(existing: str | None, snippet: str) -> str:
-    """The text of a file the patch creates; refuse if upstream now has a file there.
+    """The text of a file the patch creates; refuse if upstream now has another file there.
 
     Overwriting an upstream file of the same name would silently drop upstream's
-    content from the PR, so an existing file is an anchor error for the rebase to report.
+    content from the PR, so an existing file is an anchor error for the rebase to report;
+    the same text already there (an earlier PR of a stack added it) is kept as it is.
     """
-    if existing is not None:
+    text = snippet.rstrip("\n") + "\n"
+    if existing is not None and existing != text:
         raise AnchorError("the file exists upstream; a new_file edit would overwrite it")
-    return snippet.rstrip("\n") + "\n"
+    return text
 
 
 def apply_edit(text: str | None, op: str, anchor: str, snippet: str) -> str:
@@ -88,4 +109,8 @@ def apply_edit(text: str | None, op: str, anchor: str, snippet: str) -> str:
         if text is None:
             raise AnchorError(f"append_to_class '{anchor}': the file does not exist upstream")
         return append_to_class(text, anchor, snippet)
+    if op == "after_method":
+        if text is None:
+            raise AnchorError(f"after_method '{anchor}': the file does not exist upstream")
+        return after_method(text, anchor, snippet)
     raise AnchorError(f"unknown Python edit op '{op}'; choose from {list(PY_OPS)}")

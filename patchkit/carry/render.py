@@ -39,7 +39,10 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 MANIFEST = "edits.toml"
 
 Flavour = Literal["upstream", "overlay"]
-BACKENDS = ("metal", "cuda")
+# The changes, in series order: the JIT fix (its own upstream PR), Metal, CUDA.
+BACKENDS = ("jit-fix", "metal", "cuda")
+# What a change's edits are written against: Metal's host diff builds on the JIT fix.
+REQUIRES = {"metal": ("jit-fix",)}
 # The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
 # so V = 2..5 covers every M in [2, batch limit).
 STREAMED_VECS = (2, 3, 4, 5)
@@ -71,11 +74,17 @@ class RenderOptions:
 
     backends: tuple[str, ...] = BACKENDS
     flavour: Flavour = "upstream"
+    # Also render the changes each backend builds on (REQUIRES); off only to render a
+    # change alone onto a tree that already holds them (a stacked export-pr).
+    with_required: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.backends) - set(BACKENDS)
         if unknown:
             raise UserError(f"unknown backend {sorted(unknown)}; choose from {list(BACKENDS)}")
+        if self.with_required:
+            wanted = {r for b in self.backends for r in REQUIRES.get(b, ())} | set(self.backends)
+            object.__setattr__(self, "backends", tuple(b for b in BACKENDS if b in wanted))
         if self.flavour not in ("upstream", "overlay"):
             raise UserError(f"unknown flavour '{self.flavour}'; choose 'upstream' or 'overlay'")
 
@@ -117,7 +126,8 @@ class Edit:
     ``within`` (a function name) scopes a statement anchor to that function;
     ``through`` extends a statement anchor to a range of statements; ``flavour``
     limits the edit to one flavour (the overlay keeps what the PR removes, for its
-    off switch).
+    off switch); ``backend`` gives the edit a change of its own, committed (and
+    exported) before the file's (the JIT fix inside the Metal host file).
     """
 
     op: str
@@ -127,6 +137,7 @@ class Edit:
     within: str | None = None
     through: str | None = None
     flavour: Flavour | None = None
+    backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.flavour not in (None, "upstream", "overlay"):
@@ -201,6 +212,7 @@ def _load_plan(manifest: Path, templates_dir: Path) -> FilePlan:
                 within=e.get("within"),
                 through=e.get("through"),
                 flavour=e.get("flavour"),
+                backend=e.get("backend"),
             )
             for e in data.get("edit", ())
         ),
@@ -209,8 +221,20 @@ def _load_plan(manifest: Path, templates_dir: Path) -> FilePlan:
 
 
 def selected_plans(options: RenderOptions, templates_dir: Path = TEMPLATES_DIR) -> list[FilePlan]:
-    """The plans for the backends ``options`` asks for."""
-    return [p for p in load_plans(templates_dir) if p.backend in options.backends]
+    """The plans with an edit for the backends ``options`` asks for."""
+    return [
+        p
+        for p in load_plans(templates_dir)
+        if p.backend in options.backends or any(e.backend in options.backends for e in p.edits)
+    ]
+
+
+def selects(plan: FilePlan, edit: Edit, options: RenderOptions) -> bool:
+    """Whether ``options`` renders ``edit``: its flavour, and its change (the edit's own
+    ``backend``, else the file's). PR-only files render every edit (Jinja picks inside)."""
+    if edit.flavour not in (None, options.flavour):
+        return False
+    return plan.backend == PR_BACKEND or (edit.backend or plan.backend) in options.backends
 
 
 def derive(source: str, spec: Derive) -> str:
@@ -365,12 +389,25 @@ def render_file(
 
     ``extra_context`` adds values some snippets need (export-pr's test bounds).
     """
+    text = _render_text(plan, upstream_text, options, extra_context)
+    if text is None:
+        raise UserError(f"{plan.path}: its edits.toml has no edits")
+    return text
+
+
+def _render_text(
+    plan: FilePlan,
+    upstream_text: str | None,
+    options: RenderOptions,
+    extra_context: dict[str, object] | None = None,
+) -> str | None:
+    """:func:`render_file`'s work; None when the file is new and no edit wrote it."""
     derived = {d.name: derive(upstream_text or "", d) for d in plan.derives}
     derived |= {lf.name: lift(upstream_text or "", lf) for lf in plan.lifts}
     ctx = {**context(options, derived), **(extra_context or {})}
     text = upstream_text
     for edit in plan.edits:
-        if edit.flavour not in (None, options.flavour):
+        if not selects(plan, edit, options):
             continue
         if edit.op in REMOVE_OPS:
             text = _apply_edit(text, edit, "")
@@ -379,8 +416,6 @@ def render_file(
         if not snippet.strip():
             continue  # an option turned this edit off
         text = _apply_edit(text, edit, snippet)
-    if text is None:
-        raise UserError(f"{plan.path}: its edits.toml has no edits")
     return text
 
 
@@ -397,13 +432,17 @@ class Rendered:
     """A rendered patch: the upstream texts and both flavours of the patched texts.
 
     ``patched`` is what the series commits (the options' flavour), ``overlay``
-    the whole files for downstream engines (empty when not asked for).
+    the whole files for downstream engines (empty when not asked for). ``stages``
+    are the patched texts after each change in series order, each including the
+    ones before it (one commit each); ``backend_of`` the change of each file, for
+    texts that could not be staged (a rebase's three-way merge).
     """
 
     upstream: dict[str, str] = field(default_factory=dict)
     patched: dict[str, str] = field(default_factory=dict)
     overlay: dict[str, str] = field(default_factory=dict)
     backend_of: dict[str, str] = field(default_factory=dict)
+    stages: list[tuple[str, dict[str, str]]] = field(default_factory=list)
 
 
 def touched(options: RenderOptions, templates_dir: Path) -> list[str]:
@@ -438,7 +477,26 @@ def render_all(
             raise AnchorError(f"{plan.path}: {exc}") from exc
         rendered.upstream[plan.path] = text
         rendered.backend_of[plan.path] = plan.backend
+    # One commit per change: the stages before the last, then the whole render.
+    order = [b for b in BACKENDS if b in options.backends]
+    earlier = replace(options, backends=tuple(order[:-1]))
+    rendered.stages.extend(render_stages(read, earlier, templates_dir))
+    rendered.stages.append((order[-1], rendered.patched))
     return rendered
+
+
+def render_stages(
+    read: Callable[[str], str], options: RenderOptions, templates_dir: Path
+) -> list[tuple[str, dict[str, str]]]:
+    """The patched texts after each change of ``options`` in series order (``BACKENDS``:
+    the JIT fix, Metal, CUDA), each stage rendered with the changes before it."""
+    order = [b for b in BACKENDS if b in options.backends]
+    stages = []
+    for i, backend in enumerate(order):
+        upto = replace(options, backends=tuple(order[: i + 1]))
+        plans = selected_plans(upto, templates_dir)
+        stages.append((backend, {p.path: render_file(p, read(p.path), upto) for p in plans}))
+    return stages
 
 
 def pr_plans(templates_dir: Path) -> list[FilePlan]:
@@ -456,10 +514,11 @@ def pr_context(options: RenderOptions) -> dict[str, object]:
     }
 
 
-def render_pr_file(plan: FilePlan, text: str | None, options: RenderOptions) -> str:
-    """Patched text of one PR-only file (``text`` is None for a file new upstream)."""
+def render_pr_file(plan: FilePlan, text: str | None, options: RenderOptions) -> str | None:
+    """Patched text of one PR-only file (``text`` is None for a file new upstream); None
+    when the file is new and ``options``' PR does not carry it (every snippet empty)."""
     try:
-        return render_file(plan, text, options, pr_context(options))
+        return _render_text(plan, text, options, pr_context(options))
     except AnchorError as exc:
         raise AnchorError(f"{plan.path}: {exc}") from exc
 
