@@ -395,19 +395,27 @@ def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool
 @main.command("export-pr")
 @click.option(
     "--backend",
-    type=click.Choice(["metal", "cuda"]),
+    type=click.Choice(["jit-fix", "metal", "cuda"]),
     default="metal",
     show_default=True,
-    help="Which backend's PR: one commit per backend.",
+    help="Which PR: the JIT fix (first), Metal (builds on the fix), CUDA.",
 )
 @click.option(
     "--onto",
     metavar="REV",
-    help="Upstream commit to branch off (default: MLX's main, the clone's newest; "
-    "give pin.toml's commit for the pin).",
+    help="Commit or branch to build on (default: MLX's main, the clone's newest; "
+    "give pin.toml's commit for the pin, or an earlier PR's branch to stack).",
 )
 @click.option(
-    "--branch", help="Branch name (default: order-preserving-qmv, -cuda for the CUDA PR)."
+    "--stacked",
+    is_flag=True,
+    help="--onto already holds the PRs this one builds on (the Metal PR: the JIT fix); "
+    "without it, a missing one is carried as a first commit.",
+)
+@click.option(
+    "--branch",
+    help="Branch name (default: qmv-jit-template-args, order-preserving-qmv, "
+    "order-preserving-qmv-cuda).",
 )
 @click.option("--force", is_flag=True, help="Move the branch if it exists already.")
 @click.option("--title", help="Commit subject (default: the backend's, from templates/pr/).")
@@ -432,7 +440,7 @@ def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), help="patchkit checkout.")
 @click.option("--templates", type=click.Path(file_okay=False, path_type=Path), help="Templates.")
 def export_pr_cmd(as_json: bool, root: Path | None, templates: Path | None, **kw: Any) -> None:
-    """One upstream-ready commit for one backend, on MLX's main, plus the PR body."""
+    """One upstream-ready PR branch (its commits, patches and body) on MLX's main or a branch."""
     from patchkit.carry import export_pr
 
     click.get_current_context().meta["json"] = as_json
@@ -447,8 +455,11 @@ def export_pr_cmd(as_json: bool, root: Path | None, templates: Path | None, **kw
     emit(
         as_json,
         r.to_json(),
-        f"{r.backend}: branch {r.branch} = {r.commit[:8]} on {r.base[:8]} in {r.repository}\n"
-        f"patch (applies with git am): {r.patch}\n"
+        f"{r.backend}: branch {r.branch} = {r.commit[:8]} on {r.base[:8]} in {r.repository}"
+        + (f" (first: {', '.join(r.changes[:-1])})" if len(r.changes) > 1 else "")
+        + "\npatches (apply in order with git am): "
+        + " ".join(str(p) for p in r.patches)
+        + "\n"
         f"PR body: {r.body}\n  {export_pr.DRAFT_NOTICE}",
     )
 

@@ -342,11 +342,17 @@ def pr(tmp_path_factory: pytest.TempPathFactory) -> export_pr.PrResult:
 
 
 @needs_clone
-def test_export_pr_makes_one_formatted_commit_on_the_pin(pr: export_pr.PrResult) -> None:
+def test_export_pr_makes_formatted_commits_on_the_pin(pr: export_pr.PrResult) -> None:
+    """On the pin the Metal PR carries the JIT fix it builds on as its first commit."""
     clone = pr.repository
-    assert pr.base == PIN_SHA and git.out(clone, "rev-parse", f"{pr.commit}^") == PIN_SHA
+    assert pr.changes == ["jit-fix", "metal"] and len(pr.patches) == 2
+    assert pr.base == PIN_SHA and git.out(clone, "rev-parse", f"{pr.commit}~2") == PIN_SHA
     subject = export_pr.commit_message(TEMPLATES, "metal", None).splitlines()[0]
     assert git.subject(clone, pr.commit) == subject
+    fix = export_pr.commit_message(TEMPLATES, "jit-fix", None).splitlines()[0]
+    assert git.subject(clone, f"{pr.commit}^") == fix
+    fix_files = git.out(clone, "diff", "--name-only", PIN_SHA, f"{pr.commit}^").splitlines()
+    assert fix_files == ["mlx/backend/metal/quantized.cpp"]
     # The submitter's date (now), not upstream's.
     assert git.out(clone, "log", "-1", "--format=%aI", pr.commit) != git.commit_date(clone, PIN_SHA)
     assert git.rev_parse(clone, pr.branch) == pr.commit
@@ -368,7 +374,7 @@ def test_patch_applies_to_the_pin_with_git_am(pr: export_pr.PrResult, tmp_path: 
     git.run(None, "clone", "--quiet", "--no-checkout", str(pr.repository), str(work))
     git.run(work, "checkout", "--quiet", "--detach", PIN_SHA)
     ident = {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
-    git.run(work, "am", "--quiet", str(pr.patch), env=ident)
+    git.run(work, "am", "--quiet", *map(str, pr.patches), env=ident)
     assert git.out(work, "rev-parse", "HEAD^{tree}") == git.out(
         pr.repository, "rev-parse", f"{pr.commit}^{{tree}}"
     )

@@ -41,15 +41,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit.carry import render, source
-from patchkit.errors import ToolError, UserError
+from patchkit.errors import AnchorError, ToolError, UserError
 from patchkit.util import cache, git, proc
 
-BACKENDS = ("metal", "cuda")
+BACKENDS = render.BACKENDS  # the JIT fix, Metal, CUDA: one PR each
 DEFAULT_BACKEND = "metal"
 # One branch per backend, so exporting the other backend never moves this one.
-DEFAULT_BRANCHES = {"metal": "order-preserving-qmv", "cuda": "order-preserving-qmv-cuda"}
+DEFAULT_BRANCHES = {
+    "jit-fix": "qmv-jit-template-args",
+    "metal": "order-preserving-qmv",
+    "cuda": "order-preserving-qmv-cuda",
+}
 # Paths one backend's commit must not touch (the other backend's sources).
-FOREIGN_PATHS = {"metal": ("mlx/backend/cuda/",), "cuda": ("mlx/backend/metal/",)}
+FOREIGN_PATHS = {
+    "jit-fix": ("mlx/backend/cuda/", "mlx/backend/metal/kernels/", "python/", "benchmarks/"),
+    "metal": ("mlx/backend/cuda/",),
+    "cuda": ("mlx/backend/metal/",),
+}
 BODY_TEMPLATE = "pr/body.md.j2"
 COMMIT_TEMPLATE = "pr/commit.txt.j2"
 RESULTS_MANIFEST = "pr/results.toml"
@@ -97,6 +105,10 @@ class PrResult:
     reformatted: list[str] = field(default_factory=list)
     pushed: str | None = None
     warnings: list[str] = field(default_factory=list)
+    # The changes the branch carries, in order: the PR's own last, after those it builds
+    # on that the base lacked (each its own commit and patch, ``patches``).
+    changes: list[str] = field(default_factory=list)
+    patches: list[Path] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """A JSON-friendly summary (repository path, branch and commit first)."""
@@ -114,6 +126,8 @@ class PrResult:
             "pushed": self.pushed,
             "author": f"{self.author[0]} <{self.author[1]}>",
             "warnings": self.warnings,
+            "changes": self.changes,
+            "patches": [str(p) for p in self.patches],
         }
 
 
@@ -137,8 +151,9 @@ def render_pr(
     upstream: dict[str, str | None] = dict(core.upstream)
     patched = dict(core.patched)
     for plan in render.pr_plans(templates_dir):
-        upstream[plan.path] = read(plan.path)
-        patched[plan.path] = render.render_pr_file(plan, upstream[plan.path], options)
+        text = render.render_pr_file(plan, read(plan.path), options)
+        if text is not None:  # a new file this PR does not carry
+            upstream[plan.path], patched[plan.path] = read(plan.path), text
     return upstream, patched
 
 
@@ -514,8 +529,35 @@ def default_base(clone: Path, progress: source.Progress = source._quiet) -> str:
 
 
 def backend_options(backend: str, options: render.RenderOptions) -> render.RenderOptions:
-    """``options`` narrowed to the one backend this PR carries, in the upstream flavour."""
-    return dataclasses.replace(options, backends=(backend,), flavour="upstream")
+    """``options`` narrowed to the one change this PR carries, alone (the base holds what it
+    builds on), in the upstream flavour."""
+    return dataclasses.replace(
+        options, backends=(backend,), flavour="upstream", with_required=False
+    )
+
+
+def changes_onto(
+    read: Read, backend: str, options: render.RenderOptions, templates_dir: Path, stacked: bool
+) -> list[str]:
+    """The changes a PR of ``backend`` commits onto the tree ``read`` gives, in order: the
+    ones it builds on (``render.REQUIRES``) that the tree lacks, then its own.
+
+    The tree lacks a required change when the PR's own edits do not apply to it alone.
+    ``stacked`` says the tree must already hold them: then that is a one-line error.
+    """
+    required = render.REQUIRES.get(backend, ())
+    try:
+        render_pr(read, backend_options(backend, options), templates_dir)
+    except AnchorError as exc:
+        if not required:
+            raise
+        if stacked:
+            raise UserError(
+                f"--stacked: the base lacks the {' and '.join(required)} PR the {backend} PR "
+                f"builds on ({exc}); export that first and pass its branch to --onto"
+            ) from exc
+        return [*required, backend]
+    return [backend]
 
 
 def check_scope(backend: str, files: Sequence[str]) -> None:
@@ -588,25 +630,28 @@ def create_branch(clone: Path, branch: str, head: str, force: bool) -> None:
         raise UserError(f"branch {branch} changed while exporting; run export-pr again")
 
 
-def format_patch(clone: Path, base: str, head: str, out_dir: Path) -> Path:
-    """``git format-patch`` of the single commit into ``out_dir`` (a fresh folder)."""
+def format_patch(clone: Path, base: str, head: str, out_dir: Path, count: int = 1) -> list[Path]:
+    """``git format-patch`` of the ``count`` commits base..head into ``out_dir`` (fresh)."""
     files = git.format_patch(clone, base, head, out_dir)
-    if len(files) != 1:
-        raise UserError(f"expected one commit between {base[:8]} and {head[:8]}, got {len(files)}")
-    return files[0]
+    if len(files) != count:
+        raise UserError(
+            f"expected {count} commits between {base[:8]} and {head[:8]}, got {len(files)}"
+        )
+    return files
 
 
-def verify_am(clone: Path, base: str, patch: Path, head: str) -> None:
-    """Apply ``patch`` to ``base`` with plain ``git am`` and require the tree of ``head``.
+def verify_am(clone: Path, base: str, patches: Sequence[Path], head: str) -> None:
+    """Apply ``patches`` to ``base`` with plain ``git am`` and require the tree of ``head``.
 
     This is what a reviewer's ``git am`` / GitHub's merge does with the patch;
     a mismatch would mean the format-patch output lost something.
     """
     with worktree(clone, base) as wt:
-        got = git.tree_id(wt, git.am(wt, [patch]))
+        got = git.tree_id(wt, git.am(wt, list(patches)))
     want = git.tree_id(clone, head)
     if got != want:
-        raise UserError(f"{patch} applied with git am gives tree {got}, not {want}")
+        names = ", ".join(p.name for p in patches)
+        raise UserError(f"{names} applied with git am give tree {got}, not {want}")
 
 
 def push_branch(clone: Path, remote: str, branch: str, head: str) -> str:
@@ -911,11 +956,14 @@ def export_pr(
     force: bool = False,
     date: str | None = None,
     install_formatters: bool = False,
+    stacked: bool = False,
     progress: source.Progress = source._quiet,
 ) -> PrResult:
-    """Build one backend's PR branch, its patch and the body; see the module doc.
+    """Build one backend's PR branch, its patches and the body; see the module doc.
 
-    ``author`` defaults to the user's git identity; ``date`` to now.
+    ``author`` defaults to the user's git identity; ``date`` to now. A change that builds on
+    another (Metal on the JIT fix) carries it as a first commit where the base lacks it,
+    unless ``stacked`` says the base must hold it.
     """
     req = check_request(
         root,
@@ -936,15 +984,21 @@ def export_pr(
     read = optional_reader(clone, base)
     wanted = formatter_versions(read(PRECOMMIT) or "")
     tools = ensure_formatters(wanted, install_formatters)
-    progress(f"rendering the {req.backend} change onto {base[:8]}")
-    upstream, patched = render_pr(read, backend_options(req.backend, options), templates_dir)
-    check_scope(req.backend, [p for p in patched if patched[p] != upstream[p]])
-    progress("formatting and committing")
-    message = commit_message(templates_dir, req.backend, req.title)
-    head, files, reformatted = commit_pr(
-        clone, base, upstream, patched, message, req.author, date=date or now_iso(), tools=tools
-    )
-    facts = diff_facts(clone, base, head)
+    changes = changes_onto(read, req.backend, options, templates_dir, stacked)
+    head, files, reformatted = base, [], []
+    for change in changes:
+        progress(f"rendering the {change} change onto {head[:8]}; formatting and committing")
+        here = optional_reader(clone, head)
+        upstream, patched = render_pr(here, backend_options(change, options), templates_dir)
+        check_scope(change, [p for p in patched if patched[p] != upstream[p]])
+        title = req.title if change == req.backend else None
+        message = commit_message(templates_dir, change, title)
+        own_base = head
+        head, files, reformatted = commit_pr(
+            clone, head, upstream, patched, message, req.author, date=date or now_iso(),
+            tools=tools,
+        )  # fmt: skip
+    facts = diff_facts(clone, own_base, head)
     results, notes = measured_results(root, templates_dir, req.backend)
     notes = scope_warnings(req.backend, facts) + notes
     context = body_context(req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results)
@@ -953,9 +1007,9 @@ def export_pr(
     for stale in prune_stages(out.parent):
         progress(f"removed {stale}, left by an interrupted export-pr")
     with staging(out) as stage:
-        patch = format_patch(clone, base, head, stage)
-        progress("checking the patch with git am")
-        verify_am(clone, base, patch, head)
+        patches = format_patch(clone, base, head, stage, len(changes))
+        progress("checking the patches with git am")
+        verify_am(clone, base, patches, head)
         (stage / BODY_FILE).write_text(render_body(templates_dir, context))
     create_branch(clone, req.branch, head, req.force)
     pushed = push_branch(clone, req.push, req.branch, head) if req.push else None
@@ -966,11 +1020,13 @@ def export_pr(
         commit=head,
         base=base,
         files=files,
-        patch=out / patch.name,
+        patch=out / patches[-1].name,
         body=out / BODY_FILE,
         formatters=wanted,
         author=req.author,
         reformatted=reformatted,
         pushed=pushed,
         warnings=notes,
+        changes=changes,
+        patches=[out / p.name for p in patches],
     )
