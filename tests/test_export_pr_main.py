@@ -1,5 +1,6 @@
-"""export-pr onto MLX's main, per backend, on a real clone: the metal commit applies with
-``git am`` on the pin and on main, each backend's commit stays inside its backend.
+"""export-pr onto MLX's main and as a stack, on a real clone: every PR applies with
+``git am`` alone on the pin and on main, the stack (JIT fix, Metal, CUDA) in order, Metal
+and CUDA in either order; no file or test twice; each PR inside its backend.
 
 Needs a full MLX clone holding the pin 9a795735 and main 846d17622 (set
 PATCHKIT_MLX_REPO=/path/to/mlx) and upstream's formatter pins; skips saying which is missing.
@@ -7,6 +8,7 @@ PATCHKIT_MLX_REPO=/path/to/mlx) and upstream's formatter pins; skips saying whic
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,8 @@ from patchkit.util import git
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN_SHA = "846d176227a0ac13d2667e58d2bb68b322109ab0"
+TEST_FILE = "python/tests/test_quantized.py"
+BENCH_FILE = "benchmarks/python/qmv_small_batch_bench.py"
 SPEC = mlx_clone()
 
 
@@ -37,63 +41,111 @@ pytestmark = [pytest.mark.clone, pytest.mark.skipif(_missing() is not None, reas
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, export_pr.PrResult]:
+    """Each PR alone on main, then the stack: the fix, Metal on it, CUDA on Metal."""
     out = tmp_path_factory.mktemp("prs")
-    return {
-        backend: export_pr.export_pr(
-            root=ROOT,
-            backend=backend,
-            onto=MAIN_SHA,
-            branch=f"patchkit-test/{backend}",
-            force=True,
-            out_dir=out / backend,
-            mlx_repo=SPEC,
+
+    def export(backend: str, name: str, onto: str, stacked: bool) -> export_pr.PrResult:
+        return export_pr.export_pr(
+            root=ROOT, backend=backend, onto=onto, stacked=stacked,
+            branch=f"patchkit-test/{name}", force=True, out_dir=out / name, mlx_repo=SPEC,
             author=f"Test Author <{backend}@example.com>",
-        )
-        for backend in export_pr.BACKENDS
-    }
+        )  # fmt: skip
+
+    prs = {b: export(b, b, MAIN_SHA, False) for b in export_pr.BACKENDS}
+    prs["metal-stacked"] = export("metal", "metal-stacked", prs["jit-fix"].branch, True)
+    prs["cuda-stacked"] = export("cuda", "cuda-stacked", prs["metal-stacked"].branch, True)
+    return prs
 
 
-@pytest.mark.parametrize("onto", [PIN_SHA, MAIN_SHA], ids=["pin", "main"])
-def test_metal_export_applies_with_git_am_on_the_pin_and_on_main(
-    exports: dict[str, export_pr.PrResult], onto: str, tmp_path: Path
-) -> None:
-    pr = exports["metal"]
+def _am(pr: export_pr.PrResult, work: Path) -> str:
+    return git.am(work, list(pr.patches), committer=("t", "t@example.com"))
+
+
+def _checkout(pr: export_pr.PrResult, onto: str, tmp_path: Path) -> Path:
     work = tmp_path / "mlx"
     git.run(None, "clone", "--quiet", "--no-checkout", str(pr.repository), str(work))
     git.run(work, "checkout", "--quiet", "--detach", onto)
-    head = git.am(work, [pr.patch], committer=("t", "t@example.com"))
-    assert git.out(work, "diff", "--name-only", onto, head).splitlines() == pr.files
+    return work
 
 
-def test_each_backend_is_one_commit_inside_its_backend(
-    exports: dict[str, export_pr.PrResult],
+@pytest.mark.parametrize("onto", [PIN_SHA, MAIN_SHA], ids=["pin", "main"])
+@pytest.mark.parametrize("backend", export_pr.BACKENDS)
+def test_each_pr_applies_with_git_am_on_the_pin_and_on_main(
+    exports: dict[str, export_pr.PrResult], backend: str, onto: str, tmp_path: Path
 ) -> None:
-    for backend, pr in exports.items():
-        clone = pr.repository
-        assert pr.base == MAIN_SHA and git.out(clone, "rev-parse", f"{pr.commit}^") == MAIN_SHA
-        foreign = "mlx/backend/cuda/" if backend == "metal" else "mlx/backend/metal/"
-        assert not [f for f in pr.files if f.startswith(foreign)], backend
-        assert any(f.startswith(f"mlx/backend/{backend}/") for f in pr.files), backend
-        author = git.out(clone, "log", "-1", "--format=%an <%ae>|%cn <%ce>", pr.commit)
-        # Author and committer are the submitter, dated now (not upstream's date).
-        assert author == f"Test Author <{backend}@example.com>|Test Author <{backend}@example.com>"
-        assert git.out(clone, "log", "-1", "--format=%cI", pr.commit) != git.commit_date(
-            clone, MAIN_SHA
-        )
-        message = git.out(clone, "log", "-1", "--format=%B", pr.commit)
+    pr = exports[backend]
+    work = _checkout(pr, onto, tmp_path)
+    head = _am(pr, work)
+    assert git.tree_id(work, head) == git.tree_id(pr.repository, pr.commit) or onto != MAIN_SHA
+    own = git.out(work, "diff", "--name-only", f"{head}^", head).splitlines()
+    assert own == pr.files
+
+
+def test_the_stack_applies_in_order_and_metal_and_cuda_in_either(
+    exports: dict[str, export_pr.PrResult], tmp_path: Path
+) -> None:
+    """The documented order (fix, Metal, CUDA) with git am; and the standalone Metal and
+    CUDA PRs in both orders: their tests sit at their own anchors and do not collide."""
+    stack = [exports["jit-fix"], exports["metal-stacked"], exports["cuda-stacked"]]
+    work = _checkout(stack[0], MAIN_SHA, tmp_path / "stack")
+    for pr in stack:
+        head = _am(pr, work)
+    assert git.tree_id(work, head) == git.tree_id(stack[-1].repository, stack[-1].commit)
+    for first, second in (("metal", "cuda"), ("cuda", "metal")):
+        work = _checkout(exports[first], MAIN_SHA, tmp_path / first)
+        _am(exports[first], work)
+        head = _am(exports[second], work)
+        methods = re.findall(r"^    def (test_\w+)\(", git.show_file(work, head, TEST_FILE), re.M)
+        assert len(methods) == len(set(methods)), (first, second)
+
+
+def test_the_stack_adds_no_file_or_test_twice(exports: dict[str, export_pr.PrResult]) -> None:
+    stack = [exports["jit-fix"], exports["metal-stacked"], exports["cuda-stacked"]]
+    assert [pr.changes for pr in stack] == [["jit-fix"], ["metal"], ["cuda"]]
+    assert exports["metal"].changes == ["jit-fix", "metal"]  # alone on main: carries the fix
+    added = [export_pr.diff_facts(pr.repository, pr.base, pr.commit) for pr in stack]
+    tests = [t for facts in added for t in facts["tests"]]
+    assert len(tests) == len(set(tests)) and tests
+    benches = [b for facts in added for b in facts["benchmarks"]]
+    assert benches == [BENCH_FILE]  # the Metal PR's, once
+    assert exports["jit-fix"].files == ["mlx/backend/metal/quantized.cpp"]
+    for pr in (exports["cuda"], exports["cuda-stacked"]):
+        assert not [f for f in pr.files if f.startswith("mlx/backend/metal/")]
+    for name, pr in exports.items():
+        author = git.out(pr.repository, "log", "-1", "--format=%an <%ae>|%cn <%ce>", pr.commit)
+        who = f"Test Author <{pr.backend}@example.com>"
+        assert author == f"{who}|{who}", name
+        message = git.out(pr.repository, "log", "-1", "--format=%B", pr.commit)
         assert message.count("\n\n") >= 1 and len(message.splitlines()[0]) <= 72
 
 
-def test_body_follows_mains_template(exports: dict[str, export_pr.PrResult]) -> None:
+def test_stacking_onto_a_base_without_the_fix_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(export_pr.UserError, match="lacks the jit-fix PR") as err:
+        export_pr.export_pr(
+            root=ROOT, backend="metal", onto=MAIN_SHA, stacked=True, out_dir=tmp_path / "x",
+            branch="patchkit-test/never", mlx_repo=SPEC, author="A <a@example.com>",
+        )  # fmt: skip
+    assert "\n" not in str(err.value) and not (tmp_path / "x").exists()
+
+
+def test_bodies_follow_mains_template_and_cite_only_mlx(
+    exports: dict[str, export_pr.PrResult],
+) -> None:
     template = git.show_file(exports["metal"].repository, MAIN_SHA, export_pr.PR_TEMPLATE)
     assert "AI usage disclosure:" in template
-    for pr in exports.values():
+    for name, pr in exports.items():
         body = pr.body.read_text()
         assert template in body
-        assert "generation 15 or later" in body
+        shown = body.split("-->", 1)[1]  # what a reviewer reads: after the draft notice
+        for cited in ("patchkit parity", "patchkit emulate", "patchkit build", "docs/results"):
+            assert cited not in shown, (name, cited)
         assert sorted(p.name for p in pr.patch.parent.iterdir()) == sorted(
-            [pr.patch.name, export_pr.BODY_FILE]
+            [*(p.name for p in pr.patches), export_pr.BODY_FILE]
         )
+    assert "generation 15 or later" in exports["metal"].body.read_text()
+    assert "MLX_METAL_JIT=ON" in exports["jit-fix"].body.read_text()
+    assert "This branch carries" in exports["metal"].body.read_text()
+    assert "This branch carries" not in exports["metal-stacked"].body.read_text()
 
 
 def test_a_second_export_refuses_to_move_the_branch(

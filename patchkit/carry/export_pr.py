@@ -62,6 +62,7 @@ BODY_TEMPLATE = "pr/body.md.j2"
 COMMIT_TEMPLATE = "pr/commit.txt.j2"
 RESULTS_MANIFEST = "pr/results.toml"
 BODY_FILE = "PR_BODY.draft.md"
+BENCH_FILE = "benchmarks/python/qmv_small_batch_bench.py"  # the Metal PR adds it
 PR_TEMPLATE = ".github/pull_request_template.md"
 PRECOMMIT = ".pre-commit-config.yaml"
 CXX_SUFFIXES = (".h", ".cpp", ".metal", ".cu", ".cuh")
@@ -750,7 +751,7 @@ def emulate_fact(data: dict) -> list[str]:
 
 
 def build_fact(data: dict) -> list[str]:
-    """Lines for a ``patchkit build`` record: MLX's test file and parity on that build."""
+    """Lines for a ``patchkit build`` record: where, and MLX's own test file on that build."""
     machine = data.get("machine") or {}
     where = machine.get("gpu") or f"{machine.get('system', '?')} {machine.get('machine', '')}"
     lines = [
@@ -770,10 +771,7 @@ def build_fact(data: dict) -> list[str]:
         if tests.get("unfinished"):
             line += f"; not finished: {', '.join(tests['unfinished'])}"
         lines.append(line)
-    parity = data.get("parity") or {}
-    if isinstance(parity.get("rows"), int):
-        lines.append(f"parity: {parity['rows_differing']} of {parity['rows']:,} rows differ")
-    return lines
+    return lines  # MLX's own tests only: a reviewer reruns them, not patchkit's parity
 
 
 def parity_fact(data: dict) -> list[str]:
@@ -872,6 +870,7 @@ def body_context(
     template: str,
     facts: dict[str, object],
     results: list[dict],
+    carries: list[dict[str, str]] | None = None,
 ) -> dict[str, object]:
     """Everything the body template states, each value computed or read, none written here."""
     return {
@@ -887,6 +886,9 @@ def body_context(
         "benchmarks": facts["benchmarks"],
         "env_vars": facts["env_vars"],
         "results": results,
+        # Commits of the changes this PR builds on, carried before its own.
+        "carries": carries or [],
+        "bench_file": BENCH_FILE,
     }
 
 
@@ -986,7 +988,10 @@ def export_pr(
     tools = ensure_formatters(wanted, install_formatters)
     changes = changes_onto(read, req.backend, options, templates_dir, stacked)
     head, files, reformatted = base, [], []
+    carries: list[dict[str, str]] = []  # the commits before the PR's own
     for change in changes:
+        if head != base:
+            carries.append({"subject": git.subject(clone, head), "commit": head})
         progress(f"rendering the {change} change onto {head[:8]}; formatting and committing")
         here = optional_reader(clone, head)
         upstream, patched = render_pr(here, backend_options(change, options), templates_dir)
@@ -1001,7 +1006,9 @@ def export_pr(
     facts = diff_facts(clone, own_base, head)
     results, notes = measured_results(root, templates_dir, req.backend)
     notes = scope_warnings(req.backend, facts) + notes
-    context = body_context(req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results)
+    context = body_context(
+        req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results, carries
+    )
     out = req.out or fresh_out_dir(root / "build" / "pr", f"{req.backend}-{base[:8]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in prune_stages(out.parent):
