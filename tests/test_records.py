@@ -1,0 +1,41 @@
+"""The committed build records describe the patch as ``patchkit apply`` writes it now.
+
+A record (``docs/results/build-<backend>.json``) names the patch series it was built from
+by its sha256; when the templates change and ``patches/`` with them, the record is of
+another patch and must be rebuilt (``patchkit build --backend <backend>``), not kept.
+Control: a series with one byte changed has another id.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from patchkit.carry import mlx_build, pin
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = sorted((ROOT / "docs" / "results").glob("build-*.json"))
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=[r.stem for r in RECORDS])
+def test_record_is_of_the_current_patch_series(record: Path) -> None:
+    rec = json.loads(record.read_text())
+    short = pin.load(ROOT / pin.PIN_FILE).short
+    assert rec["patch"]["series"] == f"patches/{short}"
+    assert rec["patch"]["series_sha256"] == mlx_build.series_id(ROOT, short), (
+        f"{record.name} is of another patch: rebuild it with "
+        f"`patchkit build --backend {rec['backend']}`"
+    )
+
+
+def test_a_changed_series_has_another_id(tmp_path: Path) -> None:
+    short = pin.load(ROOT / pin.PIN_FILE).short
+    copy = tmp_path / "patches" / short
+    shutil.copytree(ROOT / "patches" / short, copy)
+    before = mlx_build.series_id(tmp_path, short)
+    first = sorted(copy.glob("*.patch"))[0]
+    first.write_bytes(first.read_bytes() + b" ")
+    assert mlx_build.series_id(tmp_path, short) != before
