@@ -150,6 +150,26 @@ def test_am_replays_a_format_patch_to_the_same_tree(tmp_path: Path) -> None:
     assert git.status_porcelain(wt) == ""
 
 
+def test_a_series_is_checked_in_order_without_touching_the_checkout(tmp_path: Path) -> None:
+    """The second patch edits the line the first one wrote: each alone does not apply to
+    HEAD, the series does; the worktree and index stay as they were. Control: the series
+    in the other order is refused."""
+    repo = _repo(tmp_path)
+    base = git.rev_parse(repo, "HEAD")
+    for text in ("a\nb\n", "a\nc\n"):
+        (repo / "f.txt").write_text(text)
+        git.add(repo, ["f.txt"])
+        head = git.commit(repo, text.replace("\n", " "), date=DATE)
+    series = git.format_patch(repo, base, head, tmp_path / "series")
+    git.run(repo, "reset", "--quiet", "--hard", base)
+    with pytest.raises(ToolError):
+        git.apply_check(repo, series[1])
+    git.apply_check_series(repo, series)
+    assert git.status_porcelain(repo) == "" and (repo / "f.txt").read_text() == "a\n"
+    with pytest.raises(ToolError):
+        git.apply_check_series(repo, series[::-1])
+
+
 def test_status_porcelain_limited_to_paths(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     (repo / "f.txt").write_text("changed\n")

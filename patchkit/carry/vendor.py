@@ -89,9 +89,9 @@ def _vendor(root: Path, checkout: Path, flavour: str, dry_run: bool) -> VendorRe
     if flavour == "series":
         series = sorted(patches.glob("*.patch"))
         result.files = [s.name for s in series]
-        # --check on each patch: the series touches each file in one patch only.
-        for s in series:
-            git.apply_check(checkout, s)
+        # The whole series, in order, on a throwaway index: nothing is touched unless it all
+        # applies (the Metal patch edits what the JIT fix's wrote).
+        git.apply_check_series(checkout, series)
         if not dry_run:
             committer = git.user_identity(checkout) or git.FIXED_AUTHOR
             git.am(checkout, series, committer=committer)

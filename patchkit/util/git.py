@@ -360,6 +360,20 @@ def apply_check(repo: Path, patch: Path) -> None:
     run(repo, "apply", "--check", str(patch))
 
 
+def apply_check_series(repo: Path, patches: Sequence[Path]) -> None:
+    """Raise ToolError, with git's reasons, unless ``patches`` apply one after another to
+    HEAD (a later one may edit what an earlier one wrote).
+
+    They are applied to a throwaway index, never to the worktree or the repository's
+    index; git stores the resulting blobs as unreferenced objects, which its gc removes.
+    """
+    with tempfile.TemporaryDirectory(prefix="patchkit-apply-check-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        run(repo, "read-tree", "HEAD", env=env)
+        for patch in patches:
+            run(repo, "apply", "--cached", str(patch), env=env)
+
+
 def push(repo: Path, remote: str, refspec: str) -> None:
     """Push ``refspec`` to ``remote``."""
     run(repo, "push", remote, refspec)
