@@ -132,7 +132,9 @@ def check(
 def _other_dirs(root: Path, short: str) -> list[str]:
     """Folders in patches/ besides ``patches/<short>``, as the current state has them."""
     folder = root / transaction.PATCHES
-    installed, removed = staging.journal_targets(root, folder / transaction.TXN_DIR)
+    installed, removed = staging.journal_targets(
+        root, folder / transaction.TXN_DIR, transaction.OUTPUTS
+    )
     here = {d for d in folder.iterdir() if d.is_dir()} if folder.is_dir() else set()
     names = {d.name for d in (here | {t for t in installed if t.parent == folder}) - set(removed)}
     return sorted(n for n in names if not n.startswith(".") and n != short)

@@ -28,6 +28,9 @@ PATCHES = "patches"  # the checkout's folder of rendered patches, one folder per
 TXN_DIR = ".txn"  # under patches/: one in-flight write of patches/ and pin.toml
 LOCK = "patchkit.lock"  # in the checkout's git directory (else in the cache)
 RECORD = "patchkit-written.json"  # in the checkout's git directory: what apply last wrote
+# What a transaction may change in the checkout: a journal read back naming anything else
+# (a path outside, ``..``, a link out) is refused before anything is touched.
+OUTPUTS = (PATCHES, pin.PIN_FILE)
 
 
 def lock_path(root: Path) -> Path:
@@ -71,7 +74,7 @@ def writer(
 
 def recover_outputs(root: Path, progress: source.Progress = source._quiet) -> None:
     """Finish or roll back a write of patches/ and pin.toml that a kill interrupted."""
-    done = recover(root, root / PATCHES / TXN_DIR)
+    done = recover(root, root / PATCHES / TXN_DIR, OUTPUTS)
     if done:
         progress(f"an interrupted write of patches/ and pin.toml was found and {done}")
 
@@ -86,7 +89,7 @@ def outputs_state(root: Path) -> str | None:
 
 def output_path(root: Path, target: Path) -> Path | None:
     """Where ``target``'s current content is, a killed write's committed state included."""
-    return staging.view(root, root / PATCHES / TXN_DIR, target)
+    return staging.view(root, root / PATCHES / TXN_DIR, target, OUTPUTS)
 
 
 def _digest(data: bytes) -> str:
@@ -124,7 +127,7 @@ def record_written(root: Path, files: dict[str, bytes]) -> None:
 
 def begin_outputs(root: Path) -> Transaction:
     """A transaction for the next write of patches/ and pin.toml (renames stay in one fs)."""
-    return Transaction.begin(root, root / PATCHES / TXN_DIR)
+    return Transaction.begin(root, root / PATCHES / TXN_DIR, OUTPUTS)
 
 
 def ensure_outputs_clean(root: Path) -> None:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import filelock
 
+from patchkit.errors import UserError
+
 JOURNAL = "journal.json"
 # Tests only: SIGKILL this process just before its N-th rename (every os.replace this
 # module makes, staging writes included), to prove a kill anywhere leaves old or new.
@@ -94,8 +96,8 @@ class Transaction:
     stage go with the transaction directory at the end.
     """
 
-    def __init__(self, base: Path, txn_dir: Path):
-        self.base, self.dir = base, txn_dir
+    def __init__(self, base: Path, txn_dir: Path, allowed: tuple[str, ...] = ()):
+        self.base, self.dir, self.allowed = base, txn_dir, allowed
         self.ops: list[dict[str, str]] = []
 
     @property
@@ -103,11 +105,15 @@ class Transaction:
         return self.dir / "stage"
 
     @classmethod
-    def begin(cls, base: Path, txn_dir: Path) -> Transaction:
-        """A fresh transaction; an interrupted one in ``txn_dir`` is recovered first."""
-        recover(base, txn_dir)
+    def begin(cls, base: Path, txn_dir: Path, allowed: tuple[str, ...] = ()) -> Transaction:
+        """A fresh transaction; an interrupted one in ``txn_dir`` is recovered first.
+
+        ``allowed``: the top-level names under ``base`` it may change (every journal read
+        back is held to them, :func:`read_journal`); empty: anything inside ``base``.
+        """
+        recover(base, txn_dir, allowed)
         (txn_dir / "stage").mkdir(parents=True)
-        return cls(base, txn_dir)
+        return cls(base, txn_dir, allowed)
 
     def install(self, staged: Path, target: Path) -> None:
         """Put ``staged`` (inside the stage) at ``target`` (under ``base``) on commit."""
@@ -124,7 +130,7 @@ class Transaction:
         with tmp.open("rb") as fh:
             os.fsync(fh.fileno())
         _replace(tmp, self.dir / JOURNAL)
-        _replay(self.base, self.dir)
+        _replay(self.base, self.dir, self.allowed)
 
     def abort(self) -> None:
         """Forget an uncommitted transaction; a committed one stays for :func:`recover`."""
@@ -135,11 +141,79 @@ class Transaction:
         return os.path.relpath(path, self.base)
 
 
-def _replay(base: Path, txn_dir: Path) -> None:
+class UnsafeJournal(UserError):
+    """A journal entry that is malformed or names a path outside where it belongs."""
+
+    def __init__(self, txn_dir: Path, why: str):
+        super().__init__(
+            f"refusing the interrupted write in {txn_dir}: {why}; nothing was touched"
+            " (look at it, then delete that folder)"
+        )
+
+
+def _relative(op: dict, key: str, i: int) -> str:
+    """Entry ``i``'s path ``key``: a non-empty relative path, else ValueError."""
+    path = op.get(key)
+    if not isinstance(path, str) or not path or os.path.isabs(path):
+        raise ValueError(f"journal entry {i}: {key} {path!r} is not a relative path")
+    return path
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+JOURNAL_FIELDS = {"install": ("from", "to"), "remove": ("path",)}
+
+
+def read_journal(base: Path, txn_dir: Path, allowed: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    """The committed journal's operations, each checked before any is run.
+
+    The journal is read from disk, where anything may have put it (a tarball, a shared
+    folder, a cache), so every path must resolve, symbolic links followed, inside the
+    place it belongs: an install's source inside the transaction's stage, its target and
+    a removal strictly inside ``base``, outside the transaction directory, and under one
+    of the ``allowed`` top-level names when given. Anything else raises
+    :class:`UnsafeJournal` naming the entry, and nothing has been touched.
+    """
+    try:
+        ops = json.loads((txn_dir / JOURNAL).read_text())
+        return _checked_ops(base, txn_dir, ops, allowed)
+    except (OSError, ValueError) as exc:
+        raise UnsafeJournal(txn_dir, str(exc)) from exc
+
+
+def _checked_ops(
+    base: Path, txn_dir: Path, ops: object, allowed: tuple[str, ...]
+) -> list[dict[str, str]]:
+    """``ops`` if every entry is well formed and contained (:func:`read_journal`)."""
+    if not isinstance(ops, list):
+        raise ValueError(f"{JOURNAL} is not a list of operations")
+    real_base, real_txn = base.resolve(), txn_dir.resolve()
+    for i, op in enumerate(ops):
+        name = op.get("op") if isinstance(op, dict) else None
+        keys = JOURNAL_FIELDS.get(name) if isinstance(name, str) else None
+        if keys is None or set(op) != {"op", *keys}:
+            raise ValueError(f"journal entry {i}: not an install or remove operation: {op!r}")
+        for key in keys:
+            real = (base / _relative(op, key, i)).resolve()
+            if key == "from":
+                ok, where = _within(real, real_txn / "stage"), "the transaction's stage"
+            else:
+                top = real.relative_to(real_base).parts[0] if real_base in real.parents else ""
+                ok = bool(top) and not _within(real, real_txn) and (not allowed or top in allowed)
+                where = f"{base} ({', '.join(allowed) or 'any path'}, outside {txn_dir.name})"
+            if not ok:
+                raise ValueError(f"journal entry {i}: {key} {op[key]!r} is not inside {where}")
+    return ops
+
+
+def _replay(base: Path, txn_dir: Path, allowed: tuple[str, ...] = ()) -> None:
     """Run (or finish) a committed journal, then delete the transaction directory."""
+    ops = read_journal(base, txn_dir, allowed)  # every entry checked before the first rename
     trash = txn_dir / "trash"
     trash.mkdir(exist_ok=True)
-    for i, op in enumerate(json.loads((txn_dir / JOURNAL).read_text())):
+    for i, op in enumerate(ops):
         if op["op"] == "install":
             src, dst = base / op["from"], base / op["to"]
             if src.exists() or src.is_symlink():  # not yet moved in
@@ -157,12 +231,12 @@ def _replay(base: Path, txn_dir: Path) -> None:
     shutil.rmtree(txn_dir)
 
 
-def recover(base: Path, txn_dir: Path) -> str | None:
+def recover(base: Path, txn_dir: Path, allowed: tuple[str, ...] = ()) -> str | None:
     """Finish or roll back an interrupted transaction; returns what was done, or None."""
     if not txn_dir.exists():
         return None
     if (txn_dir / JOURNAL).is_file():
-        _replay(base, txn_dir)
+        _replay(base, txn_dir, allowed)
         return "completed"
     shutil.rmtree(txn_dir)
     return "rolled back"
@@ -180,7 +254,7 @@ def pending(txn_dir: Path) -> str | None:
     return "uncommitted" if txn_dir.exists() else None
 
 
-def view(base: Path, txn_dir: Path, target: Path) -> Path | None:
+def view(base: Path, txn_dir: Path, target: Path, allowed: tuple[str, ...] = ()) -> Path | None:
     """Where ``target``'s committed content is now (None: absent), without recovering.
 
     Between the journal and the end of its renames the new file may still sit in the
@@ -189,7 +263,7 @@ def view(base: Path, txn_dir: Path, target: Path) -> Path | None:
     if pending(txn_dir) != "committed":
         return target if target.exists() else None
     rel = os.path.relpath(target, base)
-    for op in json.loads((txn_dir / JOURNAL).read_text()):
+    for op in read_journal(base, txn_dir, allowed):
         if op["op"] == "install" and op["to"] == rel:
             src = base / op["from"]
             return src if src.exists() else (target if target.exists() else None)
@@ -198,11 +272,13 @@ def view(base: Path, txn_dir: Path, target: Path) -> Path | None:
     return target if target.exists() else None
 
 
-def journal_targets(base: Path, txn_dir: Path) -> tuple[list[Path], list[Path]]:
+def journal_targets(
+    base: Path, txn_dir: Path, allowed: tuple[str, ...] = ()
+) -> tuple[list[Path], list[Path]]:
     """``(installed, removed)`` targets of a committed journal (empty lists otherwise)."""
     if pending(txn_dir) != "committed":
         return [], []
-    ops = json.loads((txn_dir / JOURNAL).read_text())
+    ops = read_journal(base, txn_dir, allowed)
     return (
         [base / op["to"] for op in ops if op["op"] == "install"],
         [base / op["path"] for op in ops if op["op"] == "remove"],
