@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.carry import wheels
-from patchkit.errors import ToolError
+from patchkit.errors import ToolError, UserError
 from patchkit.util import git
 
 QH = "mlx/backend/metal/kernels/quantized.h"
@@ -218,3 +218,13 @@ def test_worktree_add_detached_and_removed(tmp_path: Path) -> None:
     assert wt in git.list_worktrees(repo)
     git.worktree_remove(repo, wt)
     assert not wt.exists() and git.list_worktrees(repo) == [repo]
+
+
+def test_no_git_on_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without git, every verb says so in one line (no GitPython traceback); reads also take
+    no index.lock, so a killed one leaves none behind."""
+    monkeypatch.setattr(git.shutil, "which", lambda _name: None)
+    with pytest.raises(UserError, match="git is not on PATH") as err:
+        git.run(tmp_path, "status")
+    assert "\n" not in str(err.value)
+    assert git._BASE_ENV["GIT_OPTIONAL_LOCKS"] == "0"

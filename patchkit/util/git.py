@@ -16,16 +16,22 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+# GitPython refuses to import without a git executable (a traceback before any command
+# can say so); quiet, it imports, and a missing git is a one-line ToolError at the first
+# call (:func:`_execute`).
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+
 from git.cmd import Git
 from git.exc import CommandError
 
-from patchkit.errors import GitLockError, ToolError
+from patchkit.errors import GitLockError, ToolError, UserError
 
 # Pinned identity for commits patchkit makes, so the same tree + parent + message
 # always gives the same commit id and re-running is a true no-op.
@@ -40,6 +46,9 @@ _BASE_ENV = {
     "GIT_CONFIG_GLOBAL": os.devnull,
     # Stable, untranslated messages for error matching and reports.
     "LC_ALL": "C",
+    # Reads (status, diff) take no index.lock: a killed patchkit cannot leave one
+    # behind in the user's checkout to fail their next git commit.
+    "GIT_OPTIONAL_LOCKS": "0",
 }
 
 
@@ -77,6 +86,11 @@ def _execute(
     here; what GitPython still raises (git missing) is converted here too.
     ``isolated=False`` drops the fixed environment, for reading the user's config.
     """
+    if shutil.which("git") is None:
+        raise UserError(
+            "git is not on PATH; install it (Debian/Ubuntu: apt-get install git;"
+            " macOS: xcode-select --install)"
+        )
     # -C rather than a working directory: the command in an error can be re-run as is.
     cmd = ["git"] + (["-C", str(repo)] if repo is not None else []) + list(args)
     full_env = {**(_BASE_ENV if isolated else {}), **(env or {})}
