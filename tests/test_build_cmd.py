@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -668,3 +670,67 @@ def test_deps_cli_fetches_only_the_chosen_backends_sources(
                                      str(project["deps"]), "--backend", "cuda"])  # fmt: skip
     assert cuda.exit_code == 1 and "NVIDIA/cutlass" in cuda.output
     assert "cutlass" not in {p.name for p in project["deps"].iterdir()}
+
+
+# A C++ compiler whose LTO cannot run: any -flto fails, as a host's broken plugin does.
+BAD_LTO_CXX = """#!/bin/sh
+for a in "$@"; do
+  case "$a" in -flto*) echo "ld: error: could not run lto-wrapper" >&2; exit 1;; esac
+done
+exec g++ "$@"
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_a_compiler_that_cannot_link_lto_builds_without_it(
+    project: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe finds a compiler whose -flto link fails (as a host's broken LTO plugin
+    does) in a second, and the plan hands MLX's CMake the include that empties the IPO
+    flags, saying so; a working compiler gets neither (control)."""
+    bad = tmp_path / "bad-c++"
+    bad.write_text(BAD_LTO_CXX)
+    bad.chmod(0o755)
+    monkeypatch.setenv("CXX", str(bad))
+    assert not mlx_build.lto_links(mlx_build.compiler())
+    plan = mlx_build.plan(project["root"], backend="cpu")
+    build = next(s for s in plan.steps if s.stage == "build")
+    assert f"-DCMAKE_PROJECT_INCLUDE={mlx_build.NO_IPO_CMAKE}" in build.env["CMAKE_ARGS"]
+    assert plan.no_lto and plan.no_lto in plan.describe()
+    monkeypatch.setenv("CXX", shutil.which("g++") or "g++")
+    assert mlx_build.lto_links(mlx_build.compiler())
+    plan = mlx_build.plan(project["root"], backend="cpu")
+    assert not plan.no_lto and "CMAKE_PROJECT_INCLUDE" not in plan.steps[-1].env.get(
+        "CMAKE_ARGS", ""
+    )
+
+
+@pytest.mark.skipif(
+    not (shutil.which("cmake") and shutil.which("ninja") and shutil.which("g++")),
+    reason="needs cmake, ninja and g++",
+)
+def test_the_no_ipo_include_links_an_lto_target_without_lto(tmp_path: Path) -> None:
+    """A target asking for IPO (as nanobind_add_module(... LTO) does) fails to link with
+    that compiler, and links with the include. Control: without it, the link fails."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.20)\nproject(t CXX)\n"
+        "add_library(m MODULE m.cpp)\n"
+        "set_target_properties(m PROPERTIES INTERPROCEDURAL_OPTIMIZATION_RELEASE ON)\n"
+    )
+    (tmp_path / "src" / "m.cpp").write_text("int f() { return 1; }\n")
+    bad = tmp_path / "bad-c++"
+    bad.write_text(BAD_LTO_CXX)
+    bad.chmod(0o755)
+    env = {**os.environ, "CXX": str(bad)}
+
+    def build(folder: str, *extra: str) -> int:
+        configure = ["cmake", "-S", str(tmp_path / "src"), "-B", str(tmp_path / folder)]
+        configure += ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", *extra]
+        subprocess.run(configure, env=env, check=True, capture_output=True)
+        done = subprocess.run(["cmake", "--build", str(tmp_path / folder)], env=env,
+                              capture_output=True)  # fmt: skip
+        return done.returncode
+
+    assert build("with-lto") != 0
+    assert build("no-lto", f"-DCMAKE_PROJECT_INCLUDE={mlx_build.NO_IPO_CMAKE}") == 0

@@ -365,7 +365,7 @@ NO_LTO_NOTE = (
     "this compiler cannot link -flto: built without interprocedural optimization "
     "(nanobind's LTO of MLX's Python module, binding glue; no kernel changes)"
 )
-_LTO_PROBE = "int twice(int x) { return 2 * x; }\nint main() { return twice(0); }\n"
+_LTO_PROBE = "int twice(int x) { return 2 * x; }\n"
 
 
 def compiler() -> str | None:
@@ -376,13 +376,23 @@ def compiler() -> str | None:
 
 
 def lto_links(cxx: str | None) -> bool:
-    """Whether ``cxx`` compiles and links a program with ``-flto`` (about a second).
+    """Whether ``cxx`` builds a shared module with ``-flto`` as CMake does (about a second):
+    a source file compiled to an object, then linked with ``-shared``.
 
     nanobind links MLX's Python module with LTO; a compiler whose LTO plugin cannot run
     (``could not run lto-wrapper``) would otherwise fail the build at its last link. No
     compiler: True, and the preflight names what is missing.
     """
-    return cxx is None or _links(cxx, _LTO_PROBE, ["-flto", "-O1"], ("-flto", "-O1"))
+    if cxx is None:
+        return True
+    with tempfile.TemporaryDirectory(prefix="patchkit-lto-") as tmp:
+        src, obj, lib = (Path(tmp) / n for n in ("probe.cpp", "probe.o", "probe.so"))
+        src.write_text(_LTO_PROBE)
+        steps = (
+            [cxx, "-flto", "-O1", "-fPIC", "-c", str(src), "-o", str(obj)],
+            [cxx, "-flto", "-O1", "-shared", str(obj), "-o", str(lib)],
+        )
+        return all(proc.run(step, check=False).returncode == 0 for step in steps)
 
 
 def _environment_steps(
