@@ -345,7 +345,7 @@ def test_cuda_plan_is_the_rendered_routing(flavour: str) -> None:
         assert harness_cuda.vecs_per_block(rest, batches, n, k, 4, "bfloat16") == 1
     host = cxx.function_text(text, "qmv", 1)
     assert "cu::qmv_vecs_per_block<T, Q>(m - vec, l, n, k);" in host
-    assert "int vecs = vecs_per_block == 1 ? m - vec : vecs_per_block;" in host
+    assert "int vecs = per_block == 1 ? m - vec : per_block;" in host
     assert "vec += vecs;" in host
     # Which V the launch instantiates: exactly those the routing returns above.
     dispatch_v = cxx.function_text(text, "dispatch_vecs_per_block")

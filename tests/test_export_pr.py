@@ -261,7 +261,11 @@ def test_body_gives_commands_results_and_what_is_owed_on_a_mac() -> None:
 
 def test_cuda_body_says_its_tests_pass_on_main() -> None:
     body = _body(backend="cuda")
-    assert "pass on main too" in body and "Apple GPU" not in body.split("## Still")[1]
+    assert "passes on main too" in body and "guards the new launches" in body
+    assert "Apple GPU" not in body.split("## Still")[1]
+    # The benchmark script is the Metal PR's: the body takes it from that branch.
+    body = _body(backend="cuda", benchmarks=[])
+    assert f"git show {export_pr.DEFAULT_BRANCHES['metal']}:{export_pr.BENCH_FILE}" in body
 
 
 def test_commit_message_has_a_short_subject_and_a_body() -> None:

@@ -537,6 +537,15 @@ def backend_options(backend: str, options: render.RenderOptions) -> render.Rende
     )
 
 
+def upstream_below(clone: Path, base: str) -> str:
+    """The newest upstream commit under ``base``: ``base`` itself, or, for a stacked export
+    onto an earlier PR's branch, where that branch leaves the clone's default branch."""
+    default = git.run(clone, "symbolic-ref", "--quiet", "HEAD", ok_codes=(0, 1, 128)).stdout
+    ref = default.strip() or "HEAD"
+    found = git.run(clone, "merge-base", base, ref, ok_codes=(0, 1)).stdout.strip()
+    return found or base
+
+
 def changes_onto(
     read: Read, backend: str, options: render.RenderOptions, templates_dir: Path, stacked: bool
 ) -> list[str]:
@@ -871,6 +880,7 @@ def body_context(
     facts: dict[str, object],
     results: list[dict],
     carries: list[dict[str, str]] | None = None,
+    upstream_base: str | None = None,
 ) -> dict[str, object]:
     """Everything the body template states, each value computed or read, none written here."""
     return {
@@ -889,6 +899,9 @@ def body_context(
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
         "bench_file": BENCH_FILE,
+        "metal_branch": DEFAULT_BRANCHES["metal"],
+        # The upstream commit under the PR (below any earlier PR of a stack): "main".
+        "upstream_base": upstream_base or base,
     }
 
 
@@ -1007,8 +1020,9 @@ def export_pr(
     results, notes = measured_results(root, templates_dir, req.backend)
     notes = scope_warnings(req.backend, facts) + notes
     context = body_context(
-        req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results, carries
-    )
+        req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results, carries,
+        upstream_below(clone, base),
+    )  # fmt: skip
     out = req.out or fresh_out_dir(root / "build" / "pr", f"{req.backend}-{base[:8]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in prune_stages(out.parent):

@@ -529,10 +529,10 @@ void qmv(
             concurrent.emplace(encoder);
           }
           for (int vec = 0; vec < m;) {
-            int vecs_per_block = cu::qmv_vecs_per_block<T, Q>(m - vec, l, n, k);
-            int vecs = vecs_per_block == 1 ? m - vec : vecs_per_block;
+            int per_block = cu::qmv_vecs_per_block<T, Q>(m - vec, l, n, k);
+            int vecs = per_block == 1 ? m - vec : per_block;
             cu::dispatch_vecs_per_block<T, Q>(
-                vecs_per_block, [&]<int vecs_per_block>() {
+                per_block, [&]<int vecs_per_block>() {
                   cu::qmv<vecs_per_block, group_size, has_bias>(
                       gpu_ptr<T>(x) + static_cast<int64_t>(vec) * k,
                       gpu_ptr<Q>(w),
