@@ -152,9 +152,10 @@ def render_pr(
     upstream: dict[str, str | None] = dict(core.upstream)
     patched = dict(core.patched)
     for plan in render.pr_plans(templates_dir):
-        text = render.render_pr_file(plan, read(plan.path), options)
+        before = read(plan.path)
+        text = render.render_pr_file(plan, before, options)
         if text is not None:  # a new file this PR does not carry
-            upstream[plan.path], patched[plan.path] = read(plan.path), text
+            upstream[plan.path], patched[plan.path] = before, text
     return upstream, patched
 
 
@@ -522,10 +523,15 @@ def staging(out: Path) -> Iterator[Path]:
 # --- the commit ---------------------------------------------------------------------
 
 
+def default_branch(clone: Path) -> str | None:
+    """The clone's default branch (``refs/heads/main``): what its HEAD names, or None."""
+    proc = git.run(clone, "symbolic-ref", "--quiet", "HEAD", ok_codes=(0, 1, 128))
+    return proc.stdout.strip() or None
+
+
 def default_base(clone: Path, progress: source.Progress = source._quiet) -> str:
     """MLX's newest upstream commit: the clone's default branch (its HEAD), fetched first."""
-    proc = git.run(clone, "symbolic-ref", "--quiet", "--short", "HEAD", ok_codes=(0, 1, 128))
-    name = proc.stdout.strip() or "HEAD"
+    name = (default_branch(clone) or "HEAD").removeprefix("refs/heads/")
     return source.resolve(clone, name, progress=progress)
 
 
@@ -540,8 +546,7 @@ def backend_options(backend: str, options: render.RenderOptions) -> render.Rende
 def upstream_below(clone: Path, base: str) -> str:
     """The newest upstream commit under ``base``: ``base`` itself, or, for a stacked export
     onto an earlier PR's branch, where that branch leaves the clone's default branch."""
-    default = git.run(clone, "symbolic-ref", "--quiet", "HEAD", ok_codes=(0, 1, 128)).stdout
-    ref = default.strip() or "HEAD"
+    ref = default_branch(clone) or "HEAD"
     found = git.run(clone, "merge-base", base, ref, ok_codes=(0, 1)).stdout.strip()
     return found or base
 
@@ -621,8 +626,7 @@ def branch_may_move(clone: Path, branch: str, force: bool) -> str | None:
             f"branch {branch} already exists in {clone} (at {old[:8]}); pass --force to move it"
             " or choose another --branch"
         )
-    default = git.run(clone, "symbolic-ref", "--quiet", "HEAD", ok_codes=(0, 1, 128)).stdout
-    if default.strip() == ref:
+    if default_branch(clone) == ref:
         raise UserError(f"--branch {branch} is MLX's default branch in {clone}; choose another")
     return old
 

@@ -477,10 +477,11 @@ def render_all(
             raise AnchorError(f"{plan.path}: {exc}") from exc
         rendered.upstream[plan.path] = text
         rendered.backend_of[plan.path] = plan.backend
-    # One commit per change: the stages before the last, then the whole render.
+    # One commit per change: the stages before the last (from the texts read above), then
+    # the whole render.
     order = [b for b in BACKENDS if b in options.backends]
     earlier = replace(options, backends=tuple(order[:-1]))
-    rendered.stages.extend(render_stages(read, earlier, templates_dir))
+    rendered.stages.extend(render_stages(rendered.upstream.__getitem__, earlier, templates_dir))
     rendered.stages.append((order[-1], rendered.patched))
     return rendered
 
