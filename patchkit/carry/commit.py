@@ -1,4 +1,4 @@
-"""Commit a rendered patch on an upstream commit: one commit per backend, same inputs, same ids.
+"""Commit a rendered patch on an upstream commit: one commit per change, same inputs, same ids.
 
 The render is written into a fresh detached worktree of the cached clone and
 committed per change (the JIT fix, Metal, CUDA: the series order is the review

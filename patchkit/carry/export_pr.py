@@ -1,17 +1,21 @@
-"""``patchkit export-pr``: one upstream-ready commit per backend for ml-explore/mlx, plus a PR body.
+"""``patchkit export-pr``: one upstream-ready PR for ml-explore/mlx (the JIT fix, Metal or
+CUDA), as commits, ``git am`` patches and a PR body.
 
 Flow: check every argument (backend, branch, title, author, push target, out folder)
 -> prune what a killed run left -> resolve the base (MLX's default branch in the
-cached clone, or ``--onto REV``) -> render that backend's files with
-:func:`render.render_all` (the code path the overlay comes from) and the test
-and benchmark from the ``backend = "pr"`` plans -> write them in a fresh worktree,
-format with the versions the base's ``.pre-commit-config.yaml`` pins and check a
-second pass changes nothing -> commit once, as the submitter, dated now -> create
-the branch -> ``git format-patch`` -> prove ``git am`` on the base rebuilds the tree
--> write the patch and the PR body into a fresh output folder, in one rename.
+cached clone, or ``--onto REV``, an earlier PR's branch for a stack) -> find which
+changes the base lacks (:func:`changes_onto`: what the PR builds on, then its own)
+-> per change, render its files with :func:`render.render_all` (the code path the
+overlay comes from) and the test and benchmark from the ``backend = "pr"`` plans,
+write them in a fresh worktree, format with the versions the base's
+``.pre-commit-config.yaml`` pins and check a second pass changes nothing, commit as
+the submitter, dated now -> create the branch -> ``git format-patch`` -> prove
+``git am`` on the base rebuilds the tree -> write the patches and the PR body into a
+fresh output folder, in one rename.
 
-One backend per commit: the Metal commit touches no CUDA file and the CUDA commit
-no Metal file (the test and benchmark are shared paths). MLX forbids AI-written PR
+One change per commit: the JIT fix touches only the Metal host file, the Metal commit
+no CUDA file and the CUDA commit no Metal file; each PR's test sits at its own anchor
+and the benchmark is the Metal PR's, so Metal and CUDA apply in either order. MLX forbids AI-written PR
 descriptions and asks for an AI-usage disclosure, so the body is upstream's PR
 template with the description and the disclosure left empty, followed by facts:
 commands, results read from this repository's measurement files

@@ -879,12 +879,12 @@ def _machine(backend: str) -> dict[str, Any]:
     return info
 
 
-# The route parity checks, per backend: the one whose claim covers parity's whole matrix.
+# The route whose claim covers parity's whole matrix, per backend: the build's `parity`.
 # CUDA's default route leaves M * B >= 8 to stock qmm (a different summation order, by
 # decision: it is faster there) and, on sm90, stock's qmm_sm90 where it applies; only the
-# opt-in exact route claims M = 2..16 bit-identical to M = 1, so that is what the build's
-# parity proves. Metal's default route already claims every M parity compares (below the
-# batch limit).
+# opt-in exact route claims M = 2..16 bit-identical to M = 1. So on CUDA the build runs
+# parity on that route and again on the default one (`parity_default`, stock's qmm rows
+# apart). Metal's default route already claims every M parity compares.
 PARITY_ROUTE_ENV: dict[str, dict[str, str]] = {"cuda": {"MLX_CUDA_QMV_EXACT": "1"}}
 
 COMPILED_NOTE = {
