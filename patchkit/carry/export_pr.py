@@ -15,8 +15,8 @@ fresh output folder, in one rename.
 
 One change per commit: the JIT fix touches only the Metal host file, the Metal commit
 no CUDA file and the CUDA commit no Metal file; each PR's test sits at its own anchor
-and the benchmark is the Metal PR's, so Metal and CUDA apply in either order. MLX forbids AI-written PR
-descriptions and asks for an AI-usage disclosure, so the body is upstream's PR
+and the benchmark is the Metal PR's, so Metal and CUDA apply in either order.
+MLX forbids AI-written PR descriptions and asks for an AI-usage disclosure, so the body is upstream's PR
 template with the description and the disclosure left empty, followed by facts:
 commands, results read from this repository's measurement files
 (``templates/pr/results.toml`` names them), and what is still to measure on an
