@@ -16,12 +16,13 @@ fresh output folder, in one rename.
 One change per commit: the JIT fix touches only the Metal host file, the Metal commit
 no CUDA file and the CUDA commit no Metal file; each PR's test sits at its own anchor
 and the benchmark is the Metal PR's, so Metal and CUDA apply in either order.
-MLX forbids AI-written PR descriptions and asks for an AI-usage disclosure, so the body is upstream's PR
-template with the description and the disclosure left empty, followed by facts:
-commands, results read from this repository's measurement files
-(``templates/pr/results.toml`` names them), and what is still to measure on an
-Apple GPU. Nothing outside the new output folder, the branch and patchkit's own
-worktrees is written or deleted; nothing is pushed unless ``push`` is given.
+MLX forbids AI-written PR descriptions and asks for an AI-usage disclosure, so the
+body is upstream's PR template with the description and the disclosure left empty,
+followed by facts a reviewer can rerun with MLX alone: commands, MLX's own test results
+on a build of the change (``templates/pr/results.toml`` names the records), and what is
+still to measure on a GPU. Nothing outside the new output folder, the branch and
+patchkit's own worktrees is written or deleted; nothing is pushed unless ``push`` is
+given.
 """
 
 from __future__ import annotations
