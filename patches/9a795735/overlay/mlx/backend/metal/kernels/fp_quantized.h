@@ -7,22 +7,22 @@
 //   @@ -322,12 +322,16 @@ METAL_FUNC void fp_qmv_quad_impl(
 //   @@ -338,7 +342,11 @@ METAL_FUNC void fp_qmv_fast_impl(
 //   @@ -350,8 +358,8 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -361,18 +369,25 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -385,19 +400,32 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -408,7 +436,11 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -423,8 +455,8 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -448,12 +480,15 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -462,7 +497,11 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -474,7 +513,10 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -483,19 +525,28 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -506,19 +557,26 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -530,24 +588,35 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -1173,7 +1242,8 @@ template <
-//   @@ -1214,7 +1284,8 @@ template <
-//   @@ -1224,7 +1295,10 @@ template <
-//   @@ -1232,7 +1306,8 @@ template <
-//   @@ -1268,7 +1343,7 @@ template <
-//   @@ -1278,7 +1353,10 @@ template <
+//   @@ -361,18 +369,31 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -385,19 +406,32 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -408,7 +442,11 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -423,8 +461,8 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -448,12 +486,20 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -462,7 +508,12 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -474,7 +525,13 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -483,19 +540,29 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -506,19 +573,29 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -530,24 +607,39 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -1173,7 +1265,8 @@ template <
+//   @@ -1214,7 +1307,8 @@ template <
+//   @@ -1224,7 +1318,10 @@ template <
+//   @@ -1232,7 +1329,8 @@ template <
+//   @@ -1268,7 +1366,7 @@ template <
+//   @@ -1278,7 +1376,10 @@ template <
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -399,9 +399,14 @@ METAL_FUNC void fp_qmv_fast_impl(
   y += tid.x * vecs_per_tg * out_vec_size + out_row;
 
   for (int k = 0; k < in_vec_size; k += block_size) {
-    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+    // Every v of the tile runs, unrolled, so the per-vector arrays stay in
+    // registers: a missing vector reads the last real one's input and
+    // stores nothing. Each real vector's operations are M = 1's.
+#pragma unroll
+    for (int v = 0; v < vecs_per_tg; v++) {
       load_vector<T, U, values_per_thread>(
-          x + v * in_vec_size, x_thread + v * values_per_thread);
+          x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+          x_thread + v * values_per_thread);
     }
 
     for (int row = 0; row < results_per_simdgroup; row++) {
@@ -409,7 +414,8 @@ METAL_FUNC void fp_qmv_fast_impl(
       const device auto* sl = scales + row * in_vec_size_g;
 
       U s = dequantize_scale<U, group_size>(sl[0]);
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         result[v * results_per_simdgroup + row] +=
             qdot<U, values_per_thread, bits>(
                 wl, x_thread + v * values_per_thread, s);
@@ -511,9 +517,14 @@ METAL_FUNC void fp_qmv_impl(
 
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+      // Every v of the tile runs, unrolled, so the per-vector arrays stay in
+      // registers: a missing vector reads the last real one's input and
+      // stores nothing. Each real vector's operations are M = 1's.
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         load_vector<T, U, values_per_thread>(
-            x + v * in_vec_size, x_thread + v * values_per_thread);
+            x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+            x_thread + v * values_per_thread);
       }
 
       for (int row = 0;
@@ -523,7 +534,8 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
-        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+        for (int v = 0; v < vecs_per_tg; v++) {
           result[v * results_per_simdgroup + row] +=
               qdot<U, values_per_thread, bits>(
                   wl, x_thread + v * values_per_thread, s);
@@ -539,9 +551,12 @@ METAL_FUNC void fp_qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         load_vector_safe<T, U, values_per_thread>(
-            x + v * in_vec_size, x_thread + v * values_per_thread, remaining);
+            x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+            x_thread + v * values_per_thread,
+            remaining);
       }
 
       for (int row = 0;
@@ -551,7 +566,8 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
-        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+        for (int v = 0; v < vecs_per_tg; v++) {
           result[v * results_per_simdgroup + row] +=
               qdot<U, values_per_thread, bits>(
                   wl, x_thread + v * values_per_thread, s);
@@ -588,9 +604,11 @@ METAL_FUNC void fp_qmv_impl(
 
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         load_vector<T, U, values_per_thread>(
-            x + v * in_vec_size, x_thread + v * values_per_thread);
+            x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+            x_thread + v * values_per_thread);
       }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
@@ -598,7 +616,8 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
-        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+        for (int v = 0; v < vecs_per_tg; v++) {
           result[v * results_per_simdgroup + row] +=
               qdot<U, values_per_thread, bits>(
                   wl, x_thread + v * values_per_thread, s);
@@ -614,9 +633,12 @@ METAL_FUNC void fp_qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         load_vector_safe<T, U, values_per_thread>(
-            x + v * in_vec_size, x_thread + v * values_per_thread, remaining);
+            x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+            x_thread + v * values_per_thread,
+            remaining);
       }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
@@ -624,7 +646,8 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
-        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+        for (int v = 0; v < vecs_per_tg; v++) {
           result[v * results_per_simdgroup + row] +=
               qdot_safe<U, values_per_thread, bits>(
                   wl, x_thread + v * values_per_thread, s, remaining);

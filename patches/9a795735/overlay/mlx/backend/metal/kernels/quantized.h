@@ -7,25 +7,25 @@
 //   @@ -754,7 +754,10 @@ METAL_FUNC void qmv_quad_impl(
 //   @@ -765,7 +768,11 @@ METAL_FUNC void qmv_fast_impl(
 //   @@ -779,8 +786,8 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -791,11 +798,15 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -804,7 +815,11 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -813,15 +828,22 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -832,7 +854,11 @@ METAL_FUNC void qmv_impl(
-//   @@ -847,8 +873,8 @@ METAL_FUNC void qmv_impl(
-//   @@ -868,12 +894,16 @@ METAL_FUNC void qmv_impl(
-//   @@ -884,8 +914,11 @@ METAL_FUNC void qmv_impl(
-//   @@ -898,8 +931,11 @@ METAL_FUNC void qmv_impl(
-//   @@ -910,17 +946,29 @@ METAL_FUNC void qmv_impl(
-//   @@ -931,12 +979,16 @@ METAL_FUNC void qmv_impl(
-//   @@ -945,8 +997,11 @@ METAL_FUNC void qmv_impl(
-//   @@ -959,8 +1014,11 @@ METAL_FUNC void qmv_impl(
-//   @@ -969,14 +1027,26 @@ METAL_FUNC void qmv_impl(
-//   @@ -1603,7 +1673,8 @@ template <
-//   @@ -1642,7 +1713,7 @@ template <
-//   @@ -1652,7 +1723,10 @@ template <
-//   @@ -1660,7 +1734,8 @@ template <
-//   @@ -1699,7 +1774,7 @@ template <
-//   @@ -1709,7 +1784,10 @@ template <
+//   @@ -791,11 +798,20 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -804,7 +820,12 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -813,15 +834,22 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -832,7 +860,11 @@ METAL_FUNC void qmv_impl(
+//   @@ -847,8 +879,8 @@ METAL_FUNC void qmv_impl(
+//   @@ -868,12 +900,21 @@ METAL_FUNC void qmv_impl(
+//   @@ -884,8 +925,12 @@ METAL_FUNC void qmv_impl(
+//   @@ -898,8 +943,14 @@ METAL_FUNC void qmv_impl(
+//   @@ -910,17 +961,30 @@ METAL_FUNC void qmv_impl(
+//   @@ -931,12 +995,18 @@ METAL_FUNC void qmv_impl(
+//   @@ -945,8 +1015,12 @@ METAL_FUNC void qmv_impl(
+//   @@ -959,8 +1033,14 @@ METAL_FUNC void qmv_impl(
+//   @@ -969,14 +1049,27 @@ METAL_FUNC void qmv_impl(
+//   @@ -1603,7 +1696,8 @@ template <
+//   @@ -1642,7 +1736,7 @@ template <
+//   @@ -1652,7 +1746,10 @@ template <
+//   @@ -1660,7 +1757,8 @@ template <
+//   @@ -1699,7 +1797,7 @@ template <
+//   @@ -1709,7 +1807,10 @@ template <
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -832,9 +832,14 @@ METAL_FUNC void qmv_fast_impl(
 
   for (int k = 0; k < in_vec_size; k += block_size) {
     U sum[vecs_per_tg];
-    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+    // Every v of the tile runs, unrolled, so the per-vector arrays stay in
+    // registers: a missing vector reads the last real one's input and
+    // stores nothing. Each real vector's operations are M = 1's.
+#pragma unroll
+    for (int v = 0; v < vecs_per_tg; v++) {
       sum[v] = load_vector<T, U, values_per_thread, bits>(
-          x + v * in_vec_size, x_thread + v * values_per_thread);
+          x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+          x_thread + v * values_per_thread);
     }
 
     for (int row = 0; row < results_per_simdgroup; row++) {
@@ -844,7 +849,8 @@ METAL_FUNC void qmv_fast_impl(
 
       U s = sl[0];
       U b = bl[0];
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         result[v * results_per_simdgroup + row] +=
             qdot<U, values_per_thread, bits>(
                 wl, x_thread + v * values_per_thread, s, b, sum[v]);
@@ -929,9 +935,14 @@ METAL_FUNC void qmv_impl(
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
       U sum[vecs_per_tg];
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+      // Every v of the tile runs, unrolled, so the per-vector arrays stay in
+      // registers: a missing vector reads the last real one's input and
+      // stores nothing. Each real vector's operations are M = 1's.
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         sum[v] = load_vector<T, U, values_per_thread, bits>(
-            x + v * in_vec_size, x_thread + v * values_per_thread);
+            x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+            x_thread + v * values_per_thread);
       }
 
       for (int row = 0;
@@ -943,7 +954,8 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
-        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+        for (int v = 0; v < vecs_per_tg; v++) {
           result[v * results_per_simdgroup + row] +=
               qdot<U, values_per_thread, bits>(
                   wl, x_thread + v * values_per_thread, s, b, sum[v]);
@@ -961,9 +973,12 @@ METAL_FUNC void qmv_impl(
         values_per_thread);
     if (remaining > 0) {
       U sum[vecs_per_tg];
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         sum[v] = load_vector_safe<T, U, values_per_thread, bits>(
-            x + v * in_vec_size, x_thread + v * values_per_thread, remaining);
+            x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+            x_thread + v * values_per_thread,
+            remaining);
       }
 
       for (int row = 0;
@@ -975,7 +990,8 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
-        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+        for (int v = 0; v < vecs_per_tg; v++) {
           result[v * results_per_simdgroup + row] +=
               qdot_safe<U, values_per_thread, bits>(
                   wl,
@@ -1014,9 +1030,11 @@ METAL_FUNC void qmv_impl(
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
       U sum[vecs_per_tg];
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         sum[v] = load_vector<T, U, values_per_thread, bits>(
-            x + v * in_vec_size, x_thread + v * values_per_thread);
+            x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+            x_thread + v * values_per_thread);
       }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
@@ -1026,7 +1044,8 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
-        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+        for (int v = 0; v < vecs_per_tg; v++) {
           result[v * results_per_simdgroup + row] +=
               qdot<U, values_per_thread, bits>(
                   wl, x_thread + v * values_per_thread, s, b, sum[v]);
@@ -1044,9 +1063,12 @@ METAL_FUNC void qmv_impl(
         values_per_thread);
     if (remaining > 0) {
       U sum[vecs_per_tg];
-      for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+      for (int v = 0; v < vecs_per_tg; v++) {
         sum[v] = load_vector_safe<T, U, values_per_thread, bits>(
-            x + v * in_vec_size, x_thread + v * values_per_thread, remaining);
+            x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
+            x_thread + v * values_per_thread,
+            remaining);
       }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
@@ -1056,7 +1078,8 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
-        for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
+#pragma unroll
+        for (int v = 0; v < vecs_per_tg; v++) {
           result[v * results_per_simdgroup + row] +=
               qdot_safe<U, values_per_thread, bits>(
                   wl,
