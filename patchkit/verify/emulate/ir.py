@@ -245,3 +245,63 @@ def compare(
         Pair(inst, bodies[up], bodies[pa])
         for inst, (up, pa) in zip(todo, _addresses(ir, len(todo)), strict=True)
     ]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What clang -O2 made of one patched kernel at ``vecs`` vectors per threadgroup: the
+    arrays left in thread memory (``alloca``: floats each) and the loads by type."""
+
+    instance: Instance
+    vecs: int
+    arrays: tuple[int, ...]  # float elements of each alloca that survived optimization
+    loads: dict[str, int]  # static loads per IR type ("float", "i8", "i16", "i32", ...)
+
+    @property
+    def weight_loads(self) -> int:
+        """Integer loads: the packed weights (x, scales and biases are floating point)."""
+        return sum(n for t, n in self.loads.items() if re.fullmatch(r"i\d+", t))
+
+
+def costs(
+    sources: extract.Sources,
+    header: Header,
+    types: tuple[str, ...],
+    todo: list[Instance],
+    vecs: tuple[int, ...] = (1, 2, 5),
+) -> list[Cost]:
+    """Each patched ``todo`` kernel at each of ``vecs`` (a proxy for a GPU compiler: x86
+    clang over the shim), compiled together in one unit."""
+    kernels = tuple(header.kernel(r) for r in M1_ROLES) + header.streamed_kernels
+    source = extract.extract(sources, kernels, header, types).source
+    cases = [(inst, v) for inst in todo for v in vecs]
+    taken = "\n".join(
+        f'extern "C" const void* pk_cost_{i} = (const void*)&'
+        f"{PATCHED_NS}::{inst.entry}<{', '.join((*inst.full_args()[:-1], str(v)))}>;"
+        for i, (inst, v) in enumerate(cases)
+    )
+    unit = "\n".join(
+        [
+            '#include "metal_shim.h"',
+            "#undef METAL_FUNC",
+            "#define METAL_FUNC inline __attribute__((always_inline))",
+            source,
+            taken,
+        ]
+    )
+    out = compile_ir(unit)
+    found = []
+    for i, (inst, v) in enumerate(cases):
+        name = re.search(rf"^@pk_cost_{i} = .*?@(\S+?)[,\s]", out, re.M)
+        if name is None:
+            raise UserError(f"pk_cost_{i} not found in the compiled IR")
+        body = re.search(rf"^define [^\n]*@{re.escape(name.group(1))}\(.*?^\}}", out, re.M | re.S)
+        if body is None:
+            raise UserError(f"{inst.label} at V = {v}: no body in the compiled IR")
+        text = body.group(0)
+        arrays = tuple(int(n) for n in re.findall(r"= alloca \[(\d+) x float\]", text))
+        loads: dict[str, int] = {}
+        for t in re.findall(r"= load (\S+?),", text):
+            loads[t] = loads.get(t, 0) + 1
+        found.append(Cost(inst, v, arrays, loads))
+    return found

@@ -1,0 +1,58 @@
+"""What a compiler makes of the tile at V > 1, read from clang -O2's IR over the Metal shim:
+in affine qmv_fast (the path of layers with N % 8 == 0 and an aligned K, most LLM layers)
+no per-vector input array survives in thread memory at V = 2 or 5, only the result array
+(vecs_per_tg x 4 floats; upstream's own M = 1 kernel keeps its 4 there in this proxy), and
+the weight loads do not grow with V: each block is read once for the whole tile.
+
+A proxy: Apple's GPU compiler is not x86 clang, and only a Mac's Metal compiler and its
+register report settle it. Control: the v loops bounded by the tile's real vectors at run
+time (the earlier form) leave the V x values_per_thread input arrays in memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support_emulate import mutate
+
+from patchkit.verify import emulate
+from patchkit.verify.emulate import build, ir
+from patchkit.verify.emulate.families import AFFINE
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_PER_SIMDGROUP = 4  # qmv_fast_impl's output rows per simdgroup
+BITS = ("2", "4", "8")
+
+
+@pytest.fixture(scope="module")
+def affine() -> tuple[emulate.Sources, tuple[str, ...], list[ir.Instance]]:
+    build.require_compiler(build.TOOLCHAINS["clang"])
+    upstream, types = emulate.pinned_sources(ROOT, AFFINE)
+    todo = [ir.Instance("affine_qmv_fast", ("float", "64", b, "false")) for b in BITS]
+    return emulate.sources(upstream, AFFINE), types, todo
+
+
+def test_the_tile_keeps_only_its_results_in_memory_and_reads_weights_once(affine) -> None:
+    sources, types, todo = affine
+    costs = ir.costs(sources, AFFINE, types, todo)
+    for inst in todo:
+        by_v = {c.vecs: c for c in costs if c.instance == inst}
+        for v in (2, 5):
+            assert set(by_v[v].arrays) <= {v * RESULTS_PER_SIMDGROUP}, (inst.label, v)
+        assert by_v[5].weight_loads == by_v[2].weight_loads, inst.label
+        assert by_v[1].weight_loads > 0
+
+
+def test_a_runtime_bound_on_the_v_loops_leaves_the_inputs_in_memory(affine) -> None:
+    sources, types, todo = affine
+    # Mutation: the load and multiply-add loops stop at the tile's real vectors (n_vecs,
+    # known only at run time), as the kernel once did.
+    mutated = mutate(
+        sources,
+        "for (int v = 0; v < vecs_per_tg; v++) {",
+        "for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {",
+        10,  # qmv_fast_impl's 2 and qmv_impl's 8
+    )
+    costs = ir.costs(mutated, AFFINE, types, todo, vecs=(5,))
+    assert any(max(c.arrays, default=0) > 5 * RESULTS_PER_SIMDGROUP for c in costs)
