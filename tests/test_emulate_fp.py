@@ -342,7 +342,8 @@ def test_address_space_check_passes_the_fp_kernels(
         ),
         # The patched general kernel's tail reads x through a thread pointer.
         (
-            "x + v * in_vec_size, x_thread + v * values_per_thread, remaining)",
+            "x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,"
+            " x_thread + v * values_per_thread, remaining)",
             "(thread T*)x_thread, x_thread, remaining)",
         ),
     ],
