@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support_git import QH, write_templates
+from support_git import PIN_SHA, QH, mlx_clone, write_templates
 
-from patchkit.carry import apply, cxx, pin, rebase, wheels
+from patchkit.carry import apply, cxx, pin, rebase, render, source, wheels
 from patchkit.errors import UserError
 from patchkit.util import git
 from patchkit.verify import rebase_gate
@@ -296,3 +296,20 @@ def test_refuses_when_upstream_edits_an_anchored_statement(env: dict, tmp_path: 
     # Control: an edit elsewhere in the file moves the anchor but leaves the block alone.
     moved = commit_edit(env, moved_and_unrelated, "unrelated")
     assert do_rebase(env, moved, ParityStub(True), templates).written
+
+
+@pytest.mark.skipif(
+    mlx_clone() is None, reason="needs a full MLX clone with 9a795735: set PATCHKIT_MLX_REPO"
+)
+def test_a_rebase_without_merges_stages_the_changes_as_apply_does() -> None:
+    """Rendered onto a tree where every anchor holds, a rebase commits the same series as
+    apply: one commit per change (the JIT fix, Metal, CUDA), the fix before Metal in the
+    one file both edit. Without its stages a rebase would fold the fix into Metal."""
+    read = source.reader(Path(mlx_clone() or ""), PIN_SHA)
+    options = render.RenderOptions()
+    plans = render.selected_plans(options)
+    rendered, merged, conflicts = rebase.render_or_merge(plans, read, read, options)
+    assert (merged, conflicts) == ([], [])
+    applied = render.render_all(read, options, render.TEMPLATES_DIR)
+    assert [b for b, _ in rendered.stages] == ["jit-fix", "metal", "cuda"]
+    assert rendered.stages == applied.stages

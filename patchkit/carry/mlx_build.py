@@ -568,10 +568,10 @@ def _fails(argv: list[str]) -> bool:
     return subprocess.run(argv, capture_output=True, check=False, timeout=10).returncode != 0
 
 
-def _links(cxx: str, program: str, libs: list[str], flags: tuple[str, ...] = ()) -> bool:
-    """Whether ``program`` compiles (with ``flags``) and links with ``libs``."""
+def _links(cxx: str, program: str, libs: list[str]) -> bool:
+    """Whether ``program`` compiles and links with ``libs`` (headers and libraries present)."""
     with tempfile.TemporaryDirectory(prefix="patchkit-preflight-") as tmp:
-        argv = [cxx, *flags, "-x", "c++", "-", "-o", str(Path(tmp) / "a.out"), *libs]
+        argv = [cxx, "-x", "c++", "-", "-o", str(Path(tmp) / "a.out"), *libs]
         return proc.run(argv, input=program, check=False).returncode == 0
 
 

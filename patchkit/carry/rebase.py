@@ -338,6 +338,8 @@ def render_or_merge(
         rendered.patched[plan.path] = patched
         rendered.overlay[plan.path] = overlay
         rendered.backend_of[plan.path] = plan.backend
+    if not merged:  # a merged text cannot be staged: commit.stages_of falls back to backend_of
+        render.add_stages(rendered, plans, options)
     return rendered, merged, conflicts
 
 

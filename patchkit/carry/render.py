@@ -222,11 +222,14 @@ def _load_plan(manifest: Path, templates_dir: Path) -> FilePlan:
 
 def selected_plans(options: RenderOptions, templates_dir: Path = TEMPLATES_DIR) -> list[FilePlan]:
     """The plans with an edit for the backends ``options`` asks for."""
-    return [
-        p
-        for p in load_plans(templates_dir)
-        if p.backend in options.backends or any(e.backend in options.backends for e in p.edits)
-    ]
+    return [p for p in load_plans(templates_dir) if _selected(p, options)]
+
+
+def _selected(plan: FilePlan, options: RenderOptions) -> bool:
+    """Whether ``plan`` has an edit for the backends ``options`` asks for."""
+    return plan.backend in options.backends or any(
+        e.backend in options.backends for e in plan.edits
+    )
 
 
 def selects(plan: FilePlan, edit: Edit, options: RenderOptions) -> bool:
@@ -477,26 +480,30 @@ def render_all(
             raise AnchorError(f"{plan.path}: {exc}") from exc
         rendered.upstream[plan.path] = text
         rendered.backend_of[plan.path] = plan.backend
-    # One commit per change: the stages before the last (from the texts read above), then
-    # the whole render.
-    order = [b for b in BACKENDS if b in options.backends]
-    earlier = replace(options, backends=tuple(order[:-1]))
-    rendered.stages.extend(render_stages(rendered.upstream.__getitem__, earlier, templates_dir))
-    rendered.stages.append((order[-1], rendered.patched))
+    add_stages(rendered, selected_plans(options, templates_dir), options)
     return rendered
 
 
+def add_stages(rendered: Rendered, plans: list[FilePlan], options: RenderOptions) -> None:
+    """Fill ``rendered.stages``, one commit per change: the changes before the last rendered
+    from the upstream texts ``rendered`` holds, then its whole patched texts."""
+    order = [b for b in BACKENDS if b in options.backends]
+    earlier = replace(options, backends=tuple(order[:-1]))
+    rendered.stages.extend(render_stages(rendered.upstream.__getitem__, earlier, plans))
+    rendered.stages.append((order[-1], rendered.patched))
+
+
 def render_stages(
-    read: Callable[[str], str], options: RenderOptions, templates_dir: Path
+    read: Callable[[str], str], options: RenderOptions, plans: list[FilePlan]
 ) -> list[tuple[str, dict[str, str]]]:
-    """The patched texts after each change of ``options`` in series order (``BACKENDS``:
-    the JIT fix, Metal, CUDA), each stage rendered with the changes before it."""
+    """The patched texts of ``plans`` after each change of ``options`` in series order
+    (``BACKENDS``: the JIT fix, Metal, CUDA), each stage rendered with the changes before it."""
     order = [b for b in BACKENDS if b in options.backends]
     stages = []
     for i, backend in enumerate(order):
         upto = replace(options, backends=tuple(order[: i + 1]))
-        plans = selected_plans(upto, templates_dir)
-        stages.append((backend, {p.path: render_file(p, read(p.path), upto) for p in plans}))
+        texts = {p.path: render_file(p, read(p.path), upto) for p in plans if _selected(p, upto)}
+        stages.append((backend, texts))
     return stages
 
 
