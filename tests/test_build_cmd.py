@@ -332,10 +332,15 @@ def test_cuda_parity_checks_the_exact_route_and_the_record_says_so(
     tests = next(s for s in build.steps if s.stage == "test")
     assert parity.env["MLX_CUDA_QMV_EXACT"] == "1" and check.env == parity.env
     assert "MLX_CUDA_QMV_EXACT" not in tests.env
+    # MLX's NVRTC cache lives beside this build (per version), shared by tests and parity
+    ptx = Path(tests.env["MLX_PTX_CACHE_DIR"])
+    assert ptx == build.layout.base / "ptx" / build.version and str(ptx) in tests.why
+    assert all(s.env["MLX_PTX_CACHE_DIR"] == str(ptx) for s in build.steps if s.stage == "parity")
     cpu = mlx_build.plan(
         project["root"], backend="cpu", deps_dir=project["deps"], cache=tmp_path / "cache"
     )
     assert "MLX_CUDA_QMV_EXACT" not in next(s for s in cpu.steps if s.stage == "parity").env
+    assert not any("MLX_PTX_CACHE_DIR" in (s.env or {}) for s in cpu.steps)
     report = {"rows_compared": 8, "rows_differing": 0, "mlx_version": "0.32.1", "rows": []}
     rec = mlx_build.record(build, project["root"], None, report, {"build": 1.0})
     assert rec["parity"]["route_env"] == {"MLX_CUDA_QMV_EXACT": "1"}

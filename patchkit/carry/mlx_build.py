@@ -122,6 +122,16 @@ class Layout:
     def dist(self) -> Path:
         return self.base / "dist"
 
+    def ptx_cache(self, version: str) -> Path:
+        """MLX's CUDA JIT cache for one build (``MLX_PTX_CACHE_DIR``).
+
+        MLX compiles its qmm kernels with NVRTC at first use, serially, 20 to 50 s each, and
+        MLX's tests and parity reach dozens of them: kept beside the build, a second test or
+        parity run of the same build starts warm. Per version, since another patch commit
+        may change what MLX compiles at run time.
+        """
+        return self.base / "ptx" / version
+
 
 def layout(backend: str, short: str, cache: Path | None = None) -> Layout:
     """The cache folders for ``backend`` at pin ``short``."""
@@ -308,9 +318,11 @@ def plan(
     # The steps that import numpy also get the lent folders on PYTHONPATH, after patchkit's
     # checkout: the .pth alone has left numpy unimportable after the compile while the
     # check before it passed. No lent folder holds an mlx (_base_has_mlx above).
-    python_env = {"PYTHONPATH": os.pathsep.join([str(root), *sites])}
-    parity_env = {**python_env, **PARITY_ROUTE_ENV.get(backend, {})}
     version = f"{_mlx_version(read)}+patchkit.{head[:12]}"
+    python_env = {"PYTHONPATH": os.pathsep.join([str(root), *sites])}
+    if backend == "cuda":
+        python_env["MLX_PTX_CACHE_DIR"] = str(where.ptx_cache(version))
+    parity_env = {**python_env, **PARITY_ROUTE_ENV.get(backend, {})}
     no_lto = "" if lto_links(compiler()) else NO_LTO_NOTE
     lto_args = [f"-DCMAKE_PROJECT_INCLUDE={NO_IPO_CMAKE}"] if no_lto else []
     build_env = {
@@ -336,7 +348,8 @@ def plan(
     ]  # fmt: skip
     if run_tests:
         steps.append(
-            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included",
+            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included"
+                 + (JIT_NOTE.format(where.ptx_cache(version)) if backend == "cuda" else ""),
                  [vpy, "-m", "unittest", "-v", TEST_FILE], where.worktree / "python" / "tests",
                  python_env, ok_codes=(0, 1))
         )  # fmt: skip
@@ -364,6 +377,10 @@ NO_IPO_CMAKE = Path(__file__).with_name("no_ipo.cmake")
 NO_LTO_NOTE = (
     "this compiler cannot link -flto: built without interprocedural optimization "
     "(nanobind's LTO of MLX's Python module, binding glue; no kernel changes)"
+)
+JIT_NOTE = (
+    "; MLX compiles its qmm kernels at first use (NVRTC, tens of seconds each), into {}, so "
+    "a first run takes long and a second starts warm"
 )
 _LTO_PROBE = "int twice(int x) { return 2 * x; }\n"
 
