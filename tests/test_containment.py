@@ -85,3 +85,12 @@ def test_a_journal_the_transaction_wrote_is_replayed(tmp_path: Path) -> None:
     txn.commit()
     assert (root / "pin.toml").read_text() == "new\n"
     assert not (root / transaction.PATCHES / transaction.TXN_DIR).exists()
+
+
+def test_an_oversized_journal_is_refused_unread(tmp_path: Path) -> None:
+    """A journal of megabytes is no transaction's: refused in one line, nothing touched."""
+    root, txn, victim = _checkout(tmp_path)
+    (txn / staging.JOURNAL).write_text("[" + " " * (2 << 20) + "]")
+    with pytest.raises(UserError, match=r"over patchkit.s .*-byte limit") as err:
+        transaction.recover_outputs(root)
+    assert "\n" not in str(err.value) and victim.read_text() == "precious\n"

@@ -210,6 +210,30 @@ def test_existing_branch_moves_only_with_force_and_main_never(tmp_path: Path) ->
     assert git.rev_parse(clone, "main") == head
 
 
+def test_main_master_and_apply_branches_never_move_when_head_names_another(
+    tmp_path: Path,
+) -> None:
+    """The clone's HEAD switched to a PR branch: main, master and apply's patchkit/<pin>
+    still never move, --force or not (the default branch is no longer what HEAD names)."""
+    clone = _repo(tmp_path)
+    head = git.rev_parse(clone, "HEAD")
+    tree = git.out(clone, "rev-parse", "HEAD^{tree}")
+    ident = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@x.org"}
+    ident |= {"GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@x.org"}
+    other = git.out(clone, "commit-tree", tree, "-p", head, "-m", "two", env=ident)
+    for name in ("master", "patchkit/9a795735", "pr"):
+        git.run(clone, "update-ref", f"refs/heads/{name}", head)
+    git.run(clone, "symbolic-ref", "HEAD", "refs/heads/pr")
+    for name in ("main", "master", "patchkit/9a795735", "pr"):
+        with pytest.raises(UserError, match="default branch or one patchkit keeps"):
+            export_pr.create_branch(clone, name, other, force=True)
+        assert git.rev_parse(clone, name) == head
+    # control: any other existing branch moves with --force
+    git.run(clone, "update-ref", "refs/heads/topic", head)
+    export_pr.create_branch(clone, "topic", other, force=True)
+    assert git.rev_parse(clone, "topic") == other
+
+
 def test_default_base_is_the_clones_default_branch(tmp_path: Path) -> None:
     clone = _repo(tmp_path)
     work = tmp_path / "work"

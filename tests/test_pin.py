@@ -97,3 +97,18 @@ def test_verify(tree: dict[str, str], touched: list[str], error: str | None) -> 
         return
     with pytest.raises(BlobMismatchError, match=error):
         pin.verify(_pin(), tree.get, touched)
+
+
+def test_an_oversized_pin_is_refused_before_parsing(tmp_path: Path) -> None:
+    """A pin.toml of megabytes is not patchkit's: one line, quickly, not a long parse."""
+    import time
+
+    path = tmp_path / "pin.toml"
+    body = "[upstream]\ncommit = '" + "a" * 40 + "'\n"
+    path.write_text(body + "# padding\n" * ((2 << 20) // 10))
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"malformed .*over patchkit's 1,048,576-byte limit") as e:
+        pin.load(path)
+    assert time.monotonic() - started < 1.0 and "\n" not in str(e.value)
+    path.write_text(body)  # control: the same pin, small, loads
+    assert pin.load(path).commit == "a" * 40

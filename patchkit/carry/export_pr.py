@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit.carry import render, source
+from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import AnchorError, ToolError, UserError
 from patchkit.util import cache, git, proc
 
@@ -631,9 +632,32 @@ def branch_may_move(clone: Path, branch: str, force: bool) -> str | None:
             f"branch {branch} already exists in {clone} (at {old[:8]}); pass --force to move it"
             " or choose another --branch"
         )
-    if default_branch(clone) == ref:
-        raise UserError(f"--branch {branch} is MLX's default branch in {clone}; choose another")
+    if ref in protected_branches(clone):
+        raise UserError(
+            f"--branch {branch} is MLX's default branch or one patchkit keeps in {clone}; "
+            "choose another"
+        )
     return old
+
+
+# Never moved by an export, --force or not: upstream's usual default branches.
+UPSTREAM_DEFAULTS = ("refs/heads/main", "refs/heads/master")
+
+
+def protected_branches(clone: Path) -> set[str]:
+    """Refs an export never moves: main, master, the branch the clone's HEAD names, the one
+    its remote's HEAD names (the default branch, when HEAD was switched), and apply's own
+    ``patchkit/<pin>`` branches, whose moves belong to apply and rebase."""
+    refs = set(UPSTREAM_DEFAULTS)
+    if head := default_branch(clone):
+        refs.add(head)
+    remote = git.run(clone, "symbolic-ref", "--quiet", "refs/remotes/origin/HEAD",
+                     ok_codes=(0, 1, 128)).stdout.strip()  # fmt: skip
+    if remote.startswith("refs/remotes/origin/"):
+        refs.add("refs/heads/" + remote.removeprefix("refs/remotes/origin/"))
+    listed = git.run(clone, "for-each-ref", "--format=%(refname)",
+                     f"refs/heads/{BRANCH_PREFIX}", ok_codes=(0,)).stdout.split()  # fmt: skip
+    return refs | set(listed)
 
 
 def create_branch(clone: Path, branch: str, head: str, force: bool) -> None:

@@ -22,6 +22,7 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from patchkit.errors import BlobMismatchError, UserError
+from patchkit.util import read_state_text
 from patchkit.util.staging import atomic_write_text
 
 PIN_FILE = "pin.toml"
@@ -69,7 +70,7 @@ def load(path: Path) -> Pin:
     if not path.exists():
         raise UserError(f"{path} not found; create it with `patchkit apply --pin REV`")
     try:
-        doc = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
+        doc = tomlkit.parse(read_state_text(path)).unwrap()
         up = doc["upstream"]
         pin = Pin(
             commit=up["commit"],

@@ -33,6 +33,7 @@ from pathlib import Path
 import filelock
 
 from patchkit.errors import UserError
+from patchkit.util import read_state_text
 
 JOURNAL = "journal.json"
 # Tests only: SIGKILL this process just before its N-th rename (every os.replace this
@@ -177,7 +178,7 @@ def read_journal(base: Path, txn_dir: Path, allowed: tuple[str, ...] = ()) -> li
     :class:`UnsafeJournal` naming the entry, and nothing has been touched.
     """
     try:
-        ops = json.loads((txn_dir / JOURNAL).read_text())
+        ops = json.loads(read_state_text(txn_dir / JOURNAL))
         return _checked_ops(base, txn_dir, ops, allowed)
     except (OSError, ValueError) as exc:
         raise UnsafeJournal(txn_dir, str(exc)) from exc
