@@ -21,6 +21,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from patchkit import restore_interrupt
 from patchkit.carry import apply as apply_mod
 from patchkit.carry import check as check_mod
 from patchkit.carry import rebase as rebase_mod
@@ -41,6 +42,7 @@ class _Main(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # Known before any parsing can fail, so a usage error can answer in JSON.
         ctx.meta["json"] = "--json" in args
+        restore_interrupt()  # from here on, invoke() answers Ctrl-C
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:

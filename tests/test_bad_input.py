@@ -170,3 +170,54 @@ def test_emulate_refuses_options_that_do_not_apply(
     monkeypatch.chdir(ROOT)
     r = CliRunner().invoke(main, ["emulate", *args, "--json"])
     assert r.exit_code == 1 and message in json.loads(r.stdout)["error"]
+
+
+# The `patchkit` command's start, cut by Ctrl-C before the CLI module has been imported:
+# argv[0] names the command, the package is imported, SIGINT arrives, then the CLI would be.
+_EARLY_SIGINT = """
+import os, signal, sys
+sys.argv = [sys.argv[1] + "/patchkit", *sys.argv[2:]]
+import patchkit
+os.kill(os.getpid(), signal.SIGINT)
+import patchkit.cli
+print("never")
+"""
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "plain"])
+def test_ctrl_c_while_starting_is_one_line_and_json(tmp_path: Path, as_json: bool) -> None:
+    import subprocess
+    import sys
+
+    args = ["status", "--json"] if as_json else ["status"]
+    r = subprocess.run([sys.executable, "-c", _EARLY_SIGINT, str(tmp_path), *args],
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 130 and "never" not in r.stdout, r.stderr
+    assert r.stderr.strip() == "patchkit: error: interrupted while starting; nothing was written"
+    if as_json:
+        assert json.loads(r.stdout) == {"ok": False, "error": r.stderr.strip()[17:],
+                                        "kind": "KeyboardInterrupt", "exit": 130}  # fmt: skip
+    else:
+        assert r.stdout == ""
+
+
+def test_importing_patchkit_as_a_library_leaves_ctrl_c_alone() -> None:
+    """Control: imported by another program (argv[0] is not `patchkit`), Ctrl-C stays Python's
+    KeyboardInterrupt, and the CLI hands it back once it parses its arguments."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import signal, patchkit; "
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    assert out.strip() == "True"
+    import patchkit
+
+    signal.signal(signal.SIGINT, patchkit._interrupted_while_starting)
+    try:
+        CliRunner().invoke(main, ["--version"])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
