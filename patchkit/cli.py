@@ -575,8 +575,8 @@ def build_cmd(
         rec = mlx_build.execute(plan, root, say)
         if into is not None and rec["wheel"]:
             say(f"installing {Path(rec['wheel']).name} into {into}")
-            rec["installed_into"] = {"venv": str(into), "mlx_version": mlx_build.install_into(
-                Path(rec["wheel"]), into, plan.python)}  # fmt: skip
+            rec["installed_into"] = mlx_build.install_into(
+                Path(rec["wheel"]), into, plan.python, plan.version)
     # The record names the wheel, not where this machine keeps it, nor the user's venv.
     kept = {k: v for k, v in rec.items() if k != "installed_into"}
     kept["wheel"] = Path(rec["wheel"]).name if rec["wheel"] else None
@@ -601,7 +601,9 @@ def build_cmd(
         lines += [f"wheel: {wheel}", "install it into your environment:",
                   f"  {mlx_build.install_line(wheel)}"]  # fmt: skip
     if "installed_into" in rec:
-        lines.append(f"installed into {into}: mlx {rec['installed_into']['mlx_version']}")
+        done = rec["installed_into"]
+        lines += [f"installed into {into}: mlx {done['mlx_version']}", done["kept"],
+                  f"back to stock MLX there: {done['release']}"]  # fmt: skip
     emit(as_json, {**rec, "record": str(path), "log": str(plan.layout.log),
                    "install": mlx_build.install_line(wheel) if wheel else None},
          "\n".join(lines))  # fmt: skip

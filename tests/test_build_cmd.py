@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -443,7 +444,8 @@ def test_real_cpu_build_offline(tmp_path: Path) -> None:
     import subprocess
 
     subprocess.run([sys.executable, "-m", "venv", str(user)], check=True)
-    assert mlx_build.install_into(Path(rec["wheel"]), user, plan.python) == plan.version
+    done = mlx_build.install_into(Path(rec["wheel"]), user, plan.python, plan.version)
+    assert done["mlx_version"] == plan.version and "keeps mlx==" in done["kept"]
 
 
 def test_a_failing_step_is_one_line_naming_the_log(
@@ -739,3 +741,85 @@ def test_the_no_ipo_include_links_an_lto_target_without_lto(tmp_path: Path) -> N
 
     assert build("with-lto") != 0
     assert build("no-lto", f"-DCMAKE_PROJECT_INCLUDE={mlx_build.NO_IPO_CMAKE}") == 0
+
+
+def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A minimal pure-Python wheel: what a package index would serve, for pip's resolver."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name.replace('-', '_')}-{version}"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    files = {
+        f"{name.replace('-', '_')}/__init__.py": f"__version__ = {version!r}\n",
+        f"{dist}.dist-info/METADATA": meta + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    out = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return out
+
+
+def test_the_patched_mlx_survives_pip_install_of_an_engine(tmp_path: Path) -> None:
+    """After --into, the venv's pip keeps the patched MLX: an engine needing a newer mlx fails
+    loudly and `pip install -U mlx` keeps it. A local wheel folder stands in for the index
+    (a newer stock mlx, an mlx-lm that requires it). Control: without the constraint,
+    pip swaps stock back in silently."""
+    import subprocess
+
+    patched, index = "0.32.1+patchkit.933be83c5fd1", tmp_path / "index"
+    (tmp_path / "ours").mkdir()
+    index.mkdir()
+    ours = _wheel(tmp_path / "ours", "mlx", patched)
+    _wheel(index, "mlx", "0.32.4")
+    _wheel(index, "mlx-lm", "0.32.2", requires=("mlx>=0.32.2",))
+
+    def venv(name: str, keep: bool) -> Callable[..., subprocess.CompletedProcess[str]]:
+        where = tmp_path / name
+        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+
+        def pip(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(where / "bin" / "python"), "-m", "pip", "--disable-pip-version-check",
+                 *args, *(["-q", "--no-index", "--find-links", str(index)]
+                          if args[0] == "install" else [])],
+                capture_output=True, text=True, check=False, timeout=300,
+            )  # fmt: skip
+
+        assert pip("install", str(ours)).returncode == 0
+        if keep:
+            assert "keeps mlx==" in mlx_build.keep_installed(where, patched)
+            assert "keeps mlx==" in mlx_build.keep_installed(where, patched)  # idempotent
+            assert (where / "pip.conf").read_text().count("constraint =") == 1
+        return pip
+
+    def version(pip: Callable[..., subprocess.CompletedProcess[str]]) -> str:
+        shown = pip("show", "mlx").stdout
+        return next(line.split(": ", 1)[1] for line in shown.splitlines()
+                    if line.startswith("Version:"))  # fmt: skip
+
+    kept = venv("kept", keep=True)
+    engine = kept("install", "mlx-lm")
+    assert engine.returncode != 0 and "mlx" in engine.stderr and version(kept) == patched
+    kept("install", "-U", "mlx")
+    assert version(kept) == patched
+    control = venv("control", keep=False)
+    assert control("install", "mlx-lm").returncode == 0 and version(control) == "0.32.4"
+
+
+def test_keep_installed_leaves_a_users_own_install_section_alone(tmp_path: Path) -> None:
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[install]\nno-compile = yes\n")
+    said = mlx_build.keep_installed(tmp_path, "0.32.1+patchkit.abc")
+    assert conf.read_text() == "[install]\nno-compile = yes\n" and "add `constraint = " in said
+    assert (tmp_path / mlx_build.CONSTRAINT_FILE).read_text().endswith("mlx==0.32.1+patchkit.abc\n")
+    assert mlx_build.release_line(tmp_path).startswith(": > ")

@@ -49,5 +49,8 @@ def test_setup_needs_no_prepared_environment() -> None:
 def test_the_readme_says_how_to_use_the_wheel_with_mlx_lm() -> None:
     section = README[README.index("## Use it with mlx-lm") :]
     section = section[: section.index("\n## ", 1)]
-    assert "--draft-model" in section and "pip install --force-reinstall" in section
+    assert "--draft-model" in section and "patchkit build --into" in section
+    # the install path is --into (which keeps the wheel), and says what pip then refuses
+    assert "pip.conf" in section and "mlx>=0.32.2" in section
+    assert "pip uninstall" not in section  # no order of steps that ends in a broken import
     assert "docs/" in section  # where the off switch is described

@@ -861,8 +861,9 @@ def check_into(venv: Path, python: str) -> Path:
     return py
 
 
-def install_into(wheel: Path, venv: Path, python: str) -> str:
-    """``pip install`` the wheel into ``venv`` (``--into``); returns mlx.core's version there."""
+def install_into(wheel: Path, venv: Path, python: str, version: str) -> dict[str, str]:
+    """``pip install`` the wheel into ``venv`` (``--into``) and make that venv's pip keep it
+    (:func:`keep_installed`); returns mlx.core's version there, what keeps it, how to undo."""
     py = check_into(venv, python)
     try:
         proc.run([py, "-m", "pip", "install", "--force-reinstall", "--no-deps", wheel])
@@ -874,7 +875,43 @@ def install_into(wheel: Path, venv: Path, python: str) -> str:
         raise UserError(
             f"--into {venv}: mlx.core does not import after the install ({_cause(exc)})"
         ) from exc
-    return got.stdout.strip()
+    return {"venv": str(venv), "mlx_version": got.stdout.strip(),
+            "kept": keep_installed(venv, version), "release": release_line(venv)}  # fmt: skip
+
+
+CONSTRAINT_FILE = "patchkit-constraints.txt"
+
+
+def keep_installed(venv: Path, version: str) -> str:
+    """Make the venv's pip keep MLX at ``version``: ``pip install mlx-lm`` (which may ask for a
+    newer ``mlx``) or ``pip install -U mlx`` then fail loudly instead of swapping stock back in.
+
+    pip reads ``<venv>/pip.conf`` in every run of that venv; its ``[install] constraint``
+    names a file holding ``mlx==<version>``. An existing pip.conf is only appended to, and
+    not at all when it has its own ``[install]`` section (a one-line note says what to add).
+    Returns what was done, for the build's summary; :func:`release_line` undoes it.
+    """
+    constraints = venv / CONSTRAINT_FILE
+    staging.atomic_write_text(constraints, f"# written by patchkit build --into: keep the patched MLX\n"
+                      f"mlx=={version}\n")  # fmt: skip
+    conf = venv / "pip.conf"
+    entry = f"constraint = {constraints}"
+    text = conf.read_text(encoding="utf-8") if conf.exists() else ""
+    if entry in text:
+        return f"pip in {venv} keeps mlx=={version} ({constraints})"
+    if re.search(r"^\s*\[install\]", text, re.M):
+        return (f"{conf} has its own [install] section: add `{entry}` to it so pip keeps "
+                f"mlx=={version}")  # fmt: skip
+    sep = "" if not text or text.endswith("\n") else "\n"
+    staging.atomic_write_text(conf, f"{text}{sep}[install]\n{entry}\n")
+    return f"pip in {venv} keeps mlx=={version} ({constraints}, named in {conf})"
+
+
+def release_line(venv: Path) -> str:
+    """The one command that lets ``venv``'s pip move MLX again and puts stock MLX back: the
+    constraint file emptied (pip.conf still names it, so it must stay), then a reinstall."""
+    py = shlex.quote(str(venv / "bin" / "python"))
+    return f": > {shlex.quote(str(venv / CONSTRAINT_FILE))} && {py} -m pip install --force-reinstall mlx"
 
 
 def _cause(exc: ToolError) -> str:
