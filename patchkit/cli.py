@@ -576,7 +576,8 @@ def build_cmd(
         if into is not None and rec["wheel"]:
             say(f"installing {Path(rec['wheel']).name} into {into}")
             rec["installed_into"] = mlx_build.install_into(
-                Path(rec["wheel"]), into, plan.python, plan.version)
+                Path(rec["wheel"]), into, plan.python, plan.version
+            )
     # The record names the wheel, not where this machine keeps it, nor the user's venv.
     kept = {k: v for k, v in rec.items() if k != "installed_into"}
     kept["wheel"] = Path(rec["wheel"]).name if rec["wheel"] else None

@@ -892,8 +892,8 @@ def keep_installed(venv: Path, version: str) -> str:
     Returns what was done, for the build's summary; :func:`release_line` undoes it.
     """
     constraints = venv / CONSTRAINT_FILE
-    staging.atomic_write_text(constraints, f"# written by patchkit build --into: keep the patched MLX\n"
-                      f"mlx=={version}\n")  # fmt: skip
+    note = "# written by patchkit build --into: keep the patched MLX\n"
+    staging.atomic_write_text(constraints, f"{note}mlx=={version}\n")
     conf = venv / "pip.conf"
     entry = f"constraint = {constraints}"
     text = conf.read_text(encoding="utf-8") if conf.exists() else ""
@@ -911,7 +911,8 @@ def release_line(venv: Path) -> str:
     """The one command that lets ``venv``'s pip move MLX again and puts stock MLX back: the
     constraint file emptied (pip.conf still names it, so it must stay), then a reinstall."""
     py = shlex.quote(str(venv / "bin" / "python"))
-    return f": > {shlex.quote(str(venv / CONSTRAINT_FILE))} && {py} -m pip install --force-reinstall mlx"
+    emptied = shlex.quote(str(venv / CONSTRAINT_FILE))
+    return f": > {emptied} && {py} -m pip install --force-reinstall mlx"
 
 
 def _cause(exc: ToolError) -> str:
