@@ -42,6 +42,8 @@ class _Main(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # Known before any parsing can fail, so a usage error can answer in JSON.
         ctx.meta["json"] = "--json" in args
+        if len(args) > 1 and args[0] == "--json":  # `patchkit --json status`: the command's flag
+            args = [args[1], *args[2:], "--json"]
         restore_interrupt()  # from here on, invoke() answers Ctrl-C
         return super().parse_args(ctx, args)
 
@@ -280,7 +282,8 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
         as_json,
         s,
         f"pinned {s['upstream_commit']} of {s['upstream_url']} "
-        f"({s['release'] or 'no release twin'}), bumps: {s['bumps']}\n"
+        f"({s['release'] or 'no release twin'}); moved by rebase {s['bumps']} time(s) "
+        "(pin.toml's [[history]])\n"
         f"applied on {s['branch']} = {s['branch_head']} in {s['clone']}\n"
         f"{s['patches_dir']}: {current}",
     )
@@ -540,7 +543,8 @@ def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, no_wait: bool, as_js
 @click.option(
     "--record-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write the build record here (default: docs/results in the checkout).",
+    help="Write the build record here (default: the build's folder in patchkit's cache; "
+    "docs/results refreshes the project's own records).",
 )
 @click.option(
     "--no-test",
@@ -567,7 +571,12 @@ def build_cmd(
     root = find_root(Path.cwd())
     plan = mlx_build.plan(root, cmake_args=cmake_args, **kw)
     if dry_run:
-        emit(as_json, {**plan.to_json(), "dry_run": True}, plan.describe())
+        shown = {**plan.to_json(), "dry_run": True}
+        text = plan.describe()
+        if into is not None:  # the last step --into adds, after the build's own
+            shown["into"] = mlx_build.into_steps(into, plan.layout.dist, plan.version)
+            text += "\n" + "\n".join(shown["into"])
+        emit(as_json, shown, text)
         return
     if into is not None:  # refused now, not after the compile
         mlx_build.check_into(into, plan.python)
@@ -581,7 +590,7 @@ def build_cmd(
     # The record names the wheel, not where this machine keeps it, nor the user's venv.
     kept = {k: v for k, v in rec.items() if k != "installed_into"}
     kept["wheel"] = Path(rec["wheel"]).name if rec["wheel"] else None
-    path = mlx_build.write_record(kept, record_dir or root / "docs" / "results")
+    path = mlx_build.write_record(kept, record_dir or plan.layout.base)
     t, p = rec["tests"], rec["parity"]
     wheel = Path(rec["wheel"]) if rec["wheel"] else None
     lines = [

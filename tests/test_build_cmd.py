@@ -369,6 +369,15 @@ def test_dry_run_cli_prints_the_commands(
         s for s in STAGES if s != "test"
     ]
     assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
+    # `patchkit --json build ...` is the same as `patchkit build ... --json`
+    lead = CliRunner().invoke(main, ["--json", "build", "--backend", "cpu", "--dry-run"])
+    assert lead.exit_code == 0 and json.loads(lead.stdout) == plan
+    # --dry-run shows --into's step too, and touches nothing there
+    user = project["root"].parent / "user-venv"
+    user.mkdir()
+    into = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--into", str(user)])
+    assert into.exit_code == 0 and f"# [into] the wheel into {user}" in into.stdout
+    assert f"mlx=={plan['version']}" in into.stdout and not any(user.iterdir())
     online = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run"])
     assert "FETCHCONTENT" not in online.stdout and "# preflight: " in online.stdout
     deps = ["--deps", str(project["deps"])]  # implies --offline

@@ -882,6 +882,18 @@ def install_into(wheel: Path, venv: Path, python: str, version: str) -> dict[str
 CONSTRAINT_FILE = "patchkit-constraints.txt"
 
 
+def into_steps(venv: Path, dist: Path, version: str) -> list[str]:
+    """What ``--into`` does after the build, as ``--dry-run`` shows it."""
+    py = shlex.quote(str(venv / "bin" / "python"))
+    return [
+        f"# [into] the wheel into {venv}, then that venv's pip keeps it",
+        f"{py} -m pip install --force-reinstall --no-deps "
+        f"{shlex.quote(str(dist))}/mlx-{version}-*.whl",
+        f"# {venv / CONSTRAINT_FILE}: mlx=={version}; {venv / 'pip.conf'}: "
+        f"[install] constraint = {venv / CONSTRAINT_FILE}",
+    ]
+
+
 def keep_installed(venv: Path, version: str) -> str:
     """Make the venv's pip keep MLX at ``version``: ``pip install mlx-lm`` (which may ask for a
     newer ``mlx``) or ``pip install -U mlx`` then fail loudly instead of swapping stock back in.
