@@ -24,9 +24,11 @@ from rich.markup import escape
 from patchkit import restore_interrupt
 from patchkit.carry import apply as apply_mod
 from patchkit.carry import check as check_mod
+from patchkit.carry import clean as clean_mod
 from patchkit.carry import rebase as rebase_mod
 from patchkit.carry import render
 from patchkit.errors import PatchkitError, ToolError, UserError
+from patchkit.util.cache import root as cache_root
 from patchkit.verify.dispatch import FP_MODES, MODES
 
 EXIT_FAIL = 1  # a check that ran and found problems, or a user-fixable error
@@ -287,6 +289,30 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
         f"applied on {s['branch']} = {s['branch_head']} in {s['clone']}\n"
         f"{s['patches_dir']}: {current}",
     )
+
+
+@main.command("clean")
+@click.argument("folders", nargs=-1, type=click.Choice([*clean_mod.DEFAULT, *clean_mod.NAMED_ONLY]))
+@click.option("--yes", is_flag=True, help="Free them (default: only show what each holds).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def clean_cmd(folders: tuple[str, ...], yes: bool, as_json: bool) -> None:
+    """Show patchkit's cache, folder by folder; with --yes free FOLDERS (default: builds,
+    emulate, wheels, tools). Never touches a checkout or a venv; skips what a run holds."""
+    if not yes:
+        rows = clean_mod.usage()
+        human = "\n".join(
+            f"{r['folder']:8} {r['bytes'] / 2**20:9.1f} MiB  {r['what']}"
+            + ("" if r["freed_by_default"] else "  [only when named]")
+            for r in rows
+        )
+        hint = "free with: patchkit clean --yes [FOLDER...]"
+        emit(as_json, {"root": str(cache_root()), "folders": rows},
+             f"{cache_root()}\n{human}\n{hint}")  # fmt: skip
+        return
+    done = clean_mod.free(folders or clean_mod.DEFAULT)  # type: ignore[arg-type]
+    lines = [f"removed {p}" for p in done["removed"]]
+    lines += [f"in use by a running patchkit, kept: {p}" for p in done["in_use"]]
+    emit(as_json, done, "\n".join(lines) or "nothing to remove")
 
 
 @main.command("emulate")
