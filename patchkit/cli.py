@@ -26,13 +26,14 @@ from patchkit.carry import apply as apply_mod
 from patchkit.carry import check as check_mod
 from patchkit.carry import clean as clean_mod
 from patchkit.carry import rebase as rebase_mod
-from patchkit.carry import render
+from patchkit.carry import render, transaction
 from patchkit.errors import PatchkitError, ToolError, UserError
 from patchkit.util.cache import root as cache_root
 from patchkit.verify.dispatch import FP_MODES, MODES
 
 EXIT_FAIL = 1  # a check that ran and found problems, or a user-fixable error
 EXIT_TOOL = 3  # an external tool failed unexpectedly
+EXIT_PENDING = 4  # check: current but for a killed write the next apply finishes or undoes
 
 err_console = Console(stderr=True, soft_wrap=True)  # one error, one line, at any width
 out_console = Console(soft_wrap=True)  # results on stdout, unwrapped so they can be piped
@@ -261,9 +262,12 @@ def rebase_cmd(
 @common_options
 def check_cmd(as_json: bool, common: dict[str, Any]) -> None:
     """Fail when patches/ or pin.toml differ from what apply would produce now."""
-    with progress(as_json) as say:
+    with progress(as_json) as say, transaction.reading(common["root"], say):
         r = check_mod.check(progress=say, **common)
     lines = "\n".join(r.problems()) or f"patches/{r.commit[:8]} is current"
+    if r.only_interrupted:  # not stale: a killed write the next apply finishes or undoes
+        emit(as_json, r.to_json(), lines)
+        sys.exit(EXIT_PENDING)
     if not r.ok:
         lines += "\nrun `patchkit apply` and commit patches/ and pin.toml"
     emit(as_json, r.to_json(), lines)
@@ -275,9 +279,11 @@ def check_cmd(as_json: bool, common: dict[str, Any]) -> None:
 @common_options
 def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
     """What is pinned, where it is applied, and whether patches/ is current."""
-    with progress(as_json) as say:
+    with progress(as_json) as say, transaction.reading(common["root"], say):
         s = check_mod.status(progress=say, **common)
     current = "current" if s["patches_current"] else "STALE: " + "; ".join(s["problems"])
+    if s["interrupted"] and len(s["problems"]) == 1:  # a killed write, nothing stale
+        current = "PENDING: " + s["problems"][0]
     if not s["patches_current"] and not s["interrupted"]:
         current += " (run `patchkit apply` and commit patches/)"
     emit(

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -199,7 +198,11 @@ def test_left_behind_state_is_pruned_by_the_next_run(checkout: dict) -> None:
     shutil.rmtree(gone_wt)
     live_wt = parent / f"{checkout['old'][:8]}.{os.getpid()}.live00"  # a live run's: kept
     git.worktree_add(clone, live_wt, checkout["old"])
-    scratch = Path(tempfile.gettempdir()) / f"patchkit-check.{dead}.xyz"
+    # A temp folder of this test's own: a patchkit run elsewhere on the machine prunes dead
+    # owners' scratch in the shared one, and would take this test's planted folder first.
+    private_tmp = root.parent / "tmp"
+    private_tmp.mkdir(exist_ok=True)
+    scratch = private_tmp / f"patchkit-check.{dead}.xyz"
     scratch.mkdir()
     (scratch / "half").write_text("x")
     ref_lock = clone / "refs" / "heads" / "patchkit" / f"{checkout['old'][:8]}.lock"
@@ -208,7 +211,7 @@ def test_left_behind_state_is_pruned_by_the_next_run(checkout: dict) -> None:
     assert len(git.worktrees(clone)) == 4
 
     edit_template(root, "after the kill payload")  # so apply moves the branch (the ref lock)
-    proc = patchkit(root, "apply")
+    proc = patchkit(root, "apply", env={"TMPDIR": str(private_tmp)})
     paths = {wt.path for wt in git.worktrees(clone)}
     assert paths == {clone, live_wt}
     assert not stale_wt.exists() and not scratch.exists() and not ref_lock.exists()
@@ -229,3 +232,41 @@ def test_a_git_lock_outside_the_cache_is_one_line(tmp_path: Path) -> None:
         git.branch_force(repo, "side", head)
     message = str(caught.value)
     assert "\n" not in message and "side.lock exists" in message and "delete it" in message
+
+
+def _writer(root: str, ready: object, hold_s: float) -> None:
+    """A live apply, as a reader sees it: the checkout's lock held and patches/.txn/ staged
+    (uncommitted), both gone when it ends."""
+    import time
+
+    txn = Path(root) / "patches" / transaction.TXN_DIR
+    with staging.exclusive(transaction.lock_path(Path(root))):
+        (txn / "stage").mkdir(parents=True)
+        ready.set()  # type: ignore[attr-defined]
+        time.sleep(hold_s)
+        shutil.rmtree(txn)
+
+
+def test_check_during_a_live_apply_waits_for_it(checkout: dict) -> None:
+    """check run while an apply writes waits for the writer instead of reporting its
+    in-flight .txn/ as a killed write; control: the same .txn/ with no live writer is
+    reported as pending (exit 4), not as staleness (exit 1)."""
+    import multiprocessing
+
+    root = checkout["root"]
+    patchkit(root, "apply")  # the lock file exists, as after any apply
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    live = ctx.Process(target=_writer, args=(str(root), ready, 2.0))
+    live.start()
+    try:
+        assert ready.wait(60)
+        during = patchkit(root, "check", "--json", check_rc=False)
+    finally:
+        live.join(60)
+    assert during.returncode == 0, during.stdout + during.stderr
+    assert "waiting for the patchkit run writing" in during.stderr
+    (root / "patches" / transaction.TXN_DIR / "stage").mkdir(parents=True)  # its owner is dead
+    dead = patchkit(root, "check", check_rc=False)
+    assert dead.returncode == 4 and "killed apply or rebase" in dead.stdout, dead.stdout
+    assert "PENDING: " in patchkit(root, "status").stdout

@@ -17,6 +17,7 @@ old or new (see :func:`patchkit.util.staging.view`), and say which.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,11 @@ class CheckResult:
             or self.extra_dirs
             or self.interrupted
         )
+
+    @property
+    def only_interrupted(self) -> bool:
+        """A killed write is the one thing found: not stale, but not done either."""
+        return bool(self.interrupted) and dataclasses.replace(self, interrupted=None).ok
 
     def problems(self) -> list[str]:
         """One line per problem, for the CLI."""

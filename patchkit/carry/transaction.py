@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import NamedTuple
 
@@ -70,6 +70,24 @@ def writer(
             f"another patchkit run is writing {root} (lock {lock});"
             " retry when it ends, or drop --no-wait to wait for it"
         ) from None
+
+
+@contextmanager
+def reading(root: Path, progress: source.Progress = source._quiet) -> Iterator[None]:
+    """Hold the checkout's lock while a reader (check, status) reads, so a live writer is
+    waited for, not mistaken for a killed one; nothing is recovered or written.
+
+    A checkout whose lock file cannot be opened (a read-only tree) has no live writer
+    patchkit could wait for: the reader reads at once, as before.
+    """
+    lock = lock_path(root)
+    with ExitStack() as held:
+        if lock.exists():  # else no writer has run here, so none is running
+            with suppress(OSError):  # a lock this reader cannot open: a read-only checkout
+                held.enter_context(staging.exclusive(
+                    lock, on_wait=lambda: progress(f"waiting for the patchkit run writing {root}")
+                ))  # fmt: skip
+        yield
 
 
 def recover_outputs(root: Path, progress: source.Progress = source._quiet) -> None:
