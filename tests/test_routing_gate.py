@@ -153,11 +153,48 @@ def condition_in_cuda_supports_qmv(text: str) -> str:
     return text[:at] + "  if (x.shape(-2) == 1 && k > 8192) {\n    return false;\n  }\n" + text[at:]
 
 
-# The three probes of the fault battery: (file, edit, the function the refusal names).
+def _guard(condition: str, value: str) -> str:
+    """An early return, as upstream would write one."""
+    return f"  if ({condition}) {{\n    return{' ' + value if value else ''};\n  }}\n"
+
+
+def _first_line_of(function: str, added: str) -> Callable[[str], str]:
+    """An upstream edit: ``added`` as the first statement of ``function``'s body."""
+
+    def edit(text: str) -> str:
+        at = text.index("{\n", text.index(function)) + 2
+        return text[:at] + added + text[at:]
+
+    return edit
+
+
+# The fault battery's probes: (file, edit, the function the refusal names). The first three
+# touch declared routing functions; the last three only the route found from the source.
 PROBES = {
     "narrowed-metal-condition": (METAL, narrowed_metal_condition, f"{METAL}: dispatch_qmv"),
     "branch-before-metal-routing": (METAL, branch_before_metal_routing, f"{METAL}: dispatch_qmv"),
     "condition-in-cuda-supports_qmv": (QMM, condition_in_cuda_supports_qmv, f"{QMM}: supports_qmv"),
+    "condition-in-cuda-supports_fp_qmv": (
+        QMM,
+        _first_line_of(
+            "bool supports_fp_qmv(", "  if (x.shape(-1) > 8192) {\n    return false;\n  }\n"
+        ),
+        f"{QMM}: supports_fp_qmv",
+    ),
+    "cuda-sm90-support-depends-on-M": (
+        QMM,
+        _first_line_of(
+            "bool supports_qmm_sm90(", "  if (x.shape(-2) < 8) {\n    return false;\n  }\n"
+        ),
+        f"{QMM}: supports_qmm_sm90",
+    ),
+    "early-branch-in-metal-qqmatmul": (
+        METAL,
+        _first_line_of(
+            "void QQMatmul::eval_gpu(", "  if (inputs.size() > 8) {\n    return;\n  }\n"
+        ),
+        f"{METAL}: QQMatmul::eval_gpu",
+    ),
 }
 
 
@@ -249,3 +286,40 @@ def test_every_routing_function_of_the_real_templates_is_found_at_the_pin() -> N
     assert any(re.fullmatch(r"\w+::eval_gpu", n) for n in names)
     prints, changed, missing = rebase.changed_routing(fns, Path(spec), PIN_SHA, PIN_SHA)
     assert missing == [] and changed == {} and len(prints) == len(fns)
+
+
+def test_a_new_caller_of_the_dispatch_in_a_new_file_stops_the_rebase(scratch: dict) -> None:
+    """Upstream adds a primitive whose eval_gpu calls the patched dispatch, in a file no
+    manifest names: the route derived from the source picks it up as new on the route."""
+    repo = scratch["repo"]
+    git.run(repo, "checkout", "--quiet", "-B", "new-caller", scratch["pin"])
+    extra = "mlx/backend/metal/quantized_speculative.cpp"
+    (repo / extra).write_text(
+        "namespace mlx::core {\n\n"
+        "void SpeculativeQMV::eval_gpu(const std::vector<array>& inputs, array& out) {\n"
+        "  dispatch_qmv(inputs[0], inputs[1], out);\n}\n\n}  // namespace mlx::core\n"
+    )
+    git.add(repo, [extra])
+    new = git.commit(repo, "upstream: a new caller", date=DATE, author=("MLX", "m@example.com"))
+    with pytest.raises(rebase.RoutingChanged) as caught:
+        do_rebase(scratch, new)
+    assert f"{extra}: SpeculativeQMV::eval_gpu" in str(caught.value)
+    assert "now on the route to the patched kernels" in caught.value.details
+
+
+def test_the_route_derived_at_the_pin_covers_the_declared_and_the_missed() -> None:
+    """At the real pin, from the real templates: the derived route holds what the fault
+    battery found the hand-written lists missed, and every declared function it can reach."""
+    spec = mlx_clone()
+    if spec is None:
+        pytest.skip("needs a full MLX clone with 9a795735: set PATCHKIT_MLX_REPO=/path/to/mlx")
+    found = set(rebase.derived_routing(Path(spec), PIN_SHA, render.load_plans()))
+    for key in [
+        (METAL, "QQMatmul::eval_gpu"), (METAL, "QuantizedMatmul::eval_gpu"),
+        (METAL, "dispatch_qmv"), (METAL, "qmv_fast_k_alignment"), (METAL, "get_qmv_batch_limit"),
+        (QMM, "supports_fp_qmv"), (QMM, "supports_qmm_sm90"), (QMM, "supports_qmv"),
+        (CUDA, "QuantizedMatmul::eval_gpu"), (CUDA, "GatherQMM::eval_gpu"), (QMV, "qmv"),
+    ]:  # fmt: skip
+        assert key in found, key
+    # control: a primitive with no route to the patched kernels is not gated
+    assert not any(name.startswith(("Softmax", "Matmul::")) for _, name in found)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from patchkit.carry import cxx, export, pin, render, source, transaction
+from patchkit.carry import callgraph, cxx, export, pin, render, source, transaction
 from patchkit.errors import AnchorError, BlobMismatchError, UserError
 from patchkit.util import git, staging
 
@@ -237,11 +237,84 @@ def changed_routing(
     return prints, changed, missing
 
 
+DERIVED = "the call graph from each eval_gpu (derived, not declared)"
+
+
+def _edited(plan: render.FilePlan) -> set[str]:
+    """The functions a plan edits or mirrors: where the route a gate follows ends."""
+    deps = tomllib.loads((plan.template_dir / render.MANIFEST).read_text(encoding="utf-8"))
+    return set(deps.get("depends", {}).get("edited", ())) | set(plan.mirrored)
+
+
+def derived_routing(
+    clone: Path, commit: str, plans: list[render.FilePlan]
+) -> dict[tuple[str, str], list[str]]:
+    """``{(path, name): definitions}`` on the route to the patched functions at ``commit``,
+    per backend, from the host sources of the folders the patch edits (:mod:`callgraph`)."""
+    groups: dict[str, tuple[set[str], set[str]]] = {}
+    for plan in plans:
+        for folder in callgraph.folders_of([plan.path]):
+            top = "/".join(folder.split("/")[:3])  # mlx/backend/<backend>: one graph each
+            folders, targets = groups.setdefault(top, (set(), set()))
+            folders.add(folder)
+            targets.update(_edited(plan))
+    found: dict[tuple[str, str], list[str]] = {}
+    for folders, targets in groups.values():
+        files = {
+            path: git.show_file(clone, commit, path)
+            for folder in sorted(folders)
+            for path in git.out(clone, "ls-tree", "--name-only", commit, folder + "/").split()
+            if path.endswith(callgraph.HOST_SUFFIXES)
+        }
+        found.update(callgraph.route_in(files, targets))
+    return found
+
+
+def changed_route(
+    clone: Path, old: str, new: str, plans: list[render.FilePlan], declared: set[str]
+) -> tuple[dict[str, str], dict[RoutingFunction, str]]:
+    """Fingerprints and changes of the derived route not already ``declared``: a function
+    whose text changed, or that joined or left the route (a new caller, a new predicate)."""
+    before_all, after_all = (derived_routing(clone, c, plans) for c in (old, new))
+    prints, changed = {}, {}
+    for key in sorted(before_all.keys() | after_all.keys()):
+        fn = RoutingFunction(key[0], key[1], DERIVED)
+        if str(fn) in declared:
+            continue
+        before, after = before_all.get(key, []), after_all.get(key, [])
+        if before:
+            prints[str(fn)] = fingerprint(before)
+        if before == after:
+            continue
+        note = "" if before and after else (
+            f"# {fn}: {'now on' if after else 'no longer on'} the route to the patched kernels\n"
+        )  # fmt: skip
+        diff = difflib.unified_diff(
+            "\n".join(before).splitlines(keepends=True),
+            "\n".join(after).splitlines(keepends=True),
+            f"{fn.path} @ {old[:8]} ({fn.name})",
+            f"{fn.path} @ {new[:8]} ({fn.name})",
+        )
+        changed[fn] = note + "".join(ln if ln.endswith("\n") else ln + "\n" for ln in diff)
+    return prints, changed
+
+
 def gate_routing(
-    result: RebaseResult, clone: Path, fns: list[RoutingFunction], accept: bool
+    result: RebaseResult,
+    clone: Path,
+    fns: list[RoutingFunction],
+    accept: bool,
+    plans: list[render.FilePlan] | None = None,
 ) -> None:
-    """Refuse a routing change (named, its diff attached) unless ``accept``; record it."""
+    """Refuse a routing change (named, its diff attached) unless ``accept``; record it.
+
+    The route is the declared functions and, with ``plans``, the one derived from the
+    source at both commits (:func:`changed_route`)."""
     result.routing, changed, missing = changed_routing(fns, clone, result.old, result.new)
+    if plans is not None:
+        prints, more = changed_route(clone, result.old, result.new, plans, set(map(str, fns)))
+        result.routing |= prints
+        changed |= more
     result.unfingerprinted += missing
     for fn in changed:
         result.changed_routing.setdefault(fn.path, []).append(fn.name)
@@ -478,7 +551,7 @@ def _gate_dependencies(
             f"{result.new[:8]} changes functions the streamed kernel mirrors ({names}); its"
             " M = 1 summation order may differ: update the templates to match, then retry"
         )
-    gate_routing(result, clone, routing_functions(plans), accept_routing)
+    gate_routing(result, clone, routing_functions(plans), accept_routing, plans)
     for name in result.unfingerprinted:
         progress(f"warning: {name} is not found at {result.old[:8]}, so not fingerprinted")
     moved = changed_anchors(plans, old_read, new_read)
