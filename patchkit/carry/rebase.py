@@ -505,10 +505,16 @@ def rebase(
                     " update those templates' anchors for the new upstream and retry"
                     " (nothing was written)"
                 )
-            progress("parity")
+            progress(PARITY_NOTE)
             gate_parity(result, rendered, parity_check, fp_parity_check, new_read)
             _write(result, root, clone, old_pin, rendered, release)
             return result
+
+
+PARITY_NOTE = (
+    "parity: the CPU emulator's quick suites on the new kernel headers, four toolchains"
+    " (minutes the first time on a machine; a header text it has judged answers at once)"
+)
 
 
 def _refuse_bad_move(

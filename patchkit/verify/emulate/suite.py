@@ -10,13 +10,20 @@ control diverged where it must. Everything family-specific comes from
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import itertools
+import json
 import os
+import subprocess
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from patchkit.errors import UserError
+from patchkit.util.staging import atomic_write_text
 from patchkit.verify.emulate import build, extract, parity
 from patchkit.verify.emulate.families import AFFINE, DTYPES, FAMILIES, FP, Header, modes_of
 from patchkit.verify.emulate.parity import Case, Result
@@ -449,6 +456,38 @@ class Verdict:
     failures: list[str]
 
 
+CACHED = " (cached: the same headers, toolchains and emulator gave this verdict before)"
+
+
+@functools.cache
+def _emulator_digest() -> str:
+    """The emulator's own sources (this package: Python, shim, runner): a verdict from an
+    older emulator is never reused."""
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(here.iterdir()):
+        if path.suffix in (".py", ".h", ".cpp"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _verdict_path(
+    header: Header, sources: extract.Sources, types: tuple[str, ...], quick: bool,
+    names: list[str],
+) -> Path:  # fmt: skip
+    """Where the verdict of exactly these inputs is kept: the texts, the matrix, each
+    toolchain's compiler (path, version, flags) and the emulator's sources."""
+    parts = [header.name, str(quick), sources.upstream, sources.patched, *types, _emulator_digest()]
+    for name in names:
+        toolchain = build.TOOLCHAINS[name]
+        compiler = build.require_compiler(toolchain)
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                 check=False, timeout=30).stdout  # fmt: skip
+        parts += [name, compiler, version, *toolchain.flags]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return build.cache_dir() / "verdicts" / f"{header.name}-{key[:32]}.json"
+
+
 def verify(
     header: Header,
     sources: extract.Sources,
@@ -457,7 +496,32 @@ def verify(
     quick: bool = True,
     toolchains: Iterable[str] = build.GATE,
 ) -> Verdict:
-    """Run ``header``'s parity suite on a tree's text, upstream and patched, with each toolchain."""
+    """Run ``header``'s parity suite on a tree's text, upstream and patched, with each toolchain.
+
+    The verdict is a function of its inputs alone (fixed cases, fixed seeds), so it is kept
+    under their digest: a rebase whose kernel text did not change answers at once."""
+    names = list(toolchains)
+    kept = _verdict_path(header, sources, types, quick, names)
+    try:
+        data = json.loads(kept.read_text())
+        return Verdict(data["ok"], data["summary"] + CACHED, list(data["failures"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not run with these inputs yet (or a torn file): run it
+    verdict = _verify(header, sources, types, quick=quick, toolchains=names)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(kept, json.dumps(dataclasses.asdict(verdict)))
+    return verdict
+
+
+def _verify(
+    header: Header,
+    sources: extract.Sources,
+    types: tuple[str, ...],
+    *,
+    quick: bool,
+    toolchains: list[str],
+) -> Verdict:
+    """:func:`verify`, run."""
     modes = modes_of(header)
     cases = default_matrix(modes) if quick else full_matrix(modes)
     failures: list[str] = []
