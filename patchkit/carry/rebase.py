@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -105,15 +106,23 @@ class RebaseResult:
     head: str = ""
     patches_dir: str = ""
     written: bool = False
+    gate_s: float | None = None  # wall seconds of the parity gate
 
     def summary(self) -> str:
         """One human paragraph."""
         if not self.written and self.old == self.new:
             return f"already pinned at {self.old[:8]}: nothing to do"
         called = ", ".join(f for fs in self.changed_called.values() for f in fs) or "none"
-        parity = self.parity.summary if self.parity else "not run"
-        if self.fp_parity:
-            parity += f"; fp: {self.fp_parity.summary}"
+        parity = (
+            ", ".join(
+                f"{name} {_verdict_word(p)}"
+                for name, p in (("affine", self.parity), ("fp", self.fp_parity))
+                if p is not None
+            )
+            or "not run"
+        )
+        if self.gate_s is not None:
+            parity += f" in {self.gate_s:.0f} s (details: --json)"
         routing = ", ".join(f for fs in self.changed_routing.values() for f in fs)
         rows = [
             ("changed called functions", called),
@@ -148,6 +157,7 @@ class RebaseResult:
             "head": self.head,
             "patches_dir": self.patches_dir,
             "written": self.written,
+            "gate_s": self.gate_s,
         }
 
 
@@ -506,9 +516,17 @@ def rebase(
                     " (nothing was written)"
                 )
             progress(PARITY_NOTE)
+            started = time.monotonic()
             gate_parity(result, rendered, parity_check, fp_parity_check, new_read)
+            result.gate_s = round(time.monotonic() - started, 1)
             _write(result, root, clone, old_pin, rendered, release)
             return result
+
+
+def _verdict_word(p: Parity) -> str:
+    """A suite's verdict in a word or two (its summary goes to JSON)."""
+    word = "passed" if p.ok else f"FAILED ({len(p.failures)} failures)"
+    return word + (" (cached)" if "(cached:" in p.summary else "")
 
 
 PARITY_NOTE = (
