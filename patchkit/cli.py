@@ -321,6 +321,44 @@ def clean_cmd(folders: tuple[str, ...], yes: bool, as_json: bool) -> None:
     emit(as_json, done, "\n".join(lines) or "nothing to remove")
 
 
+@main.command("mac-report")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for the steps' logs and the report (default: in patchkit's cache).",
+)
+@click.option("--no-jit", is_flag=True, help="Skip the MLX_METAL_JIT=ON build.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (on any machine); run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def mac_report_cmd(out: Path | None, no_jit: bool, dry_run: bool, as_json: bool) -> None:
+    """On a Mac: the Metal PR's tests on main and on the branch (AOT and JIT), parity and the
+    PR's benchmark on the GPU, metallib size and kernel compile time, as one report."""
+    import platform
+
+    from patchkit.carry import mac_report
+
+    root = find_root(Path.cwd())
+    where = mac_report.paths(root, out.resolve() if out else None)
+    out = where.out
+    steps = mac_report.plan(root, where, jit=not no_jit)
+    if dry_run:
+        emit(as_json, {"dry_run": True, "steps": [{"stage": s.stage, "why": s.why,
+                                                  "command": s.shell()} for s in steps]},
+             "\n".join(f"# [{s.stage}] {s.why}\n{s.shell()}" for s in steps))  # fmt: skip
+        return
+    if platform.system() != "Darwin" or platform.machine() != "arm64":
+        raise UserError("mac-report runs on a Mac with Apple silicon (and Xcode);"
+                        " `patchkit mac-report --dry-run` prints its plan anywhere")  # fmt: skip
+    if out.exists() and any(out.iterdir()) and not (out / "steps.json").is_file():
+        raise UserError(f"--out {out} holds files that are not a mac-report's; choose another")
+    with progress(as_json) as say:
+        mac_report.run(steps, out, say)
+    data, text = mac_report.report(where)
+    (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / "report.md").write_text(text)
+    emit(as_json, data, text + f"\nreport: {out / 'report.md'}")
+
+
 @main.command("emulate")
 @click.option(
     "--kernel",

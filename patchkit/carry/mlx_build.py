@@ -133,9 +133,15 @@ class Layout:
         return self.base / "ptx" / version
 
 
-def layout(backend: str, short: str, cache: Path | None = None) -> Layout:
-    """The cache folders for ``backend`` at pin ``short``."""
-    return Layout((cache / "builds" if cache else cache_folder("builds")) / f"{backend}-{short}")
+def layout(
+    backend: str, short: str, cache: Path | None = None, cmake_args: tuple[str, ...] = ()
+) -> Layout:
+    """The cache folders for ``backend`` at pin ``short``; a build with extra CMake arguments
+    (``-DMLX_METAL_JIT=ON``, say) is another build, in its own folder beside the plain one."""
+    name = f"{backend}-{short}"
+    if cmake_args:
+        name += "-" + hashlib.sha256("\0".join(cmake_args).encode()).hexdigest()[:8]
+    return Layout((cache / "builds" if cache else cache_folder("builds")) / name)
 
 
 @dataclass(frozen=True)
@@ -313,7 +319,7 @@ def plan(
             f"{python} can import mlx, which would mix with the build in a venv that sees its "
             "packages; drop --system-site-packages or use an interpreter without MLX"
         )
-    where = layout(backend, p.short, cache)
+    where = layout(backend, p.short, cache, cmake_args)
     sites = _lent_sites(python) if system_site_packages else []
     # The steps that import numpy also get the lent folders on PYTHONPATH, after patchkit's
     # checkout: the .pth alone has left numpy unimportable after the compile while the
