@@ -79,8 +79,11 @@ def test_the_report_reads_every_number_from_the_steps_files(tmp_path: Path) -> N
     data, text = mac_report.report(where)
     assert data["main_tests"]["pr_tests_failing"] == ["test_qmv_small_batch_matches_single_vector"]
     assert data["bench"][0]["ratio"] == pytest.approx(0.5)
-    assert data["pr_kernel_compile_ms"] == {"mlx/backend/metal/kernels/quantized.air": 2500,
-                                            "mlx/backend/metal/kernels/mlx.metallib": 300}  # fmt: skip
+    kernels = "mlx/backend/metal/kernels/"
+    assert data["pr_kernel_compile_ms"] == {
+        kernels + "quantized.air": 2500,
+        kernels + "mlx.metallib": 300,
+    }
     assert "Apple M4 Pro, applegpu_g16s" in text and "| 0.2000 | 0.1000 | 0.50 |" in text
     assert "parity 0 of 8008 rows differ" in text and "40 passed, 0 failed" in text
     # a step that wrote nothing is a sentence, never a number
