@@ -9,6 +9,7 @@ skip, saying which is missing.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -445,3 +446,23 @@ def test_push_needs_a_url_or_path_not_a_remote_name(tmp_path: Path) -> None:
         export_pr.push_target(str(tmp_path))
     git.run(None, "init", "--quiet", "--bare", str(tmp_path / "fork.git"))
     assert export_pr.push_target(str(tmp_path / "fork.git")) == str(tmp_path / "fork.git")
+
+
+def test_a_build_record_without_tests_is_left_out_of_the_body(tmp_path: Path) -> None:
+    """A `--no-test` build is no fact a reviewer can rerun: no empty section, a warning;
+    control: the same record with its tests is cited."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "MLX built with this change for CUDA, its tests"\n'
+        'file = "build-cuda.json"\nkind = "build"\n'
+    )
+    record = {"mlx_commit": "9a795735ad9a", "backend": "cuda", "date": "2026-12-03",
+              "machine": {"gpu": "NVIDIA H200"}, "tests": None}  # fmt: skip
+    (tmp_path / "build-cuda.json").write_text(json.dumps(record))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found == [] and "left out of the body" in notes[0]
+    record["tests"] = {"file": "python/tests/test_quantized.py", "passed": 40, "failed": 0,
+                       "skipped": 2}  # fmt: skip
+    (tmp_path / "build-cuda.json").write_text(json.dumps(record))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert notes == [] and "40 passed, 0 failed, 2 skipped" in found[0]["lines"][1]

@@ -793,7 +793,11 @@ def emulate_fact(data: dict) -> list[str]:
 
 
 def build_fact(data: dict) -> list[str]:
-    """Lines for a ``patchkit build`` record: where, and MLX's own test file on that build."""
+    """Lines for a ``patchkit build`` record: where, and MLX's own test file on that build;
+    none for a build whose tests did not run (``--no-test``): a build alone is no fact a
+    reviewer can use."""
+    if not data.get("tests"):
+        return []
     machine = data.get("machine") or {}
     where = machine.get("gpu") or f"{machine.get('system', '?')} {machine.get('machine', '')}"
     lines = [
@@ -895,6 +899,10 @@ def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[lis
             notes.append(
                 f"{entry.get('file')}: cannot read the result ({exc}); left out of the body"
             )
+            continue
+        if not lines:
+            notes.append(f"{entry['file']}: holds no fact a reviewer can rerun (a build whose"
+                         " tests did not run); left out of the body")  # fmt: skip
             continue
         found.append({"title": entry["title"], "lines": lines, "source": entry["file"]})
     return found, notes
