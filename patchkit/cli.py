@@ -649,7 +649,7 @@ def build_cmd(
         emit(as_json, shown, text)
         return
     if into is not None:  # refused now, not after the compile
-        mlx_build.check_into(into, plan.python)
+        mlx_build.check_into(into, plan.python, plan.version)
     with progress(as_json) as say:
         rec = mlx_build.execute(plan, root, say)
         if into is not None and rec["wheel"]:

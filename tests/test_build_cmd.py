@@ -832,3 +832,50 @@ def test_keep_installed_leaves_a_users_own_install_section_alone(tmp_path: Path)
     assert conf.read_text() == "[install]\nno-compile = yes\n" and "add `constraint = " in said
     assert (tmp_path / mlx_build.CONSTRAINT_FILE).read_text().endswith("mlx==0.32.1+patchkit.abc\n")
     assert mlx_build.release_line(tmp_path).startswith(": > ")
+
+
+ENV_LINUX = {"os_name": "posix", "sys_platform": "linux", "platform_system": "Linux",
+             "platform_machine": "x86_64", "python_version": "3.12"}  # fmt: skip
+
+
+def test_requirement_conflicts_weigh_markers_and_extras() -> None:
+    """mlx-lm's real requirements: mlx>=0.32.2 on macOS, in its extras elsewhere."""
+    probe = {"env": ENV_LINUX, "requires": [
+        ["mlx-lm", "0.32.2", 'mlx>=0.32.2; platform_system == "Darwin"'],
+        ["mlx-lm", "0.32.2", 'mlx[cpu]>=0.32.2; extra == "cpu"'],
+        ["engine", "1.0", "mlx>=0.30"],
+    ]}  # fmt: skip
+    version = "0.32.1+patchkit.933be83c5fd1"
+    conflicts, notes = mlx_build.requirement_conflicts(probe, version)
+    assert conflicts == [] and notes == [
+        'mlx-lm 0.32.2 with an extra requires mlx[cpu]>=0.32.2; extra == "cpu"'
+    ]
+    mac = {**probe, "env": {**ENV_LINUX, "sys_platform": "darwin", "platform_system": "Darwin"}}
+    conflicts, _ = mlx_build.requirement_conflicts(mac, version)
+    assert conflicts == ['mlx-lm 0.32.2 requires mlx>=0.32.2; platform_system == "Darwin"']
+    # the local version label is the release's: ==0.32.1 accepts the patched build
+    same = {"env": ENV_LINUX, "requires": [["engine", "1.0", "mlx==0.32.1"]]}
+    assert mlx_build.requirement_conflicts(same, version) == ([], [])
+
+
+def test_into_refuses_a_venv_whose_engine_needs_another_release(tmp_path: Path) -> None:
+    """Before any build: one line naming the package, its requirement and the release to
+    build. Control: the same venv with an engine that accepts the build passes."""
+    import subprocess
+
+    venv = tmp_path / "engine"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    strict = _wheel(wheels, "mlx-lm", "0.32.2", requires=("mlx>=0.32.2",))
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps"]
+    subprocess.run([*pip, str(strict)], check=True)
+    version = "0.32.1+patchkit.933be83c5fd1"
+    with pytest.raises(UserError) as err:
+        mlx_build.check_into(venv, sys.executable, version)
+    line = str(err.value)
+    assert "mlx-lm 0.32.2 requires mlx>=0.32.2" in line and "\n" not in line
+    assert "patchkit rebase --to v0.32.2" in line
+    lenient = _wheel(wheels, "mlx-lm", "0.32.3", requires=("mlx>=0.30",))
+    subprocess.run([*pip, str(lenient)], check=True)
+    assert mlx_build.check_into(venv, sys.executable, version) == venv / "bin" / "python"

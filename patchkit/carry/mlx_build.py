@@ -45,6 +45,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from packaging.requirements import Requirement
+
 from patchkit.carry import export, mlx_deps, pin, render, source, transaction
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import ToolError, UserError
@@ -835,12 +837,56 @@ def install_line(wheel: Path) -> str:
 _SPLIT_PACKAGES = re.compile(r"^mlx[-_](cpu|metal|cuda(-\d+)?)$", re.I)
 
 
-def check_into(venv: Path, python: str) -> Path:
+# Run by the target venv's Python: who there requires mlx, and that Python's marker values.
+_REQUIRES_PROBE = """
+import importlib.metadata as md, json, os, platform, re, sys
+rows = []
+for d in md.distributions():
+    for r in d.requires or []:
+        if re.split(r"[ ;<>=!~\\[(]", r, maxsplit=1)[0].lower() == "mlx":
+            rows.append([d.metadata["Name"], d.version, r])
+env = {"os_name": os.name, "sys_platform": sys.platform, "platform_system": platform.system(),
+       "platform_machine": platform.machine(), "platform_release": platform.release(),
+       "platform_version": platform.version(), "python_version": "%d.%d" % sys.version_info[:2],
+       "python_full_version": platform.python_version(), "implementation_name":
+       sys.implementation.name, "platform_python_implementation":
+       platform.python_implementation(), "implementation_version": platform.python_version()}
+print(json.dumps({"requires": rows, "env": env}))
+"""
+
+
+def requirement_conflicts(probe: dict[str, Any], version: str) -> tuple[list[str], list[str]]:
+    """(conflicts, notes) of the target venv's requirements on ``mlx`` against the wheel's
+    ``version``: a requirement that applies there and excludes it is a conflict; one under
+    an extra (``mlx-lm[cpu]``) is a note, since pip cannot say which extras were asked for."""
+    conflicts, notes = [], []
+    for name, have, text in probe["requires"]:
+        req = Requirement(text)
+        if req.specifier.contains(version, prereleases=True):
+            continue
+        if req.marker is None or req.marker.evaluate({**probe["env"], "extra": ""}):
+            conflicts.append(f"{name} {have} requires {req}")
+        elif "extra" in str(req.marker):
+            notes.append(f"{name} {have} with an extra requires {req}")
+    return conflicts, notes
+
+
+def _release_for(conflicts: list[str]) -> str:
+    """What to build instead, from the conflicting specifiers' lower bounds."""
+    lows = re.findall(r"mlx(?:\[[^\]]*\])?\s*>=\s*([\d.]+)", " ".join(conflicts))
+    if not lows:
+        return "a pin at a release they accept"
+    need = max(lows, key=lambda v: tuple(int(p) for p in v.split(".")))
+    return f"a pin at a release they accept (`patchkit rebase --to v{need}`, then build again)"
+
+
+def check_into(venv: Path, python: str, version: str | None = None) -> Path:
     """The venv ``--into`` names, checked before the build; returns its python.
 
     It must run the Python the wheel is built with (``python``, which creates the build's
-    venv) and hold no stock split package (``mlx-cpu``, ``mlx-metal``, ``mlx-cuda-*``),
-    whose libmlx the wheel would overwrite.
+    venv), hold no stock split package (``mlx-cpu``, ``mlx-metal``, ``mlx-cuda-*``),
+    whose libmlx the wheel would overwrite, and, given the wheel's ``version``, no package
+    whose requirement on mlx excludes it (an engine needing a newer release).
     """
     py = venv / "bin" / "python"
     if not py.exists():
@@ -864,6 +910,17 @@ def check_into(venv: Path, python: str) -> Path:
             f"--into {venv}: it has {', '.join(split)}, stock MLX's own library, which the patched "
             f"wheel replaces; remove it first: {py} -m pip uninstall -y {' '.join(split)}"
         )
+    if version is not None:
+        try:
+            probe = json.loads(proc.run([py, "-c", _REQUIRES_PROBE]).stdout)
+        except ToolError as exc:
+            raise UserError(f"--into {venv}: its Python does not run ({_cause(exc)})") from exc
+        conflicts, _ = requirement_conflicts(probe, version)
+        if conflicts:
+            raise UserError(
+                f"--into {venv}: {'; '.join(conflicts)}, and this build is mlx {version};"
+                f" build {_release_for(conflicts)}"
+            )
     return py
 
 
