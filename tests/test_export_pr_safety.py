@@ -192,13 +192,18 @@ def test_worktree_is_removed_and_moves_no_ref(tmp_path: Path) -> None:
     assert git.out(clone, "for-each-ref") == refs
 
 
-def test_existing_branch_moves_only_with_force_and_main_never(tmp_path: Path) -> None:
+def _clone_with_two_commits(tmp_path: Path) -> tuple[Path, str, str]:
+    """The test clone, its HEAD, and an unreferenced commit on top of it."""
     clone = _repo(tmp_path)
     head = git.rev_parse(clone, "HEAD")
     tree = git.out(clone, "rev-parse", "HEAD^{tree}")
     ident = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@x.org"}
     ident |= {"GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@x.org"}
-    other = git.out(clone, "commit-tree", tree, "-p", head, "-m", "two", env=ident)
+    return clone, head, git.out(clone, "commit-tree", tree, "-p", head, "-m", "two", env=ident)
+
+
+def test_existing_branch_moves_only_with_force_and_main_never(tmp_path: Path) -> None:
+    clone, head, other = _clone_with_two_commits(tmp_path)
     export_pr.create_branch(clone, "pr", head, force=False)
     with pytest.raises(UserError, match=r"already exists.*--force"):
         export_pr.create_branch(clone, "pr", other, force=False)
@@ -215,12 +220,7 @@ def test_main_master_and_apply_branches_never_move_when_head_names_another(
 ) -> None:
     """The clone's HEAD switched to a PR branch: main, master and apply's patchkit/<pin>
     still never move, --force or not (the default branch is no longer what HEAD names)."""
-    clone = _repo(tmp_path)
-    head = git.rev_parse(clone, "HEAD")
-    tree = git.out(clone, "rev-parse", "HEAD^{tree}")
-    ident = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@x.org"}
-    ident |= {"GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@x.org"}
-    other = git.out(clone, "commit-tree", tree, "-p", head, "-m", "two", env=ident)
+    clone, head, other = _clone_with_two_commits(tmp_path)
     for name in ("master", "patchkit/9a795735", "pr"):
         git.run(clone, "update-ref", f"refs/heads/{name}", head)
     git.run(clone, "symbolic-ref", "HEAD", "refs/heads/pr")
