@@ -297,6 +297,37 @@ def status_cmd(as_json: bool, common: dict[str, Any]) -> None:
     )
 
 
+@main.command("install")
+@click.option(
+    "--into",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    metavar="VENV",
+    required=True,
+    help="The virtual environment to install into.",
+)
+@click.option("--backend", type=click.Choice(["metal", "cuda", "cpu"]), help="As for build.")
+@click.option("--cmake-arg", "cmake_args", multiple=True, help="As for build (its folder).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def install_cmd(
+    into: Path, backend: str | None, cmake_args: tuple[str, ...], as_json: bool
+) -> None:
+    """Put the wheel `patchkit build` made into VENV, as `build --into` does: checked first
+    (Python, stock split packages, an engine needing another release), then kept there."""
+    from patchkit.carry import mlx_build
+
+    root = find_root(Path.cwd())
+    plan = mlx_build.plan(root, backend=backend, cmake_args=cmake_args)
+    wheel = plan.wheel()
+    if wheel is None:
+        raise UserError(f"no wheel of mlx {plan.version} in {plan.layout.dist}; run "
+                        f"`patchkit build --backend {plan.backend}` first")  # fmt: skip
+    mlx_build.check_into(into, plan.python, plan.version)
+    done = mlx_build.install_into(wheel, into, plan.python, plan.version)
+    emit(as_json, {"wheel": str(wheel), **done},
+         f"installed into {into}: mlx {done['mlx_version']}\n{done['kept']}\n"
+         f"back to stock MLX there: {done['release']}")  # fmt: skip
+
+
 @main.command("clean")
 @click.argument("folders", nargs=-1, type=click.Choice([*clean_mod.DEFAULT, *clean_mod.NAMED_ONLY]))
 @click.option("--yes", is_flag=True, help="Free them (default: only show what each holds).")
@@ -677,15 +708,16 @@ def build_cmd(
         f"record: {path}",
         f"log: {plan.layout.log}",
     ]
-    if wheel:
-        lines += [f"wheel: {wheel}", "install it into your environment:",
-                  f"  {mlx_build.install_line(wheel)}"]  # fmt: skip
+    again = mlx_build.install_line(plan.backend, cmake_args)
+    if wheel and "installed_into" not in rec:
+        lines += [f"wheel: {wheel}", "install it into the venv you run MLX from (kept there):",
+                  f"  {again}"]  # fmt: skip
     if "installed_into" in rec:
         done = rec["installed_into"]
         lines += [f"installed into {into}: mlx {done['mlx_version']}", done["kept"],
                   f"back to stock MLX there: {done['release']}"]  # fmt: skip
     emit(as_json, {**rec, "record": str(path), "log": str(plan.layout.log),
-                   "install": mlx_build.install_line(wheel) if wheel else None},
+                   "install": again if wheel else None},
          "\n".join(lines))  # fmt: skip
     if t and (t["failed"] or t["errors"]):
         raise UserError(f"MLX's test_quantized.py failed on the build; log: {plan.layout.log}")

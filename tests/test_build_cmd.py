@@ -752,7 +752,10 @@ def test_the_no_ipo_include_links_an_lto_target_without_lto(tmp_path: Path) -> N
     assert build("no-lto", f"-DCMAKE_PROJECT_INCLUDE={mlx_build.NO_IPO_CMAKE}") == 0
 
 
-def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+def _wheel(
+    folder: Path, name: str, version: str, requires: tuple[str, ...] = (),
+    extra: dict[str, str] | None = None,
+) -> Path:  # fmt: skip
     """A minimal pure-Python wheel: what a package index would serve, for pip's resolver."""
     import base64
     import hashlib
@@ -765,6 +768,7 @@ def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()
         f"{dist}.dist-info/METADATA": meta + "".join(f"Requires-Dist: {r}\n" for r in requires),
         f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
         "Root-Is-Purelib: true\nTag: py3-none-any\n",
+        **(extra or {}),
     }
     record = []
     for path, text in files.items():
@@ -879,3 +883,30 @@ def test_into_refuses_a_venv_whose_engine_needs_another_release(tmp_path: Path) 
     lenient = _wheel(wheels, "mlx-lm", "0.32.3", requires=("mlx>=0.30",))
     subprocess.run([*pip, str(lenient)], check=True)
     assert mlx_build.check_into(venv, sys.executable, version) == venv / "bin" / "python"
+
+
+def test_install_puts_the_built_wheel_in_as_build_into_does(
+    project: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`patchkit install --into VENV` (the line build prints) is build --into's code: the
+    wheel installed and kept. Control: before a build there is no wheel, one line."""
+    import subprocess
+
+    (project["root"] / "templates").mkdir()
+    (project["root"] / "pyproject.toml").write_text("")
+    monkeypatch.chdir(project["root"])
+    plan = mlx_build.plan(project["root"], backend="cpu")
+    venv = tmp_path / "engine"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    args = ["install", "--backend", "cpu", "--into", str(venv), "--json"]
+    none = CliRunner().invoke(main, args)
+    assert none.exit_code == 1 and "run `patchkit build --backend cpu` first" in none.output
+    plan.layout.dist.mkdir(parents=True)
+    core = {"mlx/core.py": f"__version__ = {plan.version!r}\n"}
+    _wheel(plan.layout.dist, "mlx", plan.version, extra=core)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    done = json.loads(r.stdout)
+    assert done["mlx_version"] == plan.version and "keeps mlx==" in done["kept"]
+    assert (venv / mlx_build.CONSTRAINT_FILE).read_text().endswith(f"mlx=={plan.version}\n")
+    assert mlx_build.install_line("cpu") == "patchkit install --backend cpu --into VENV"

@@ -827,9 +827,11 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
     return {**rec, "incremental": incremental, "wheel": str(wheel) if wheel else None}
 
 
-def install_line(wheel: Path) -> str:
-    """The one command that puts the patched MLX into the user's active environment."""
-    return f"python -m pip install --force-reinstall {shlex.quote(str(wheel))}"
+def install_line(backend: str, cmake_args: tuple[str, ...] = ()) -> str:
+    """The one command that puts the built wheel into a venv: ``patchkit install``, the
+    same code as ``build --into`` (checked, installed, kept by the venv's pip)."""
+    extra = "".join(f" --cmake-arg={shlex.quote(a)}" for a in cmake_args)
+    return f"patchkit install --backend {backend}{extra} --into VENV"
 
 
 # Split packages of stock MLX that ship their own libmlx: the patched wheel carries its own,
