@@ -910,3 +910,26 @@ def test_install_puts_the_built_wheel_in_as_build_into_does(
     assert done["mlx_version"] == plan.version and "keeps mlx==" in done["kept"]
     assert (venv / mlx_build.CONSTRAINT_FILE).read_text().endswith(f"mlx=={plan.version}\n")
     assert mlx_build.install_line("cpu") == "patchkit install --backend cpu --into VENV"
+
+
+def test_a_plain_build_keeps_its_record_out_of_the_checkout(
+    project: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`patchkit build` writes its record beside the build in the cache, so a fresh clone's
+    `git status` stays clean; `--record-dir` is how the project refreshes docs/results."""
+    (project["root"] / "templates").mkdir()
+    (project["root"] / "pyproject.toml").write_text("")
+    monkeypatch.chdir(project["root"])
+    plan = mlx_build.plan(project["root"], backend="cpu")
+    parity = {"rows_differing": 0, "rows": 8, "kernel_paths": ["qmv"]}
+    monkeypatch.setattr(mlx_build, "execute", lambda *a, **k: {
+        "wheel": None, "tests": None, "parity": parity, "mlx_version": plan.version,
+        "backend": "cpu"})  # fmt: skip
+    written: list[Path] = []
+    monkeypatch.setattr(mlx_build, "write_record",
+                        lambda rec, out: written.append(out) or out / "build-cpu.json")  # fmt: skip
+    for args, where in (([], plan.layout.base), (["--record-dir", "docs/results"],
+                                                 Path("docs/results"))):  # fmt: skip
+        r = CliRunner().invoke(main, ["build", "--backend", "cpu", *args])
+        assert r.exit_code == 0, r.output
+        assert written[-1] == where

@@ -228,3 +228,27 @@ def test_no_git_on_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         git.run(tmp_path, "status")
     assert "\n" not in str(err.value)
     assert git._BASE_ENV["GIT_OPTIONAL_LOCKS"] == "0"
+
+
+def test_reads_leave_the_index_alone_so_a_kill_leaves_no_lock(tmp_path: Path) -> None:
+    """`git status` refreshes a stale index under .git/index.lock, so a kill in that moment
+    leaves the lock behind and the user's next commit fails. patchkit's reads take no lock:
+    the index is not rewritten. Control: a plain `git status` rewrites it."""
+    import os
+    import subprocess
+    import time
+
+    repo = tmp_path / "r"
+    git.init(repo)
+    (repo / "a.txt").write_text("a\n")
+    git.add(repo, ["a.txt"])
+    git.commit(repo, "one\n", date="2026-01-01T00:00:00+00:00")
+    index = repo / ".git" / "index"
+    later = time.time() + 5
+    os.utime(repo / "a.txt", (later, later))  # same content, stat info stale in the index
+    before = index.read_bytes()
+    git.run(repo, "status")
+    assert index.read_bytes() == before
+    env = {k: v for k, v in os.environ.items() if k != "GIT_OPTIONAL_LOCKS"}
+    subprocess.run(["git", "status"], cwd=repo, env=env, capture_output=True, check=True)
+    assert index.read_bytes() != before  # control: git's own status refreshed (and locked) it
