@@ -9,6 +9,7 @@ using :func:`common_options`; nothing else needs to change.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -246,8 +247,8 @@ def rebase_cmd(
     with progress(as_json) as say:
         r = rebase_mod.rebase(
             rev,
-            parity_check=rebase_gate.emulator_parity,
-            fp_parity_check=rebase_gate.emulator_fp_parity,
+            parity_check=functools.partial(rebase_gate.emulator_parity, say=say),
+            fp_parity_check=functools.partial(rebase_gate.emulator_fp_parity, say=say),
             release=release,
             allow_downgrade=allow_downgrade,
             accept_routing=accept_routing,

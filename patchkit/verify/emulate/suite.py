@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -495,6 +496,7 @@ def verify(
     *,
     quick: bool = True,
     toolchains: Iterable[str] = build.GATE,
+    say: Callable[[str], None] | None = None,
 ) -> Verdict:
     """Run ``header``'s parity suite on a tree's text, upstream and patched, with each toolchain.
 
@@ -507,7 +509,7 @@ def verify(
         return Verdict(data["ok"], data["summary"] + CACHED, list(data["failures"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not run with these inputs yet (or a torn file): run it
-    verdict = _verify(header, sources, types, quick=quick, toolchains=names)
+    verdict = _verify(header, sources, types, quick=quick, toolchains=names, say=say)
     kept.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(kept, json.dumps(dataclasses.asdict(verdict)))
     return verdict
@@ -520,13 +522,22 @@ def _verify(
     *,
     quick: bool,
     toolchains: list[str],
+    say: Callable[[str], None] | None = None,
 ) -> Verdict:
-    """:func:`verify`, run."""
+    """:func:`verify`, run; ``say`` hears each toolchain's start with the time left, from
+    the toolchains done so far (compiling dominates the first run on a machine)."""
     modes = modes_of(header)
     cases = default_matrix(modes) if quick else full_matrix(modes)
     failures: list[str] = []
     lines = []
-    for name in toolchains:
+    started = time.monotonic()
+    for done, name in enumerate(toolchains):
+        if say is not None:
+            left = ""
+            if done:
+                each = (time.monotonic() - started) / done
+                left = f", about {each * (len(toolchains) - done):.0f} s left"
+            say(f"parity: {header.name} suite, {name} ({done + 1} of {len(toolchains)}){left}")
         report = run(sources, cases, build.TOOLCHAINS[name], types=types)
         failures += [f"[{name}] {f}" for f in report.failures()]
         quiet = control_failure(report)
@@ -536,10 +547,14 @@ def _verify(
 
 
 def verify_header(
-    sources: extract.Sources, *, quick: bool = True, toolchains: Iterable[str] = build.GATE
+    sources: extract.Sources,
+    *,
+    quick: bool = True,
+    toolchains: Iterable[str] = build.GATE,
+    say: Callable[[str], None] | None = None,
 ) -> Verdict:
     """The affine suite on a tree's ``quantized.h``, upstream and patched (``rebase``'s gate)."""
-    return verify(AFFINE, sources, quick=quick, toolchains=toolchains)
+    return verify(AFFINE, sources, quick=quick, toolchains=toolchains, say=say)
 
 
 def verify_fp_header(
@@ -548,6 +563,7 @@ def verify_fp_header(
     *,
     quick: bool = True,
     toolchains: Iterable[str] = build.GATE,
+    say: Callable[[str], None] | None = None,
 ) -> Verdict:
     """The fp suite on a tree's ``fp_quantized.h``; ``types`` are the tree's fp4.h and fp8.h."""
-    return verify(FP, sources, types, quick=quick, toolchains=toolchains)
+    return verify(FP, sources, types, quick=quick, toolchains=toolchains, say=say)
