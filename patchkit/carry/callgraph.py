@@ -121,9 +121,9 @@ def _definition(path: str, where: str, header: str, body: str) -> Definition | N
 
 def _signature_end(header: str) -> int | None:
     """Index of the ``)`` closing the parameter list, past trailing qualifiers, or None."""
-    tail = re.search(
-        r"\)\s*(?:const|override|final|noexcept(?:\s*\([^()]*\))?|mutable|&&?|\s)*"
-        r"(?:->\s*[^{}]*)?$",
+    tail = re.search(  # one way to match each character: no backtracking blow-up
+        r"\)(?:\s|const\b|override\b|final\b|noexcept\b(?:\([^()]*\))?|mutable\b|&)*"
+        r"(?:->[^{}]*)?$",
         header,
     )
     return tail.start() if tail else None
