@@ -5,9 +5,10 @@
   python3 bench/mlx_qmv.py report mlx_qmv.json [--plot mlx_qmv.png]
 
 Each arm is an interpreter that imports its own MLX (``SITE``, when given, goes first on
-its ``PYTHONPATH``: an unpacked stock wheel, say); the patched arm runs twice, as the PR
-(default route) and with the overlay's ``MLX_CUDA_QMV_EXACT=1``. The arms take turns, round
-after round, on the same GPU in one run, and each time is the median over rounds.
+its ``PYTHONPATH``: an unpacked stock wheel, say). The arms take turns, round after round,
+on the same GPU in one run, and each time is the median over rounds. The floor is the
+bytes a call reads over the bandwidth of an elementwise copy measured by the stock arm's
+MLX on the same GPU.
 
 Timing: a call's weights are cold (the arm cycles through copies of them that add up to
 well over the L2), ``repeats`` calls are evaluated as one graph after a synchronize, and
@@ -35,15 +36,25 @@ MS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 BITS = (4, 8)
 DTYPE, GROUP = "bfloat16", 64
 COLD_BYTES = 1 << 29  # the weight copies one arm cycles through: ten times an H200's L2
-ARMS = {"stock": {}, "pr": {}, "exact": {"MLX_CUDA_QMV_EXACT": "1"}}
+ARMS = {"stock": {}, "pr": {}}
+COPY_BYTES = 1 << 30  # the elementwise copy the floor's bandwidth is measured with
 
 
 def worker(cases: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
     """Time every case in this process's MLX; one entry per case, microseconds per call."""
     import mlx.core as mx
 
-    out = []
     dtype = getattr(mx, DTYPE)
+    src = mx.zeros((COPY_BYTES,), dtype=mx.uint8)
+    mx.eval(src, src + 1)
+    mx.synchronize()
+    start = time.perf_counter()
+    mx.eval([src + i for i in range(5)])
+    mx.synchronize()
+    out: list[dict[str, Any]] = [
+        {"copy_bytes_per_s": 2 * 5 * COPY_BYTES / (time.perf_counter() - start)}
+    ]
+    del src
     for case in cases:
         K, N, bits = case["K"], case["N"], case["bits"]
         w = mx.random.normal((N, K)).astype(dtype)
@@ -116,7 +127,7 @@ def hardware() -> dict[str, Any]:
 
 
 def run(a: argparse.Namespace) -> None:
-    arms = {"stock": a.stock, "pr": a.patched, "exact": a.patched}
+    arms = {"stock": a.stock, "pr": a.patched}
     split = {name: [*spec.split(":", 1), ""][:2] for name, spec in arms.items()}
     todo = cases(a.quick)
     rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in arms}
@@ -126,11 +137,13 @@ def run(a: argparse.Namespace) -> None:
             python, site = split[name]
             rounds[name].append(run_arm(python, site, ARMS[name], todo, a.repeats))
             print(f"round {r + 1}/{a.rounds}: {name} done", file=sys.stderr, flush=True)
+    copy = statistics.median(rr[0]["copy_bytes_per_s"] for rr in rounds["stock"])
     rows = []
-    for i, first in enumerate(rounds["stock"][0]):
+    for i, first in enumerate(rounds["stock"][0][1:], start=1):
         row = {k: first[k] for k in ("K", "N", "bits", "M", "bytes")}
         for name in arms:
             row[name + "_us"] = statistics.median(rr[i]["us"] for rr in rounds[name])
+        row["floor_us"] = first["bytes"] / copy * 1e6
         rows.append(row)
     report = {
         "command": "python3 bench/mlx_qmv.py run " + " ".join(sys.argv[2:]),
@@ -140,6 +153,7 @@ def run(a: argparse.Namespace) -> None:
         "repeats": a.repeats,
         "mlx": {name: mlx_of(*split[name]) for name in ("stock", "pr")},
         "hardware": hardware(),
+        "copy_bytes_per_s": copy,
         "rows": rows,
     }
     Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -149,20 +163,20 @@ def run(a: argparse.Namespace) -> None:
 def table(report: dict[str, Any]) -> str:
     """Time per call (µs) and the ratio to stock, per layer and M."""
     lines = [
-        "| bits | K x N | M | stock µs | PR µs | PR / stock | exact route µs | exact / stock |",
+        "| bits | K x N | M | stock µs | PR µs | PR / stock | floor µs | floor / PR |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
-        s = r["stock_us"]
+        s, p, f = r["stock_us"], r["pr_us"], r["floor_us"]
         lines.append(
-            f"| {r['bits']} | {r['K']}x{r['N']} | {r['M']} | {s:.1f} | {r['pr_us']:.1f} | "
-            f"{r['pr_us'] / s:.2f} | {r['exact_us']:.1f} | {r['exact_us'] / s:.2f} |"
+            f"| {r['bits']} | {r['K']}x{r['N']} | {r['M']} | {s:.1f} | {p:.1f} | "
+            f"{p / s:.2f} | {f:.1f} | {f / p:.0%} |"
         )
     return "\n".join(lines)
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Time vs M per layer and bits: stock, the PR, the exact route."""
+    """Time vs M per layer and bits: stock, the PR, the floor."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,7 +187,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for ax, (bits, K, N) in zip(axes[0], keys, strict=True):
         rows = [r for r in report["rows"] if (r["bits"], r["K"], r["N"]) == (bits, K, N)]
         Ms = [r["M"] for r in rows]
-        for arm, label in (("stock", "stock"), ("pr", "PR"), ("exact", "exact route")):
+        for arm, label in (("stock", "stock"), ("pr", "PR"), ("floor", "bytes / copy bandwidth")):
             ax.plot(Ms, [r[arm + "_us"] for r in rows], marker="o", label=label)
         ax.set_title(f"{bits}-bit {K}x{N}")
         ax.set_xlabel("M")

@@ -1,16 +1,15 @@
-"""V = 1 is stock: the patched qmv.cu's one-vector kernels compile to the pin's PTX.
+"""Upstream's kernels stay upstream's: the patched qmv.cu adds the tensor-core kernel and
+leaves every kernel of the pin with the pin's PTX.
 
 ``nvcc -ptx`` (sm_90a, MLX's flags) of the pin's ``qmv.cu`` and of the rendered one;
 every ``.entry`` of the pin (all 126 ``qmv_kernel`` and 126 ``gather_qmv_kernel``
 instances) must have a patched counterpart with identical text once names are
-normalized: the kernel's own mangled name (the patched one carries
-``vecs_per_block = 1`` as its first template argument), and the function index in
-block labels (``$L__BB<function>_<block>``), which shifts because the patched
-module holds more kernels. Registers, instructions and their order are compared as
-they are. The negative control changes one operation of the patched
+normalized (the function index in block labels, ``$L__BB<function>_<block>``, shifts
+because the patched module holds more kernels). Registers, instructions and their order
+are compared as they are. The negative control changes one operation of upstream's
 ``qmv_kernel_impl`` (the per-row reduction's ``+=`` into ``-=``) and must fail.
 
-Cost: two or three PTX compiles of the whole file (about 15 s each, in parallel).
+Cost: three PTX compiles of the whole file (about 15 s each, in parallel).
 Skipped without nvcc, a clone holding the pin, or MLX's cutlass and fmt downloads.
 """
 
@@ -60,21 +59,9 @@ def entries(ptx: str) -> dict[str, str]:
     return dict(zip(demangled, (found[n] for n in names), strict=True))
 
 
-def one_vector(patched: dict[str, str]) -> dict[str, str]:
-    """The patched entries with ``vecs_per_block = 1``, named as the pin names them."""
-    out = {}
-    for name, body in patched.items():
-        m = re.match(r"void mlx::core::cu::qmv_kernel<(\d+), ", name)
-        if m and m.group(1) != "1":
-            continue  # a kernel the pin does not have
-        out[name.replace("qmv_kernel<1, ", "qmv_kernel<", 1) if m else name] = body
-    return out
-
-
 def mismatches(stock: dict[str, str], patched: dict[str, str]) -> list[str]:
-    """The pin's entries whose one-vector counterpart is missing or differs."""
-    ones = one_vector(patched)
-    return [name for name, body in stock.items() if ones.get(name) != body]
+    """The pin's entries whose patched counterpart is missing or differs."""
+    return [name for name, body in stock.items() if patched.get(name) != body]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +77,7 @@ def ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     stock_text = read(cuda.QMV_PATH)
     plan = next(p for p in render.load_plans() if p.path == cuda.QMV_PATH)
     patched = render.render_file(plan, stock_text, render.RenderOptions())
-    sums = "      sum += sums[v][i];\n"
+    sums = "    sum += sums[i];\n"
     assert patched.count(sums) == 1, "the control's operation moved; update the test"
     sources = {
         "stock": stock_text,
@@ -113,18 +100,21 @@ def ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
         return dict(pool.map(compile_one, sources))
 
 
-def test_one_vector_kernels_are_the_pins(ptx: dict[str, dict[str, str]]) -> None:
-    """Every kernel of the pin has a patched V = 1 twin with identical PTX."""
+def test_upstream_kernels_are_the_pins(ptx: dict[str, dict[str, str]]) -> None:
+    """Every kernel of the pin has a patched twin with identical PTX."""
     stock = ptx["stock"]
     assert len(stock) == 252  # 126 qmv_kernel + 126 gather_qmv_kernel instances
     assert mismatches(stock, ptx["patched"]) == []
 
 
-def test_new_instances_are_the_shared_weight_ones(ptx: dict[str, dict[str, str]]) -> None:
-    """V > 1 exists only for 8-bit weights with 16-bit activations (V = 2, 3, 4)."""
-    extra = [n for n in ptx["patched"] if re.match(r"void mlx::core::cu::qmv_kernel<[2-9]", n)]
-    assert len(extra) == 3 * 2 * 3 * 2  # V x (bf16, fp16) x group sizes x residue
-    assert all("unsigned char" in n and "float," not in n.split(">(")[0] for n in extra)
+def test_new_instances_are_the_tensor_core_ones(ptx: dict[str, dict[str, str]]) -> None:
+    """The patch adds qmv_mma_kernel only, for 16-bit activations and 4/8-bit weights:
+    affine 4 and 8 bits x 3 group sizes, mxfp4, nvfp4 and mxfp8, each for float16 and
+    bfloat16."""
+    extra = [n for n in ptx["patched"] if n not in ptx["stock"]]
+    assert all(n.startswith("void mlx::core::cu::qmv_mma_kernel<") for n in extra), extra
+    assert len(extra) == (2 * 3 + 3) * 2
+    assert all("cutlass::half_t" in n or "cutlass::bfloat16_t" in n for n in extra)
 
 
 def test_control_one_operation_changes_ptx(ptx: dict[str, dict[str, str]]) -> None:

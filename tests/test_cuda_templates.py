@@ -8,7 +8,6 @@ architecture ``test_cuda_arch_compile.py``, rows and timing on a GPU
 
 from __future__ import annotations
 
-import itertools
 import re
 
 import pytest
@@ -44,10 +43,10 @@ def renders() -> dict[tuple[str, str], str]:
 
 
 def test_upstream_render_has_no_environment_variable(renders: dict) -> None:
-    """The PR's qmv.cu reads no environment; quantized.cpp is not touched at all."""
-    assert "get_var" not in renders[QMV, "upstream"]
-    assert "getenv" not in renders[QMV, "upstream"]
-    assert renders[QUANTIZED, "upstream"] == renders[QUANTIZED, "stock"]
+    """The PR reads no environment: qmv.cu and quantized.cpp carry no knob."""
+    for path in (QMV, QUANTIZED):
+        assert "get_var" not in renders[path, "upstream"]
+        assert "getenv" not in renders[path, "upstream"]
 
 
 def test_overlay_has_both_downstream_knobs(renders: dict) -> None:
@@ -57,61 +56,57 @@ def test_overlay_has_both_downstream_knobs(renders: dict) -> None:
     # Only the knob and its include differ (blank lines and braces aside).
     up, ov = renders[QMV, "upstream"], renders[QMV, "overlay"]
     extra = [ln for ln in ov.splitlines() if ln not in up.splitlines()]
-    assert len(extra) == 5 and extra[0] == '#include "mlx/utils.h"'
+    assert len(extra) == 4 and extra[0] == '#include "mlx/utils.h"'
 
 
-def test_one_body_no_copy_no_inline_asm(renders: dict) -> None:
-    """dequant_fma is upstream's, untouched; no function is added beside the kernels; no asm."""
+def test_upstream_code_is_left_as_it_is(renders: dict) -> None:
+    """Upstream's kernels and dequantization are untouched; one kernel is added, and its
+    MMAs are CuTe's wrappers (no inline asm of the patch's own)."""
     stock, patched = renders[QMV, "stock"], renders[QMV, "upstream"]
-    for index in (0, 1):
-        assert cxx.find_function(patched, "dequant_fma", index).text(patched) == cxx.find_function(
-            stock, "dequant_fma", index
-        ).text(stock)
-    assert "asm" not in patched.replace("asm", "", stock.count("asm"))
-    assert "streamed" not in patched
-    assert patched.count("__global__") == stock.count("__global__")
-    assert "vecs_per_block" in cxx.find_function(patched, "qmv_kernel_impl").text(patched)
+    for name, index in (
+        ("dequant_fma", 0),
+        ("dequant_fma", 1),
+        ("qmv_kernel_impl", 0),
+        ("qmv_kernel", 0),
+        ("gather_qmv_kernel", 0),
+        ("gather_qmv", 0),
+    ):
+        want = cxx.find_function(stock, name, index).text(stock)
+        assert cxx.find_function(patched, name, index).text(patched) == want, name
+    assert patched.count("asm") == stock.count("asm")
+    assert patched.count("__global__") == stock.count("__global__") + 1
+    assert "cute::SM80_16x8x16_F32BF16BF16F32_TN" in patched
+    assert "#include <cute/arch/mma_sm80.hpp>" in patched
 
 
-def test_each_vector_keeps_the_single_vector_order(renders: dict) -> None:
-    """Per vector: the same dequant_fma call into its own sums, the same reduce."""
-    impl = cxx.find_function(renders[QMV, "upstream"], "qmv_kernel_impl")
-    text = impl.text(renders[QMV, "upstream"])
-    assert "Acc sums[vecs_per_block][elems_per_thread] = {};" in text
-    assert "x + v * k + idx, w + w_step(idx), scale, bias, sums[v]" in text
-    assert "sum = cg::reduce(warp, sum, cg::plus<float>{});" in text
-    assert "out[v * n + row] = static_cast<T>(sum);" in text
+def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
+    """What makes row i independent of M, read from the kernel: vectors are MMA rows (x of
+    vectors past M is zero, never a branch around an MMA), the K steps a warp takes depend
+    on k alone, and the warps' partials are summed in warp order."""
+    text = renders[QMV, "upstream"]
+    kernel = cxx.find_function(text, "qmv_mma_kernel").text(text)
+    flat = " ".join(kernel.split())
+    assert "bool x_real[2] = {col < vecs, col + 8 < vecs};" in flat
+    assert "if (in_k && x_real[h]) {" in flat
+    assert "for (int s0 = warp; s0 < steps; s0 += k_warps * unroll) {" in flat
+    assert "int steps = cuda::ceil_div(k, step_k);" in flat
+    assert "float sum = partial[0][t][i][src];" in flat
+    assert "for (int p = 1; p < k_warps; ++p) { sum += partial[p][t][i][src]; }" in flat
+    # m enters only through the number of real vectors and the pointers.
+    assert [ln for ln in kernel.splitlines() if re.search(r"\bm\b", ln)] == [
+        "    int m,",
+        "  int vecs = cuda::std::min(16, m - v0);",
+        "  x += (static_cast<int64_t>(l) * m + v0) * k;",
+        "  out += (static_cast<int64_t>(l) * m + v0) * n;",
+    ]
+    launch = cxx.find_function(text, "qmv_mma").text(text)
+    assert "constexpr int tiles = 2;" in launch and "constexpr int k_warps = 8;" in launch
 
 
-def _template_routing(text: str) -> tuple[int, int]:
-    """(floor in weights, largest vectors per block) as qmv_vecs_per_block renders them."""
-    fn = cxx.find_function(text, "qmv_vecs_per_block").text(text)
-    floor = re.search(r"\* k >= \(1 << (\d+)\)", fn)
-    cap = re.search(r"cuda::std::min\((\d+),", fn)
-    assert floor and cap, fn
-    return 1 << int(floor.group(1)), int(cap.group(1))
-
-
-def test_harness_route_is_the_templates(renders: dict) -> None:
-    """The harness times what the routing launches: its Python mirror agrees with the C++."""
-    floor, cap = _template_routing(renders[QMV, "upstream"])
-    assert cap == 4 and floor == 1 << 23
-    for m, (k, n), bits in itertools.product(range(1, 8), cuda.SHAPES, (4, 8)):
-        cfg = cuda.Config(k, n, bits)
-        plan = cuda.route(m, cfg)
-        assert sum(count for _, count in plan) == m
-        shared = bits == 8 and n * k >= floor and m >= 2
-        assert all(v > 1 for v, _ in plan) == shared, (m, k, n, bits, plan)
-        assert all(v <= cap for v, _ in plan)
-    # A batch takes all its vectors in one launch (M * B < 8 leaves M <= 3 there).
-    assert cuda.route(3, cuda.Config(4096, 4096, 8), batch=2) == ((3, 3),)
-
-
-def test_wrapper_instantiates_every_plan() -> None:
-    """The harness library holds every vectors-per-block value a candidate plan uses."""
-    used = {v for plans in cuda.candidate_plans().values() for p in plans for v, _ in p}
-    assert used <= set(cuda.VECS)
-    src = cuda.wrapper_source("patched", cuda.VECS)
-    assert src.count("&launch<") == len(cuda.DTYPES) * len(cuda.QTYPES) * len(cuda.GROUPS) * 7
-    assert "mlx::core::cu::qmv<vecs, group_size, true>" in src
-    assert "mlx::core::cu::qmv<group_size, true>" in cuda.wrapper_source("stock", cuda.VECS)
+def test_wrapper_asks_each_arm_for_its_kernel() -> None:
+    """The harness calls cu::qmv as MLX does: stock's signature, and the patched one with
+    the tensor-core path asked for."""
+    src = cuda.wrapper_source("patched")
+    assert src.count("&launch<") == len(cuda.DTYPES) * len(cuda.QTYPES) * len(cuda.GROUPS)
+    assert "m, n, k, 1, true, true, launch_kernel);" in src
+    assert "m, n, k, 1, true, launch_kernel);" in cuda.wrapper_source("stock")

@@ -19,11 +19,11 @@ from support_git import PIN_SHA, mlx_clone
 from patchkit.carry import cxx, render
 from patchkit.util import git
 from patchkit.verify import dispatch
-from patchkit.verify.harness import cuda as harness_cuda
 
 SPEC = mlx_clone()
 METAL_CPP = "mlx/backend/metal/quantized.cpp"
 BF16 = "bfloat16"
+F32 = "float32"
 
 
 def test_qmv_fast_alignment_by_value() -> None:
@@ -73,28 +73,29 @@ def test_sm90_qmm_branch_is_modelled() -> None:
     assert stock(h200, "affine", 4, 128, 258, 2, 1, group_size=128) == "qmv"  # N % 4 != 0
     assert stock(a100, "affine", 4, 128, 256, 2, 1, group_size=128) == "qmv"
     assert stock(h200, "affine", 4, 128, 256, 2, 1) == "qmv"  # group size not given
-    assert patched(h200, "affine", 4, 128, 256, 2, 1, group_size=128, dtype=BF16) == "qmm_sm90"
-    exact = {"cuda_exact": True, "group_size": 128, "dtype": BF16}
-    # The exact route moves them to qmv. Layers qmm_sm90 takes (K <= group size <= 128,
-    # N <= 16384 for M = 1 on qmv) lie far below the 2**23-weight floor, so every vector
-    # keeps its own block there.
+    # The patch sends M * B <= 16 to qmv's tensor cores before that branch (16-bit
+    # activations, 4/8-bit weights); float32 keeps stock's routing.
+    f32 = {"group_size": 128, "dtype": "float32"}
+    assert patched(h200, "affine", 4, 128, 256, 2, 1, group_size=128, dtype=BF16) == "qmv_mma"
+    assert patched(h200, "affine", 4, 128, 256, 2, 1, **f32) == "qmm_sm90"
+    assert patched(h200, "affine", 4, 128, 256, 17, 1, group_size=128, dtype=BF16) == "qmm_sm90"
+    # The exact route (overlay) moves float32's small batches to qmv, one vector per block.
+    exact = {"cuda_exact": True, **f32}
     assert patched(h200, "affine", 4, 128, 256, 2, 1, **exact) == "qmv"
     assert patched(h200, "affine", 8, 128, 16384, 8, 1, **exact) == "qmv"
     assert patched(h200, "affine", 4, 128, 256, 2, 3, **exact) == "qmm_sm90"  # B > 1
     assert patched(a100, "affine", 4, 128, 256, 2, 3, **exact) == "qmv"
     assert patched(a100, "affine", 4, 128, 256, 8, 3, **exact) == "qmv"
-    # Off the qmm_sm90 branch, 8-bit layers above the floor share weight reads at M = 8 too.
-    assert patched(a100, "affine", 8, 4096, 2048, 8, 1, **exact) == "qmv_shared"
 
 
 def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
     """Every transposed point of MLX's test_qmm grid (group 128/64/32, 2/4/8 bits, M 8, 32,
-    33, 64, N and K 128/256, B = 1) takes the same kernel on the patch's default route as on
-    stock, on sm90 and sm80: M >= 8 stays on qmm. (Its non-transposed points, like
-    test_qvm's and test_qmm_non_transposed's, never reach qmv: stock's supports_qmv refuses
-    them.) So a failure of that test on the patched build is stock's code. Control: the
-    exact route takes some of the same points (M = 8) to qmv, one vector per block (these
-    layers are below the floor)."""
+    33, 64, N and K 128/256, B = 1, float32 inputs) takes the same kernel on the patch's
+    default route as on stock, on sm90 and sm80: float32 never runs on the tensor cores.
+    (Its non-transposed points, like test_qvm's and test_qmm_non_transposed's, never reach
+    qmv: stock's supports_qmv refuses them.) So a failure of that test on the patched build
+    is stock's code. Controls: the exact route takes some of the same points (M = 8) to
+    qmv, and bfloat16 inputs take the 4/8-bit M = 8 points to qmv_mma."""
     devices = [
         dispatch.DeviceInfo("cuda", "NVIDIA H200", cc_major=9),
         dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8),
@@ -112,77 +113,54 @@ def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
     for dev, g, bits, m, n, k in grid:
         stock = dispatch.kernel_path(dev, "affine", bits, k, n, m, 1, g)
         assert stock.startswith("qmm")
-        path = dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, False, g, dtype=BF16)
+        path = dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, False, g, dtype=F32)
         assert path == stock
         exact_paths.add(dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, True, g,
-                                                     dtype=BF16))  # fmt: skip
-    assert "qmv" in exact_paths and "qmv_shared" not in exact_paths
+                                                     dtype=F32))  # fmt: skip
+        bf16 = dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, False, g, dtype=BF16)
+        assert bf16 == ("qmv_mma" if bits in (4, 8) and m <= 16 else stock)
+    assert "qmv" in exact_paths
 
 
-# The patched CUDA routing (dispatch.cuda_plan, harness.cuda.route) by value: (M, B) ->
-# launches of (vectors per block, vectors), for an 8-bit bfloat16 layer on the floor.
-CUDA_PLANS = {
-    (1, 1): ((1, 1),),
-    (2, 1): ((2, 2),),
-    (3, 1): ((3, 3),),
-    (4, 1): ((4, 4),),
-    (5, 1): ((3, 3), (2, 2)),  # a single launch of 5 was slower than 3 + 2
-    (6, 1): ((3, 3), (3, 3)),
-    (7, 1): ((4, 4), (3, 3)),
-    (8, 1): ((4, 4), (4, 4)),  # the exact route's M >= 8
-    (9, 1): ((4, 4), (3, 3), (2, 2)),
-    (2, 3): ((2, 2),),  # M * B < 8 leaves M <= 3 for B > 1 on the default route
-    (3, 2): ((3, 3),),
-    (4, 3): ((4, 4),),  # the exact route's batches
-    (5, 3): ((1, 5),),  # a batch takes all its vectors in one launch: above 4, one each
-}
-CUDA_FLOOR = 1 << 23  # weights (N * K)
-
-
-def test_cuda_plans_by_value() -> None:
-    for (m, b), plan in CUDA_PLANS.items():
-        assert dispatch.cuda_plan("affine", 8, BF16, 4096, 2048, m, b) == plan, (m, b)
-        assert dispatch.cuda_plan("affine", 8, "float16", 4096, 2048, m, b) == plan, (m, b)
-    for m in range(1, 17):
-        # Every vector is launched once, in order.
-        assert sum(n for _, n in dispatch.cuda_plan("affine", 8, BF16, 4096, 2048, m)) == m
-        # What keeps one launch of one vector per block: 4-bit and every width but 8, float32
-        # activations, the fp modes (their 8-bit type is not uint8_t), a layer one row of
-        # K below the floor, and the overlay's MLX_CUDA_QMV_SHARED_WEIGHTS=0.
-        one = ((1, m),)
-        for bits in (2, 3, 4, 5, 6):
-            assert dispatch.cuda_plan("affine", bits, BF16, 4096, 2048, m) == one
-        assert dispatch.cuda_plan("affine", 8, "float32", 4096, 2048, m) == one
-        assert dispatch.cuda_plan("mxfp8", 8, BF16, 4096, 2048, m) == one
-        assert dispatch.cuda_plan("affine", 8, BF16, 4096, 2047, m) == one
-        assert dispatch.cuda_plan("affine", 8, BF16, 4096, 2048, m, shared=False) == one
-
-
-def test_cuda_patched_paths_name_the_shared_launches() -> None:
-    """Default route: the 8-bit 16-bit-activation calls M * B < 8 on a layer at or above the
-    floor run qmv_shared; the rest of qmv's calls keep qmv; qmm's calls stay on qmm."""
+def test_cuda_mma_route_by_value() -> None:
+    """Default route: M * B <= 16 on qmv's tensor cores wherever supports_qmv_mma holds
+    (sm80+, float16/bfloat16, 4/8-bit weights, K % (128 / bits) == 0); everything else
+    keeps stock's kernel (qmv below M * B = 8, qmm from there)."""
     a100 = dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8)
+    t4 = dispatch.DeviceInfo("cuda", "NVIDIA T4", cc_major=7)
+    b200 = dispatch.DeviceInfo("cuda", "NVIDIA B200", cc_major=10)
 
-    def path(bits: int, k: int, n: int, m: int, b: int = 1, dtype: str = BF16, **kw) -> str:
-        return dispatch.patched_kernel_path(a100, "affine", bits, k, n, m, b, dtype=dtype, **kw)
+    def path(bits: int, k: int, m: int, b: int = 1, dtype: str = BF16, dev=a100, **kw) -> str:
+        mode = kw.pop("mode", "affine")
+        return dispatch.patched_kernel_path(dev, mode, bits, k, 4096, m, b, dtype=dtype, **kw)
 
-    assert [path(8, 4096, 2048, m) for m in range(1, 9)] == ["qmv"] + ["qmv_shared"] * 6 + ["qmm"]
-    assert [path(8, 4096, 2048, m, 3) for m in (1, 2, 3)] == ["qmv", "qmv_shared", "qmm"]
-    assert path(4, 4096, 4096, 2) == "qmv"
-    assert path(8, 4096, 4096, 2, dtype="float32") == "qmv"
-    assert path(8, 1024, 1024, 2) == "qmv"
-    assert path(8, 4096, 2048, 2, cuda_shared_weights=False) == "qmv"
-    assert path(8, 4096, 2048, 12, cuda_exact=True) == "qmv_shared"
-    assert path(8, 4096, 2048, 5, 3, cuda_exact=True) == "qmv"
-    assert path(8, 4096, 2048, 17, cuda_exact=True) == "qmm"
-    mxfp8 = dispatch.patched_kernel_path(a100, "mxfp8", 8, 4096, 2048, 2, 1, dtype=BF16)
-    assert mxfp8 == "fp_qmv"
+    for bits in (4, 8):
+        assert [path(bits, 4096, m) for m in (1, 8, 16, 17)] == ["qmv_mma"] * 3 + ["qmm"]
+        assert [path(bits, 4096, m, 3) for m in (1, 5, 6)] == ["qmv_mma"] * 2 + ["qmm"]
+        assert path(bits, 4096, 2, dtype="float16") == "qmv_mma"
+        assert path(bits, 4096, 2, dtype="float32") == "qmv"
+        assert path(bits, 4096, 2, dev=t4) == "qmv"  # no bfloat16 MMAs before sm80
+        assert path(bits, 4096, 2, cuda_shared_weights=False) == "qmv"
+    assert path(4, 4112, 2) == "qmv"  # 4112 % 32 != 0
+    assert path(8, 4112, 2) == "qmv_mma"  # 4112 % 16 == 0
+    for bits in (2, 3, 5, 6):
+        assert path(bits, 4096, 2) == "qmv"
+    assert path(4, 4096, 2, mode="mxfp4") == "qmv_mma"
+    assert path(8, 4096, 12, mode="mxfp8") == "qmv_mma"
+    # Past sm90 stock runs fp_qmv for the fp modes up to 8 vectors (up to 7, and qmm at 8,
+    # in stock's routing); the patch leaves those calls where they are.
+    assert path(4, 4096, 7, mode="nvfp4", dev=b200) == "fp_qmv"
+    assert path(4, 4096, 8, mode="nvfp4", dev=b200) == "qmm"
+    assert path(4, 4096, 9, mode="nvfp4", dev=b200) == "qmv_mma"
+    # The exact route (overlay) covers what the tensor cores do not.
+    assert path(4, 4096, 12, dtype="float32", cuda_exact=True) == "qmv"
+    assert path(4, 4096, 17, cuda_exact=True) == "qmm"
 
 
 def _upstream(path: str) -> str:
     from patchkit.carry import source
 
-    clone = source.clone_dir(source.source_spec(SPEC))
+    clone = source.ensure_clone(SPEC)
     return git.show_file(clone, PIN_SHA, path)
 
 
@@ -312,71 +290,53 @@ def _c_eval(expr: str, **names: int) -> int:
 
 @needs_clone
 @pytest.mark.parametrize("flavour", ["upstream", "overlay"])
-def test_cuda_plan_is_the_rendered_routing(flavour: str) -> None:
-    """dispatch.cuda_plan (harness.cuda.route) against the rendered qmv.cu: the weights that
-    share reads, qmv_vecs_per_block's condition and value evaluated over a grid of rest,
-    l, n, k, and the host loop that turns them into launches."""
+def test_cuda_mma_predicate_is_the_rendered_one(flavour: str) -> None:
+    """dispatch.cuda_qmv_mma against the rendered supports_qmv_mma (qmv.cu), its use in
+    mlx::core::qmv, and the compile-time twin that picks the instances."""
     text = _cuda_render(CUDA_QMV, flavour)
-    assert (
-        "constexpr bool qmv_shares_weights =\n"
-        "    cute::sizeof_bits_v<T> == 16 && cuda::std::is_same_v<Q, uint8_t>;"
-    ) in text
-    # Only affine 8-bit quantizes to uint8_t (the fp modes use float_e4m3_t / float_e2m1_t).
-    quant = cxx.function_text(text, "dispatch_quant_types")
-    assert quant.count("uint8_t") == 1 and "if (bits == 8) {" in quant
-    body = cxx.function_text(text, "qmv_vecs_per_block")
-    cond, value = re.search(
-        r"if constexpr \(qmv_shares_weights<T, Q>\) \{\s*if \((.*?)\) \{\s*return (.*?);",
-        body,
-        re.S,
-    ).groups()
-    assert body.rstrip().endswith("return 1;\n}")
-    for rest, batches, (n, k) in itertools.product(
-        range(1, 17),  # vectors left to launch
-        range(1, 8),  # batches (l); M * B < 8 bounds them on the default route
-        ((2048, 4096), (2047, 4096), (4100, 4160), (1024, 1024), (28672, 8192)),  # N, K
-    ):
-        names = {"rest": rest, "l": batches, "n": n, "k": k}
-        want = _c_eval(value, **names) if _c_eval(cond, **names) else 1
-        case = (rest, batches, n, k)
-        for dtype in ("bfloat16", "float16"):
-            assert harness_cuda.vecs_per_block(rest, batches, n, k, 8, dtype) == want, case
-        assert harness_cuda.vecs_per_block(rest, batches, n, k, 8, "float32") == 1
-        assert harness_cuda.vecs_per_block(rest, batches, n, k, 4, "bfloat16") == 1
-    host = cxx.function_text(text, "qmv", 1)
-    assert "cu::qmv_vecs_per_block<T, Q>(m - vec, l, n, k);" in host
-    assert "int vecs = per_block == 1 ? m - vec : per_block;" in host
-    assert "vec += vecs;" in host
-    # Which V the launch instantiates: exactly those the routing returns above.
-    dispatch_v = cxx.function_text(text, "dispatch_vecs_per_block")
-    assert set(map(int, re.findall(r"vecs_per_block == (\d)", dispatch_v))) == {2, 3, 4}
+    body = " ".join(cxx.function_text(text, "supports_qmv_mma").split())
+    assert "if (device.compute_capability_major() < 8) { return false; }" in body
+    assert "if (out.dtype() != float16 && out.dtype() != bfloat16) { return false; }" in body
+    assert "if (bits != 4 && bits != 8) { return false; }" in body
+    assert "return k % (128 / bits) == 0;" in body
     switch = 'static bool off = !env::get_var("MLX_CUDA_QMV_SHARED_WEIGHTS", 1);'
     assert (switch in body) == (flavour == "overlay")
+    assert "bool mma = supports_qmv_mma(" in cxx.function_text(text, "qmv", 1)
+    assert "if constexpr (qmv_mma_types<T, Q>) {" in cxx.function_text(text, "qmv", 0)
+    twin = " ".join(text[text.index("constexpr bool qmv_mma_types") :].split()[:30])
+    assert "cute::sizeof_bits_v<Q> == 4 || cute::sizeof_bits_v<Q> == 8" in twin
 
 
 @needs_clone
-def test_cuda_exact_route_is_the_rendered_overlay() -> None:
-    """The exact route patched_kernel_path models is the overlay's quantized.cpp branch;
-    the upstream render leaves quantized.cpp as the pin has it."""
-    assert _cuda_render(CUDA_CPP, "upstream") == _upstream(CUDA_CPP)
-    text = " ".join(_cuda_render(CUDA_CPP, "overlay").split())
-    assert 'static bool qmv_exact = env::get_var("MLX_CUDA_QMV_EXACT", 0);' in text
-    assert (
-        "bool m1_runs_qmv = qmv_exact && (can_use_qmm_sm90 ? (B == 1 && N <= 16384 && "
-        f"K <= 16384) : (B < {dispatch.CUDA_QMV_MAX_ROWS}));"
-    ) in text
-    assert (
+@pytest.mark.parametrize("flavour", ["upstream", "overlay"])
+def test_cuda_routes_are_the_rendered_ones(flavour: str) -> None:
+    """The routes patched_kernel_path models are quantized.cpp's: the tensor-core route
+    (both flavours) before stock's branches, then the overlay's exact route."""
+    text = " ".join(_cuda_render(CUDA_CPP, flavour).split())
+    mma = (
+        f"if (can_use_qmv && !can_use_fp_qmv && M * B <= {dispatch.CUDA_QMV_MMA_MAX_ROWS} && "
+        "supports(supports_qmv_mma)) { call_qmv(); return; }"
+    )
+    assert mma in text and text.index(mma) < text.index("if (can_use_qmm_sm90) {")
+    exact = (
         "if (can_use_qmv && !can_use_fp_qmv && M >= 2 && "
         f"M <= {dispatch.CUDA_QMV_EXACT_MAX_ROWS} && m1_runs_qmv) {{ call_qmv(); return; }}"
-    ) in text
-    assert text.index("m1_runs_qmv) {") < text.index("if (can_use_qmm_sm90) {")
+    )
+    assert (exact in text) == (flavour == "overlay")
+    if flavour == "overlay":
+        assert 'static bool qmv_exact = env::get_var("MLX_CUDA_QMV_EXACT", 0);' in text
+        assert (
+            "bool m1_runs_qmv = qmv_exact && (can_use_qmm_sm90 ? (B == 1 && N <= 16384 && "
+            f"K <= 16384) : (B < {dispatch.CUDA_QMV_MAX_ROWS}));"
+        ) in text
+        assert text.index(mma) < text.index(exact) < text.index("if (can_use_qmm_sm90) {")
 
 
 PR_TESTS = (
     "python/tests/test_quantized.py/test_qmv_small_batch.py.j2",
-    "python/tests/test_quantized.py/test_qmv_vecs_per_block.py.j2",
+    "python/tests/test_quantized.py/test_qmv_tensor_cores.py.j2",
 )
-PR_CUDA_METHOD = "test_qmv_vecs_per_block_matches_single_vector"
+PR_CUDA_METHOD = "test_qmv_tensor_cores_match_single_vector"
 
 
 def _pr_test_methods(backends: tuple[str, ...]) -> dict[str, ast.FunctionDef]:
@@ -402,25 +362,28 @@ def _assigned(fn: ast.FunctionDef, name: str) -> object:
     return eval(ast.unparse(node), dict(PR_NAMES))
 
 
-def test_pr_cuda_test_reaches_the_shared_weight_launches() -> None:
-    """The CUDA PR's own test runs shapes, dtypes and M the patched qmv reads each weight of
-    once for several vectors: every V the patch adds (2, 3, 4), each M = 2..7 plan, a K tail
-    and a batch, each group size. The Metal PR renders no such method."""
+def test_pr_cuda_test_reaches_the_tensor_core_route() -> None:
+    """The CUDA PR's own test runs calls that the patched routing sends to qmv's tensor
+    cores at every M = 1..16 it checks: both dtypes, 4- and 8-bit affine weights and the
+    fp modes, a ragged shape, batched and broadcast weights. The Metal PR renders no such
+    method."""
+    a100 = dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8)
     assert PR_CUDA_METHOD not in _pr_test_methods(("metal",))
     for backends in (("cuda",), ("metal", "cuda")):
         fn = _pr_test_methods(backends)[PR_CUDA_METHOD]
         shapes, ms = _assigned(fn, "shapes"), list(_assigned(fn, "Ms"))
-        bits, dtypes = _assigned(fn, "bits"), _assigned(fn, "dtypes")
-        assert ms == list(range(2, 8)) and bits == 8
-        assert _assigned(fn, "group_sizes") == list(dispatch.GROUP_SIZES)
+        modes, dtypes = _assigned(fn, "modes"), _assigned(fn, "dtypes")
+        assert ms == list(range(1, 17))
         assert sorted(dtypes) == ["bfloat16", "float16"]
-        plans = set()
-        for (n, k, b), dtype, m in itertools.product(shapes, dtypes, ms):
-            if m * b >= dispatch.CUDA_QMV_MAX_ROWS:
-                continue  # the test skips these on CUDA (qmm)
-            plan = dispatch.cuda_plan("affine", bits, dtype, k, n, m, b)
-            assert all(v > 1 for v, _ in plan), (n, k, b, dtype, m, plan)
-            plans.add((plan, b > 1, k % 256 != 0))
-        one_batch = {dispatch.cuda_plan("affine", 8, BF16, 4096, 2048, m) for m in ms}
-        assert {p for p, _, _ in plans} == one_batch | {((2, 2),), ((3, 3),)}
-        assert any(batched for _, batched, _ in plans) and any(tail for _, _, tail in plans)
+        assert {m for m, _, _ in modes} == {"affine", "mxfp4", "nvfp4", "mxfp8"}
+        assert {b for m, b, _ in modes if m == "affine"} == {4, 8}
+        checked = set()
+        for (mode, bits, _), (n, k, b), dtype, m in itertools.product(modes, shapes, dtypes, ms):
+            batch = b if b else 3
+            if m * batch > 16:
+                continue  # the test skips these (qmm)
+            path = dispatch.patched_kernel_path(a100, mode, bits, k, n, m, batch, dtype=dtype)
+            assert path == "qmv_mma", (mode, bits, n, k, b, dtype, m)
+            checked.add((m, b))
+        assert {m for m, _ in checked} == set(ms)
+        assert {b for _, b in checked} == {0, 1, 3}

@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from patchkit.cli import main
-from patchkit.verify import dispatch, mlx_parity
+from patchkit.verify import mlx_parity
 
 METAL_G15 = mlx_parity.DeviceInfo("metal", "applegpu_g15s", 15, "s")
 METAL_G13 = mlx_parity.DeviceInfo("metal", "applegpu_g13g", 13, "g")
-CUDA = mlx_parity.DeviceInfo("cuda", "NVIDIA H200")
+CUDA = mlx_parity.DeviceInfo("cuda", "NVIDIA H200", cc_major=9)
 
 
 def cfg(mode: str = "affine", bits: int = 4, B: int = 1, K: int = 4096, N: int = 4096):
@@ -36,7 +36,8 @@ def test_metal_arch_parses_like_device_cpp() -> None:
         (mlx_parity.DeviceInfo("metal", "applegpu_g17s", 17, "s"), 1024, 1024, 33),
         (METAL_G13, 8192, 8192, 6),  # M1 hosted runner, large shape
         (mlx_parity.DeviceInfo("metal", "applegpu_g14d", 14, "d"), 2048, 2048, 32),
-        (CUDA, 512, 64, 13),  # off Metal: a gen-15 Mac's range
+        (CUDA, 512, 64, 17),  # CUDA: the patched qmv's M <= 16
+        (mlx_parity.DeviceInfo("cpu", "cpu"), 512, 64, 13),  # CPU: a gen-15 Mac's range
     ],
 )
 def test_batch_limit_matches_get_qmv_batch_limit(dev, K: int, N: int, limit: int) -> None:
@@ -72,45 +73,45 @@ def test_shared_weights_fold_into_m_on_metal_only() -> None:
     assert (stop - 1) * 3 < limit <= stop * 3
     assert mlx_parity.kernel_path(METAL_G15, shared, stop - 1) == "qmv_wide"
     assert mlx_parity.kernel_path(METAL_G15, shared, stop) == "qmm_splitk"
-    assert mlx_parity.m_stop(CUDA, shared, limit) == limit
+    # CUDA: M * B <= 16 on the tensor cores (4-bit float16), M * B < 8 elsewhere.
+    assert mlx_parity.m_stop(CUDA, shared, 17) == 6
+    f32 = mlx_parity.Config("affine", 4, 64, "float32", 512, 64, 1)
+    assert mlx_parity.m_stop(CUDA, f32, 17) == 8
 
 
-def test_patched_cuda_paths_follow_the_shared_weights_routing(
+def test_patched_cuda_paths_follow_the_tensor_core_routing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A patched CUDA build reads each weight once for several vectors (qmv_shared) for 8-bit
-    weights with float16/bfloat16 activations on layers of 2**23 weights and more, at the
-    M * B < 8 that reach qmv; every other qmv call keeps one vector per block (qmv). The
-    overlay's switches: MLX_CUDA_QMV_EXACT=1 keeps qmm's M <= 16 in qmv,
-    MLX_CUDA_QMV_SHARED_WEIGHTS=0 turns the shared reads off."""
+    """A patched CUDA build runs M * B <= 16 on qmv's tensor cores (qmv_mma) for 4- and
+    8-bit weights with float16/bfloat16 activations; every other qmv call keeps upstream's
+    kernel, one vector per block (qmv). The overlay's switches: MLX_CUDA_QMV_EXACT=1 keeps
+    qmm's M <= 16 in qmv where the tensor cores do not apply, MLX_CUDA_QMV_SHARED_WEIGHTS=0
+    turns the tensor-core path off."""
     monkeypatch.delenv("MLX_CUDA_QMV_EXACT", raising=False)
     monkeypatch.delenv("MLX_CUDA_QMV_SHARED_WEIGHTS", raising=False)
 
     def path(m: int, **kw: Any) -> str:
         return mlx_parity.kernel_path(CUDA, cfg(**{"bits": 8, **kw}), m, patched=True)
 
-    assert [path(m) for m in range(1, 9)] == ["qmv"] + ["qmv_shared"] * 6 + ["qmm"]
-    assert path(2, K=2048) == "qmv_shared"  # N * K = 2**23, on the floor
-    assert path(2, K=2048, N=4092) == "qmv"  # one row group below it
-    assert path(2, bits=4) == "qmv"  # 4-bit gained too little to keep
+    assert [path(m) for m in (1, 2, 8, 16, 17)] == ["qmv_mma"] * 4 + ["qmm"]
+    assert path(2, bits=4) == "qmv_mma"
     assert path(2, bits=6) == "qmv"
-    assert path(2, B=3) == "qmv_shared" and path(3, B=3) == "qmm"
+    assert path(5, B=3) == "qmv_mma" and path(6, B=3) == "qmm"
     f32 = mlx_parity.Config("affine", 8, 64, "float32", 4096, 4096, 1)
     assert mlx_parity.kernel_path(CUDA, f32, 2, patched=True) == "qmv"
-    assert mlx_parity.kernel_path(CUDA, cfg("mxfp8"), 2, patched=True) == "fp_qmv"
-    # Unpatched, the same calls are stock's qmv.
+    assert mlx_parity.kernel_path(CUDA, cfg("mxfp8"), 2, patched=True) == "qmv_mma"
+    # Unpatched, the same calls are stock's qmv and qmm.
     assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 2) == "qmv"
+    assert mlx_parity.kernel_path(CUDA, cfg(bits=8), 8) == "qmm"
     monkeypatch.setenv("MLX_CUDA_QMV_EXACT", "1")
-    assert path(9) == "qmv_shared" and path(16) == "qmv_shared" and path(17) == "qmm"
-    assert path(9, K=1024, N=1024) == "qmv"  # below the floor: one vector per block
-    assert path(3, B=3) == "qmv_shared" and path(5, B=3) == "qmv"  # a batch: up to 4
-    assert mlx_parity.kernel_path(CUDA, cfg("mxfp4"), 9, patched=True) == "qmm"
+    assert mlx_parity.kernel_path(CUDA, f32, 9, patched=True) == "qmv"
+    assert path(9) == "qmv_mma" and path(17) == "qmm"
     monkeypatch.setenv("MLX_CUDA_QMV_SHARED_WEIGHTS", "0")
     assert path(2) == "qmv" and path(9) == "qmv"
     # Read as MLX reads it (atoi): leading digits count, no digits is 0.
-    for value, shared in (("1", True), (" 2x", True), ("junk", False), ("", False)):
+    for value, on in (("1", True), (" 2x", True), ("junk", False), ("", False)):
         monkeypatch.setenv("MLX_CUDA_QMV_SHARED_WEIGHTS", value)
-        assert (path(2) == "qmv_shared") == shared, value
+        assert (path(2) == "qmv_mma") == on, value
 
 
 def test_configs_quick_covers_axes_and_filters() -> None:
@@ -145,7 +146,8 @@ def test_cli_json_matches_printed_table(tmp_path: Path) -> None:
     assert set(report["rows_differing_by_path"].values()) == {0}
     table = mlx_parity.parse_table(human.stdout)
     assert table == [mlx_parity.table_cells(r) for r in report["rows"]]
-    assert len(table) == 4  # bits {3, 4} x B {1, 3}
+    # bits {3, 4} x B {1, 3}, and the four 4-bit GPU-only layers (skipped on the CPU)
+    assert len(table) == 8
     # every M from 2 to limit - 1, each with the dispatch path named
     assert [m["M"] for m in report["rows"][0]["by_m"]] == list(range(2, report["rows"][0]["limit"]))
     verdict, scope = human.stdout.splitlines()[-2:]
@@ -195,27 +197,29 @@ def test_unsupported_mode_is_reported_not_raised() -> None:
     assert mlx_parity.table_cells(row)[-1].startswith("unsupported")
 
 
-def test_large_shapes_share_weights_above_the_floor_and_skip_on_cpu() -> None:
-    """Both matrices carry GPU-only 8-bit shapes of at least 2**23 weights in both 16-bit
-    dtypes, so that parity on a patched CUDA build runs the shared-weights launches (every
-    M = 2..7 plan, batched and broadcast weights included); on the CPU backend they are
-    reported as skipped, not run. Control: no other affine configuration reaches them."""
+def test_large_shapes_run_the_tensor_cores_and_skip_on_cpu() -> None:
+    """Both matrices carry GPU-only layers of at least 2**23 weights, 4- and 8-bit, in both
+    16-bit dtypes, so that parity on a patched CUDA build runs the tensor-core qmv at every
+    M <= 16 at sizes read from HBM (batched and broadcast weights included); on the CPU
+    backend they are reported as skipped, not run. The small affine configurations in a
+    16-bit dtype reach the same kernel."""
     large = [c for c in mlx_parity.configs(full=True) if c.gpu_only]
     assert {(c.K, c.N) for c in large} == set(mlx_parity.LARGE_SHAPES.values())
     assert {(c.B, c.shared_w) for c in large} == {(1, False), (3, False), (3, True)}
     assert {c.dtype for c in large} == {"bfloat16", "float16"}
+    assert {c.bits for c in large} == {4, 8}
     assert [c for c in mlx_parity.configs(full=False) if c.gpu_only] == large
     assert min(k * n for k, n in mlx_parity.LARGE_SHAPES.values()) == 1 << 23
-    plans = set()
     for c in large:
-        # B = 1: M = 2..7; B = 3: M = 2, the one M * B < 8 the default route sends to qmv.
-        for m in range(2, 8) if c.B == 1 else (2,):
-            assert mlx_parity.kernel_path(CUDA, c, m, patched=True) == "qmv_shared", (c, m)
-            plans.add(dispatch.cuda_plan(c.mode, c.bits, c.dtype, c.K, c.N, m, c.B))
-    assert {v for plan in plans for v, _ in plan} == {2, 3, 4}  # every V the patch adds
+        for m in range(1, 16 // c.B + 1):
+            assert mlx_parity.kernel_path(CUDA, c, m, patched=True) == "qmv_mma", (c, m)
     small = [c for c in mlx_parity.configs(full=True) if not c.gpu_only and c.mode == "affine"]
-    for c, m in itertools.product(small, range(2, 8)):
-        assert mlx_parity.kernel_path(CUDA, c, m, patched=True) in ("qmv", "qmm"), (c, m)
+    reach = {
+        mlx_parity.kernel_path(CUDA, c, m, patched=True)
+        for c, m in itertools.product(small, range(2, 6))
+        if c.dtype != "float32" and c.bits in (4, 8)
+    }
+    assert reach == {"qmv_mma"}
     ragged = mlx_parity.LARGE_SHAPES["ragged"]
     assert ragged[0] % 512 and ragged[1] % 8  # a K tail and a partial last row block
     row = mlx_parity.run_config(mlx, mlx_parity.DeviceInfo("cpu", "cpu"), large[0])

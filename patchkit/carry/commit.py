@@ -22,9 +22,16 @@ BRANCH_PREFIX = "patchkit/"
 SUBJECTS = {
     "jit-fix": "metal: qmv passes each kernel exactly its template arguments",
     "metal": "metal: qmv streams vectors in M = 1's order, replacing qmv_wide",
-    "cuda": "cuda: qmv streams vectors in M = 1's order for small batches",
+    "cuda": "cuda: qmv on tensor cores for up to 16 vectors, rows as M = 1",
 }
 BODIES = {
+    "cuda": (
+        "For float16/bfloat16 inputs and 4- and 8-bit weights on sm80 and later,\n"
+        "qmv runs on tensor cores and QuantizedMatmul sends M * B <= 16 to it:\n"
+        "each weight is read once for all vectors, and every row goes through the\n"
+        "same instructions as the same vector alone, so it is bit-identical to\n"
+        "the M = 1 call.\n"
+    ),
     "jit-fix": (
         "In MLX_METAL_JIT=ON builds qmv() passed the output tile to every qmv\n"
         "kernel's template; only fp_qmv_fast declares it.\n"

@@ -851,27 +851,6 @@ def bench_fact(data: dict, arm: str, base: str, m_range: Sequence[int]) -> list[
     ]
 
 
-def cuda_qmv_fact(data: dict) -> list[str]:
-    """Lines for the compiled stock-vs-patched ``qmv.cu`` grid (``docs/results/cuda.json``):
-    rows against stock's M = 1, and patched/stock time where the routing batches vectors."""
-    routed = data["routed"]
-    rows = sum(r["parity"]["rows"] for r in routed["results"])
-    differing = sum(r["parity"]["differing"] for r in routed["results"])
-    ratios = []
-    for r in routed["results"]:
-        for m, arms in r["seconds"].items():
-            patched = [k for k in arms if k != "stock"]
-            if int(m) >= 2 and patched and patched[0] != f"1x{m}":
-                ratios.append(arms[patched[0]] / arms["stock"])
-    host = routed.get("host") or {}
-    return [
-        f"{host.get('gpu', '?')} ({host.get('capability', '?')}, CUDA {host.get('cuda', '?')}):"
-        f" {differing} of {rows:,} rows at M = 1..7 differ from stock's M = 1",
-        f"where the routing batches vectors (M = 2..7): {_span(ratios, lambda x: f'{x:.2f}')}x"
-        f" stock's time, {sum(x > 1.0 for x in ratios)} of {len(ratios)} cells above 1.00",
-    ]
-
-
 def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[list[dict], list[str]]:
     """([{title, lines, source}], warnings) from the files ``templates/pr/results.toml``
     names for ``backend``: numbers are read from the files, never written in code."""
@@ -891,8 +870,6 @@ def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[lis
                 lines = build_fact(data)
             elif kind == "parity":
                 lines = parity_fact(data)
-            elif kind == "cuda_qmv":
-                lines = cuda_qmv_fact(data)
             else:
                 lines = bench_fact(data, entry["arm"], entry["base"], entry["m"])
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from patchkit.verify.harness import cuda as cuda_harness
-
 # The fp modes and their fixed (group_size, bits): ``quantized.cpp``'s mode table.
 FP_MODES: dict[str, tuple[int, int]] = {"mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
 MODES = ("affine", *FP_MODES)
@@ -80,9 +78,12 @@ def metal_arch(name: str) -> tuple[int, str]:
 def batch_limit(K: int, N: int, dev: DeviceInfo) -> int:
     """``get_qmv_batch_limit(D=K, O=N)``: from this M on, Metal runs qmm.
 
-    Off Metal there is no such limit; we use a generation-15 Mac's, so every
-    backend is asked about the M range where the defect lives.
+    Off Metal there is no such limit. CUDA is asked up to M = 16, the range the patched
+    qmv promises (:data:`CUDA_QMV_MMA_MAX_ROWS`); the CPU uses a generation-15 Mac's, so
+    it is asked about the M range where the defect lives.
     """
+    if dev.backend == "cuda":
+        return CUDA_QMV_MMA_MAX_ROWS + 1
     gen, size = (dev.gen or 15, dev.size or "s") if dev.backend == "metal" else (15, "s")
     small, mid = K <= 2048 and N <= 2048, K <= 4096 and N <= 4096
     if gen >= 17 and size != "d":
@@ -156,33 +157,29 @@ def kernel_path(
 
 
 CUDA_QMV_EXACT_MAX_ROWS = 16  # the overlay's exact route: 2 <= M <= 16 (quantized.cpp)
+CUDA_QMV_MMA_MAX_ROWS = 16  # the patched quantized.cpp: M * B <= 16 takes qmv's tensor cores
 
 
-def cuda_plan(
-    mode: str, bits: int, dtype: str, K: int, N: int, M: int, B: int = 1, shared: bool = True
-) -> tuple[tuple[int, int], ...]:
-    """The launches the patched ``mlx::core::qmv`` (``qmv.cu``) makes for ``M`` rows of each
-    of ``B`` batches: ``(vectors per block, vectors)`` per launch.
-
-    The one model is :func:`patchkit.verify.harness.cuda.route` (``cu::qmv_vecs_per_block``:
-    8-bit affine weights with bfloat16/float16 activations on layers of N * K >= 2**23,
-    M = 2, 3, 4 in one launch, 5 = 3 + 2, 6 = 3 + 3, 7 = 4 + 3; a batch of B > 1 only up to
-    4 vectors), which the harness times and ``tests/test_dispatch.py`` checks against the
-    rendered template. The fp modes quantize to fp types, not ``uint8_t``, so they keep one
-    launch of one vector per block, as does every call with ``shared`` off (the overlay's
-    ``MLX_CUDA_QMV_SHARED_WEIGHTS=0``).
-    """
-    if mode != "affine" or not shared:
-        return ((1, M),)
-    return cuda_harness.route(M, cuda_harness.Config(K, N, bits, dtype=dtype), B)
-
-
-def cuda_shares_weights(
-    mode: str, bits: int, dtype: str, K: int, N: int, M: int, B: int = 1, shared: bool = True
+def cuda_qmv_mma(
+    dev: DeviceInfo, mode: str, bits: int, dtype: str, K: int, enabled: bool = True
 ) -> bool:
-    """Whether the patched ``qmv`` reads each weight once for several vectors at this call
-    (every launch of :func:`cuda_plan` has more than one vector per block)."""
-    return cuda_plan(mode, bits, dtype, K, N, M, B, shared)[0][0] > 1
+    """``supports_qmv_mma`` of the patched ``qmv.cu``: compute capability 8 or later,
+    float16/bfloat16 activations, 4- or 8-bit weights (affine or fp) and K in whole
+    16-byte loads of a weight row (K % (128 / bits) == 0). ``enabled`` is the overlay's
+    ``MLX_CUDA_QMV_SHARED_WEIGHTS`` (0: upstream's kernels everywhere)."""
+    return (
+        enabled
+        and dev.cc_major >= 8
+        and dtype in ("float16", "bfloat16")
+        and bits in (4, 8)
+        and K % (128 // bits) == 0
+    )
+
+
+def cuda_fp_qmv(dev: DeviceInfo, mode: str, M: int, B: int) -> bool:
+    """Stock's ``supports_fp_qmv`` for parity's calls: fp modes past compute capability 9,
+    at most 8 vectors (``fp_qmv``, another kernel, keeps its route)."""
+    return dev.cc_major > 9 and mode != "affine" and M * B <= 8
 
 
 def patched_kernel_path(
@@ -204,15 +201,15 @@ def patched_kernel_path(
 
     - Metal: what stock sends to ``qmv_wide`` goes to the streamed kernel of the
       M = 1 path's flavour (``qmv_fast_streamed`` / ``qmv_streamed``).
-    - CUDA: the calls that reach ``qmv`` run MLX's own ``qmv`` kernel, now with a number
-      of vectors per block (:func:`cuda_plan`); ``qmv_shared`` names the calls where that
-      number is above 1 (each weight read once for several vectors), ``qmv`` those that
-      keep upstream's one vector per block. Both sum every vector in the M = 1 order. The
-      overlay's switches: ``cuda_exact`` (``MLX_CUDA_QMV_EXACT=1``) also sends affine
+    - CUDA: where ``supports_qmv_mma`` holds (:func:`cuda_qmv_mma`), ``M * B <= 16`` goes
+      to ``qmv``, which runs on tensor cores there (``qmv_mma``: each weight read once for
+      up to 16 vectors, every row as its vector alone), ``fp_qmv``'s calls aside. Other
+      calls that reach ``qmv`` run upstream's kernel, one vector per block (also exact).
+      The overlay's switches: ``cuda_exact`` (``MLX_CUDA_QMV_EXACT=1``) also sends affine
       ``2 <= M <= 16`` to ``qmv`` where the M = 1 call of those rows runs ``qmv`` (``B < 8``;
       where ``qmm_sm90`` applies, ``B == 1`` with N, K <= 16384), where stock runs ``qmm``;
-      ``cuda_shared_weights`` off (``MLX_CUDA_QMV_SHARED_WEIGHTS=0``) keeps one vector per
-      block everywhere.
+      ``cuda_shared_weights`` off (``MLX_CUDA_QMV_SHARED_WEIGHTS=0``) turns the tensor-core
+      path and its route off.
     - Everything else is stock's routing.
     """
     stock = kernel_path(dev, mode, bits, K, N, M, B, group_size)
@@ -220,12 +217,14 @@ def patched_kernel_path(
         fast = "qmv_fast_streamed" if uses_qmv_fast(K, N, bits) else "qmv_streamed"
         return ("fp_" if mode != "affine" else "") + fast
     if dev.backend == "cuda":
+        mma = cuda_qmv_mma(dev, mode, bits, dtype, K, cuda_shared_weights)
+        if mma and M * B <= CUDA_QMV_MMA_MAX_ROWS and not cuda_fp_qmv(dev, mode, M, B):
+            return "qmv_mma"
         if cuda_qmm_sm90(dev, mode, bits, K, N, group_size):
             m1_runs_qmv = cuda_m1_qmv_on_sm90(1, B, K, N)
         else:
             m1_runs_qmv = B < CUDA_QMV_MAX_ROWS
         exact_range = 2 <= M <= CUDA_QMV_EXACT_MAX_ROWS and m1_runs_qmv
-        if stock == "qmv" or (cuda_exact and mode == "affine" and exact_range):
-            shares = cuda_shares_weights(mode, bits, dtype, K, N, M, B, cuda_shared_weights)
-            return "qmv_shared" if shares else "qmv"
+        if cuda_exact and mode == "affine" and exact_range:
+            return "qmv"
     return stock

@@ -45,17 +45,16 @@ BATCHES = (1, 3)
 # bits (K % qmv_fast_k_alignment == 0, N % 8 == 0); "ragged" takes qmv with its
 # safe tail (640 % 512 != 0) and moved-back last tile (37 = 4 * 8 + 5).
 SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
-# GPU only (minutes on MLX's CPU backend), in either matrix: shapes of at least 2**23
-# weights (N * K), the floor above which the patched CUDA qmv reads each 8-bit weight once
-# for several bfloat16/float16 vectors (dispatch.cuda_plan); every shape above lies below
-# it, so without these the shared-weights launches (V = 2..4, M = 5..7 as two launches)
-# would go unchecked. "floor" sits exactly on 2**23; "ragged" above it, with a K tail
-# (4160 % 512 != 0) and N % 8 != 0.
+# GPU only (minutes on MLX's CPU backend), in either matrix: layers of realistic size
+# (N * K >= 2**23) on the patched CUDA qmv's tensor cores, 4- and 8-bit, in both 16-bit
+# dtypes; "ragged" has a K that is not a multiple of a warp's K step (4160 % 512 != 0) and
+# N % 8 != 0. The small shapes above reach the same kernel; these check it at the sizes
+# where it reads from HBM.
 LARGE_SHAPES = {"floor": (4096, 2048), "ragged": (4160, 4100)}
 # Lazy-graph runs per M on a GPU, each with new buffers and each with recycled ones
 # (:meth:`_Operands.rows_differing_in_graph`).
 GRAPH_REPEATS = 3
-LARGE_BITS = (8,)  # the only width CUDA shares weight reads for (4-bit: one vector per block)
+LARGE_BITS = (4, 8)  # the widths the patched CUDA qmv runs on tensor cores
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,18 @@ def folded(dev: DeviceInfo, cfg: Config, M: int) -> tuple[int, int]:
 
 def m_stop(dev: DeviceInfo, cfg: Config, limit: int) -> int:
     """One past the largest M compared: the folded M (:func:`folded`) stays below the batch
-    limit, so on Metal every call stays on the vector kernels whose order is the claim."""
+    limit, so on Metal every call stays on the vector kernels whose order is the claim.
+
+    On CUDA, M * B stays in the range a patched build claims: up to 16 where qmv runs on
+    tensor cores (or the overlay's exact route is on), stock's qmv range (M * B < 8)
+    elsewhere. Past it runs stock's qmm, in another order by design, and each of its
+    kernels is compiled at run time first (tens of seconds each)."""
+    if dev.backend == "cuda":
+        wide = cuda_exact_enabled() or dispatch.cuda_qmv_mma(
+            dev, cfg.mode, cfg.bits, cfg.dtype, cfg.K, cuda_shared_weights_enabled()
+        )
+        rows = dispatch.CUDA_QMV_MMA_MAX_ROWS if wide else dispatch.CUDA_QMV_MAX_ROWS - 1
+        return min(limit, rows // cfg.B + 1)
     per_m = folded(dev, cfg, 1)[0]  # how many dispatch rows one M makes
     return (limit - 1) // per_m + 1
 
@@ -201,16 +211,14 @@ def _all_configs(full: bool) -> list[Config]:
         Config("affine", bits, 64, "float16", K, N, BATCHES[-1], shared_w=True)
         for (K, N), bits in itertools.product(shapes, AFFINE_BITS)
     ]
-    # Quick and full: skipped on the CPU backend, seconds on a GPU, and the only shapes
-    # that reach the shared-weights launches.
+    # Quick and full: skipped on the CPU backend, seconds on a GPU.
     out += [
         Config("affine", bits, 64, dtype, K, N, 1, gpu_only=True)
         for (K, N), bits, dtype in itertools.product(
             LARGE_SHAPES.values(), LARGE_BITS, ("bfloat16", "float16")
         )
     ]
-    # Batched and broadcast weights above the floor: below it every batch keeps one
-    # vector per block, so only these reach the shared-weights launches with B > 1.
+    # Batched and broadcast weights at a realistic size.
     out += [
         Config("affine", bits, 64, "bfloat16", *LARGE_SHAPES["floor"], BATCHES[-1],
                shared_w=shared, gpu_only=True)

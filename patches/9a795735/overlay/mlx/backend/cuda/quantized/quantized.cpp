@@ -4,7 +4,7 @@
 // base blob:  4d25f3c3e0ac4f2a5561631db4b492fbf1deab3c
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -103,6 +103,18 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
+//   @@ -103,6 +103,26 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
 // end of patchkit header
 // Copyright © 2025 Apple Inc.
 
@@ -110,6 +110,14 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   int N = out.shape(-1);
   int K = x.shape(-1);
   int B = out.size() / (M * N);
+
+  // Up to 16 vectors: qmv reads each weight once for all of them on tensor
+  // cores, faster than qmm there, and every row equals its vector alone.
+  if (can_use_qmv && !can_use_fp_qmv && M * B <= 16 &&
+      supports(supports_qmv_mma)) {
+    call_qmv();
+    return;
+  }
 
   // Downstream: MLX_CUDA_QMV_EXACT=1 sends 2 <= M <= 16 to qmv wherever the
   // M = 1 call of the same rows runs qmv, so every row is bit-identical to

@@ -4,16 +4,12 @@
 // base blob:  4ec6b95a7a2d8a0680d74d2a4849dc63a04a387d
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -8,6 +8,8 @@
-//   @@ -82,6 +84,7 @@ dequant_fma(const T* x, const Q* w, S scale, T bias, float* out) {
-//   @@ -117,8 +120,11 @@ __device__ __forceinline__ void qmv_kernel_impl(
-//   @@ -126,8 +132,11 @@ __device__ __forceinline__ void qmv_kernel_impl(
-//   @@ -146,29 +155,33 @@ __device__ __forceinline__ void qmv_kernel_impl(
-//   @@ -197,14 +210,20 @@ __global__ void qmv_kernel(
-//   @@ -244,11 +263,12 @@ __global__ void gather_qmv_kernel(
-//   @@ -272,14 +292,18 @@ void qmv(
-//   @@ -338,6 +362,46 @@ void gather_qmv(
-//   @@ -439,22 +503,41 @@ void qmv(
+//   @@ -7,6 +7,9 @@
+//   @@ -248,6 +251,286 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +550,31 @@ void qmv(
+//   @@ -403,6 +710,37 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +758,17 @@ void qmv(
+//   @@ -451,6 +800,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -24,6 +20,7 @@
 
 #include <cooperative_groups.h>
 #include <cooperative_groups/reduce.h>
+#include <cute/arch/mma_sm80.hpp>
 
 #include "mlx/utils.h"
 
@@ -101,7 +98,6 @@ dequant_fma(const T* x, const Q* w, S scale, T bias, float* out) {
 }
 
 template <
-    int vecs_per_block,
     int elems_per_thread,
     int group_size,
     bool has_bias,
@@ -137,11 +133,8 @@ __device__ __forceinline__ void qmv_kernel_impl(
     biases += (static_cast<int64_t>(row) + n * w_batch) * groups_per_row;
   }
 
-  // Accumulations of current row, one set per vector: each weight is read and
-  // dequantized once for vecs_per_block vectors, and each vector is summed in
-  // the same order as a single vector, so its result is bit-identical.
-  using Acc = cuda::std::conditional_t<(bits >= 8), float, T>;
-  Acc sums[vecs_per_block][elems_per_thread] = {};
+  // Accumulations of current row.
+  cuda::std::conditional_t<(bits >= 8), float, T> sums[elems_per_thread] = {};
 
   auto dequant_fma_tile = [&](int idx) {
     S scale = scales[idx / group_size];
@@ -149,11 +142,8 @@ __device__ __forceinline__ void qmv_kernel_impl(
     if constexpr (has_bias) {
       bias = biases[idx / group_size];
     }
-    [&]<int... v>(cuda::std::integer_sequence<int, v...>) {
-      (dequant_fma<elems_per_thread, has_bias>(
-           x + v * k + idx, w + w_step(idx), scale, bias, sums[v]),
-       ...);
-    }(cuda::std::make_integer_sequence<int, vecs_per_block>{});
+    dequant_fma<elems_per_thread, has_bias>(
+        x + idx, w + w_step(idx), scale, bias, sums);
   };
 
   // Loop over k dimension.
@@ -172,33 +162,29 @@ __device__ __forceinline__ void qmv_kernel_impl(
     }
   }
 
+  // Result for current row.
+  float sum{0};
 #pragma unroll
-  for (int v = 0; v < vecs_per_block; ++v) {
-    // Result for current row.
-    float sum{0};
-#pragma unroll
-    for (int i = 0; i < elems_per_thread; ++i) {
-      sum += sums[v][i];
-    }
-    sum = cg::reduce(warp, sum, cg::plus<float>{});
+  for (int i = 0; i < elems_per_thread; ++i) {
+    sum += sums[i];
+  }
+  sum = cg::reduce(warp, sum, cg::plus<float>{});
 
-    // Write result for current warp, which maps to rows 1-to-1.
-    if (warp.thread_rank() == 0) {
-      if constexpr (
-          cuda::std::is_same_v<Q, cutlass::float_e2m1_t> &&
-          cuda::std::is_same_v<S, cutlass::float_e4m3_t>) {
-        // Only nvfp4 supports global scale.
-        if (global_scale) {
-          sum *= (*global_scale / (F8E4M3_MAX * F4E2M1_MAX));
-        }
+  // Write result for current warp, which maps to rows 1-to-1.
+  if (warp.thread_rank() == 0) {
+    if constexpr (
+        cuda::std::is_same_v<Q, cutlass::float_e2m1_t> &&
+        cuda::std::is_same_v<S, cutlass::float_e4m3_t>) {
+      // Only nvfp4 supports global scale.
+      if (global_scale) {
+        sum *= (*global_scale / (F8E4M3_MAX * F4E2M1_MAX));
       }
-      out[v * n + row] = static_cast<T>(sum);
     }
+    out[row] = static_cast<T>(sum);
   }
 }
 
 template <
-    int vecs_per_block,
     int rows_per_block,
     int elems_per_thread,
     int group_size,
@@ -227,20 +213,14 @@ __global__ void qmv_kernel(
     return;
   }
 
-  // Advance pointers of x/out for M and batch dimensions, vecs_per_block
-  // vectors per block.
-  int m = grid.dim_blocks().y * vecs_per_block;
+  // Advance pointers of x/out for M and batch dimensions.
+  int m = grid.dim_blocks().y;
   int l = block.group_index().z;
-  x += block.group_index().y * vecs_per_block * k + m * k * l;
-  out += block.group_index().y * vecs_per_block * n + m * n * l;
+  x += block.group_index().y * k + m * k * l;
+  out += block.group_index().y * n + m * n * l;
   int w_batch = broadcast_w ? 0 : l;
 
-  qmv_kernel_impl<
-      vecs_per_block,
-      elems_per_thread,
-      group_size,
-      has_bias,
-      has_residue_k>(
+  qmv_kernel_impl<elems_per_thread, group_size, has_bias, has_residue_k>(
       x, w, scales, biases, global_scale, out, row, w_batch, n, k);
 }
 
@@ -280,12 +260,291 @@ __global__ void gather_qmv_kernel(
   x += block.group_index().y * k + m * k * x_idx;
   out += block.group_index().y * n + m * n * l;
 
-  qmv_kernel_impl<1, elems_per_thread, group_size, has_bias, has_residue_k>(
+  qmv_kernel_impl<elems_per_thread, group_size, has_bias, has_residue_k>(
       x, w, scales, biases, nullptr, out, row, w_idx, n, k);
 }
 
+// qmv on tensor cores: one block reads each weight once for up to 16 vectors,
+// and every row is bit-identical to the same vector alone (M = 1).
+//
+// The vectors are the 16 rows of an m16n8k16 MMA, 8 weight rows its columns. A
+// row of the result goes through the same instructions whatever M is: its
+// vector is one row of the MMA (the other rows are other vectors or zeros, and
+// an MMA's output row depends on its own input row only), the K order of the
+// MMAs is fixed by k alone, and the warps' partial sums are added in a fixed
+// order. M only decides how many rows of the tile are real.
+//
+// Each thread dequantizes 16 bytes of one weight row per step (128-bit loads),
+// the four threads of an MMA column cover 4 * 128 / bits of K, and the k_warps
+// warps of a block take interleaved steps of K, so the loads of a layer are
+// spread over enough warps to keep the memory busy.
+template <typename T, typename Q>
+constexpr bool qmv_mma_types = (cuda::std::is_same_v<T, cutlass::half_t> ||
+                                cuda::std::is_same_v<T, cutlass::bfloat16_t>) &&
+    (cute::sizeof_bits_v<Q> == 4 || cute::sizeof_bits_v<Q> == 8);
+
+template <typename T>
+__device__ __forceinline__ void
+qmv_mma_fma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  using Mma = cuda::std::conditional_t<
+      cuda::std::is_same_v<T, cutlass::half_t>,
+      cute::SM80_16x8x16_F32F16F16F32_TN,
+      cute::SM80_16x8x16_F32BF16BF16F32_TN>;
+  Mma::fma(
+      d[0],
+      d[1],
+      d[2],
+      d[3],
+      a[0],
+      a[1],
+      a[2],
+      a[3],
+      b0,
+      b1,
+      d[0],
+      d[1],
+      d[2],
+      d[3]);
+}
+
+// Both halves of a packed pair set to v.
+template <typename T>
+__device__ __forceinline__ auto qmv_mma_pair(T v) {
+  if constexpr (cuda::std::is_same_v<T, cutlass::half_t>) {
+    return __half2half2(v.to_half());
+  } else {
+    return __bfloat162bfloat162(v.to_nv_bfloat16());
+  }
+}
+
 template <
-    int vecs_per_block,
+    int tiles,
+    int k_warps,
+    int unroll,
+    int group_size,
+    bool has_bias,
+    typename T,
+    typename Q,
+    typename S>
+__global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
+    const T* x,
+    const Q* w,
+    const S* scales,
+    const T* biases,
+    const float* global_scale,
+    T* out,
+    int m,
+    int n,
+    int k,
+    bool broadcast_w) {
+  constexpr int bits = cute::sizeof_bits_v<Q>;
+  // Weights a thread dequantizes per step: one 16-byte load.
+  constexpr int seg = 128 / bits;
+  // Groups in a step (nvfp4's groups of 16 are shorter than a step).
+  constexpr int seg_groups = cuda::std::max(1, seg / group_size);
+  constexpr int group_elems = seg / seg_groups;
+  // K of one step of a warp: the four threads of an MMA column.
+  constexpr int step_k = 4 * seg;
+  using T2 = cuda::std::conditional_t<
+      cuda::std::is_same_v<T, cutlass::half_t>,
+      __half2,
+      __nv_bfloat162>;
+
+  int lane = threadIdx.x % WARP_SIZE;
+  int warp = threadIdx.x / WARP_SIZE;
+  int col = lane / 4; // MMA row (vector) and column (weight row) of this thread
+  int quad = lane % 4; // which quarter of a step's K it reads
+
+  int n0 = blockIdx.x * tiles * 8;
+  int v0 = blockIdx.y * 16;
+  int l = blockIdx.z;
+  int vecs = cuda::std::min(16, m - v0);
+  x += (static_cast<int64_t>(l) * m + v0) * k;
+  out += (static_cast<int64_t>(l) * m + v0) * n;
+  int w_batch = broadcast_w ? 0 : l;
+  int groups_per_row = k / group_size;
+  int64_t row_bytes = static_cast<int64_t>(k) * bits / 8;
+  auto* w_bytes = reinterpret_cast<const uint8_t*>(w) +
+      static_cast<int64_t>(w_batch) * n * row_bytes;
+  scales += static_cast<int64_t>(w_batch) * n * groups_per_row;
+  if constexpr (has_bias) {
+    biases += static_cast<int64_t>(w_batch) * n * groups_per_row;
+  }
+
+  // The two vectors whose x this thread feeds to the MMA: col and col + 8.
+  const T* x_rows[2] = {x + static_cast<int64_t>(col) * k, x + (col + 8) * k};
+  bool x_real[2] = {col < vecs, col + 8 < vecs};
+
+  float acc[tiles][4] = {};
+  int steps = cuda::ceil_div(k, step_k);
+  // A warp takes steps warp, warp + k_warps, ... in order, unroll of them per
+  // iteration: their weights are all loaded before the first is used.
+  for (int s0 = warp; s0 < steps; s0 += k_warps * unroll) {
+    uint4 raw[unroll][tiles];
+    S scale[unroll][tiles][seg_groups];
+    T bias[unroll][tiles][seg_groups];
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) {
+      int k0 = (s0 + u * k_warps) * step_k + quad * seg;
+#pragma unroll
+      for (int t = 0; t < tiles; ++t) {
+        int row = n0 + t * 8 + col;
+        raw[u][t] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int g = 0; g < seg_groups; ++g) {
+          scale[u][t][g] = S{};
+          bias[u][t][g] = T{0};
+        }
+        if (k0 < k && row < n) {
+          raw[u][t] = *reinterpret_cast<const uint4*>(
+              w_bytes + row * row_bytes + k0 * bits / 8);
+          int g0 = row * groups_per_row + k0 / group_size;
+#pragma unroll
+          for (int g = 0; g < seg_groups; ++g) {
+            scale[u][t][g] = scales[g0 + g];
+            if constexpr (has_bias) {
+              bias[u][t][g] = biases[g0 + g];
+            }
+          }
+        }
+      }
+    }
+
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) {
+      if (s0 + u * k_warps >= steps) {
+        break;
+      }
+      int k0 = (s0 + u * k_warps) * step_k + quad * seg;
+      bool in_k = k0 < k;
+
+      // x of both vectors for this step, as packed pairs (zeros past M or K).
+      uint32_t xs[2][seg / 2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < seg / 8; ++j) {
+          uint4 v = make_uint4(0, 0, 0, 0);
+          if (in_k && x_real[h]) {
+            v = reinterpret_cast<const uint4*>(x_rows[h] + k0)[j];
+          }
+          xs[h][4 * j] = v.x;
+          xs[h][4 * j + 1] = v.y;
+          xs[h][4 * j + 2] = v.z;
+          xs[h][4 * j + 3] = v.w;
+        }
+      }
+
+#pragma unroll
+      for (int t = 0; t < tiles; ++t) {
+        // Dequantize as the other qmv kernels do: w * scale + bias in T.
+        auto w_vec =
+            *reinterpret_cast<const cutlass::Array<Q, seg>*>(&raw[u][t]);
+        cutlass::NumericArrayConverter<T, Q, seg> converter;
+        cutlass::Array<T, seg> w_dq = converter(w_vec);
+        // In pairs: each product and sum rounded once, as the scalar ops do.
+        auto* w2 = reinterpret_cast<T2*>(&w_dq);
+#pragma unroll
+        for (int g = 0; g < seg_groups; ++g) {
+          T2 s2 = qmv_mma_pair(T(scale[u][t][g]));
+          T2 b2 = qmv_mma_pair(bias[u][t][g]);
+#pragma unroll
+          for (int i = g * group_elems / 2; i < (g + 1) * group_elems / 2;
+               ++i) {
+            if constexpr (has_bias) {
+              w2[i] = __hadd2(__hmul2(w2[i], s2), b2);
+            } else {
+              w2[i] = __hmul2(w2[i], s2);
+            }
+          }
+        }
+        auto* wp = reinterpret_cast<const uint32_t*>(&w_dq);
+
+        // MMA j takes k0 + 4j .. k0 + 4j + 3 of every thread: pairs 2j, 2j + 1.
+#pragma unroll
+        for (int j = 0; j < seg / 4; ++j) {
+          uint32_t a[4] = {
+              xs[0][2 * j], xs[1][2 * j], xs[0][2 * j + 1], xs[1][2 * j + 1]};
+          qmv_mma_fma<T>(acc[t], a, wp[2 * j], wp[2 * j + 1]);
+        }
+      }
+    }
+  }
+
+  // The warps' partial sums, added in warp order.
+  __shared__ float partial[k_warps][tiles][4][WARP_SIZE];
+#pragma unroll
+  for (int t = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      partial[warp][t][i][lane] = acc[t][i];
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < tiles * 4 * WARP_SIZE;
+       e += k_warps * WARP_SIZE) {
+    int t = e / (4 * WARP_SIZE);
+    int i = (e / WARP_SIZE) % 4;
+    int src = e % WARP_SIZE;
+    float sum = partial[0][t][i][src];
+#pragma unroll
+    for (int p = 1; p < k_warps; ++p) {
+      sum += partial[p][t][i][src];
+    }
+    // Accumulator i of lane src: vector src / 4 (+ 8 for i >= 2), weight row
+    // 2 * (src % 4) + i % 2 of tile t.
+    int vec = src / 4 + 8 * (i / 2);
+    int row = n0 + t * 8 + 2 * (src % 4) + i % 2;
+    if (vec < vecs && row < n) {
+      if constexpr (
+          cuda::std::is_same_v<Q, cutlass::float_e2m1_t> &&
+          cuda::std::is_same_v<S, cutlass::float_e4m3_t>) {
+        // Only nvfp4 supports global scale.
+        if (global_scale) {
+          sum *= (*global_scale / (F8E4M3_MAX * F4E2M1_MAX));
+        }
+      }
+      out[static_cast<int64_t>(vec) * n + row] = static_cast<T>(sum);
+    }
+  }
+}
+
+template <
+    int group_size,
+    bool has_bias,
+    typename T,
+    typename Q,
+    typename S,
+    typename F>
+void qmv_mma(
+    const T* x,
+    const Q* w,
+    const S* scales,
+    const T* biases,
+    const float* global_scale,
+    T* out,
+    int m,
+    int n,
+    int k,
+    int l,
+    bool broadcast_w,
+    F&& launch_kernel) {
+  constexpr int tiles = 2;
+  constexpr int k_warps = 8;
+  constexpr int unroll = 4;
+  dim3 num_blocks{
+      uint32_t(cuda::ceil_div(n, tiles * 8)),
+      uint32_t(cuda::ceil_div(m, 16)),
+      uint32_t(l)};
+  dim3 block_dims{k_warps * WARP_SIZE};
+  void* args[] = {
+      &x, &w, &scales, &biases, &global_scale, &out, &m, &n, &k, &broadcast_w};
+  auto* kernel =
+      &qmv_mma_kernel<tiles, k_warps, unroll, group_size, has_bias, T, Q, S>;
+  launch_kernel(reinterpret_cast<void*>(kernel), num_blocks, block_dims, args);
+}
+
+template <
     int group_size,
     bool has_bias,
     typename T,
@@ -304,23 +563,43 @@ void qmv(
     int k,
     int l,
     bool broadcast_w,
+    bool mma,
     F&& launch_kernel) {
+  if constexpr (qmv_mma_types<T, Q>) {
+    if (mma) {
+      // Weights shared by the batch: its vectors are rows of the same tiles.
+      if (broadcast_w) {
+        m *= l;
+        l = 1;
+      }
+      qmv_mma<group_size, has_bias>(
+          x,
+          w,
+          scales,
+          biases,
+          global_scale,
+          out,
+          m,
+          n,
+          k,
+          l,
+          broadcast_w,
+          launch_kernel);
+      return;
+    }
+  }
   constexpr int rows_per_block = 8;
   constexpr int elems_per_thread =
       (cute::sizeof_bits_v<T> <= 16 && cute::sizeof_bits_v<Q> <= 4) ? 16 : 8;
 
-  // The host launches whole tiles: m is a multiple of vecs_per_block.
   dim3 num_blocks{
-      uint32_t(cuda::ceil_div(n, rows_per_block)),
-      uint32_t(m / vecs_per_block),
-      uint32_t(l)};
+      uint32_t(cuda::ceil_div(n, rows_per_block)), uint32_t(m), uint32_t(l)};
   dim3 block_dims{WARP_SIZE, rows_per_block};
   void* args[] = {
       &x, &w, &scales, &biases, &global_scale, &out, &n, &k, &broadcast_w};
 
   dispatch_bool(k % (WARP_SIZE * elems_per_thread), [&](auto has_residue_k) {
     auto* kernel = &qmv_kernel<
-        vecs_per_block,
         rows_per_block,
         elems_per_thread,
         group_size,
@@ -377,46 +656,6 @@ void gather_qmv(
     launch_kernel(
         reinterpret_cast<void*>(kernel), num_blocks, block_dims, args);
   });
-}
-
-// Weights for which qmv reads each weight once for several vectors: 8-bit
-// ones with 16-bit activations, on layers of 2^23 weights and more (below).
-// There sharing the weight reads is faster than one vector per block; for
-// 4-bit weights and smaller layers it is not.
-template <typename T, typename Q>
-constexpr bool qmv_shares_weights =
-    cute::sizeof_bits_v<T> == 16 && cuda::std::is_same_v<Q, uint8_t>;
-
-// Vectors per block for the next launch of qmv, rest vectors left. A batch
-// (l > 1) takes all its vectors in one launch.
-template <typename T, typename Q>
-inline int qmv_vecs_per_block(int rest, int l, int n, int k) {
-  // Downstream off switch: one vector per block everywhere, as upstream.
-  static bool off = !env::get_var("MLX_CUDA_QMV_SHARED_WEIGHTS", 1);
-  if (off) {
-    return 1;
-  }
-  if constexpr (qmv_shares_weights<T, Q>) {
-    if (rest >= 2 && static_cast<int64_t>(n) * k >= (1 << 23) &&
-        (l == 1 || rest <= 4)) {
-      return cuda::std::min(4, rest <= 4 ? rest : (rest + 1) / 2);
-    }
-  }
-  return 1;
-}
-
-template <typename T, typename Q, typename F>
-inline void dispatch_vecs_per_block(int vecs_per_block, F&& f) {
-  if constexpr (qmv_shares_weights<T, Q>) {
-    if (vecs_per_block == 2) {
-      return f.template operator()<2>();
-    } else if (vecs_per_block == 3) {
-      return f.template operator()<3>();
-    } else if (vecs_per_block == 4) {
-      return f.template operator()<4>();
-    }
-  }
-  f.template operator()<1>();
 }
 
 } // namespace cu
@@ -484,6 +723,37 @@ inline void dispatch_quant_types(
   }
 }
 
+bool supports_qmv_mma(
+    const array& x,
+    const array& w,
+    const array& scales,
+    const std::optional<array>& biases,
+    const array& out,
+    bool transpose,
+    int bits,
+    int group_size,
+    QuantizationMode mode,
+    cu::Device& device) {
+  // Downstream off switch: qmv reads the weights once per vector, as upstream.
+  static bool off = !env::get_var("MLX_CUDA_QMV_SHARED_WEIGHTS", 1);
+  if (off) {
+    return false;
+  }
+  // m16n8k16 MMAs with 16-bit inputs (sm80 and later) on 4- and 8-bit weights.
+  if (device.compute_capability_major() < 8) {
+    return false;
+  }
+  if (out.dtype() != float16 && out.dtype() != bfloat16) {
+    return false;
+  }
+  if (bits != 4 && bits != 8) {
+    return false;
+  }
+  // K in whole 16-byte loads of a weight row.
+  int k = x.shape(-1);
+  return k % (128 / bits) == 0;
+}
+
 void qmv(
     const array& x,
     const array& w,
@@ -501,6 +771,17 @@ void qmv(
   int k = x.shape(-1);
   int l = out.size() / (m * n);
   bool broadcast_w = (w.ndim() <= 2) || (w.size() != w.data_size());
+  bool mma = supports_qmv_mma(
+      x,
+      w,
+      scales,
+      biases,
+      out,
+      true,
+      bits,
+      group_size,
+      mode,
+      encoder.device());
 
   dispatch_element_types(out.dtype(), tag, [&]<typename T>() {
     dispatch_quant_types<T>(
@@ -520,41 +801,23 @@ void qmv(
           }
           encoder.set_output_array(out);
           constexpr bool has_bias = !cutlass::has_negative_zero_v<Q>;
-          // More than one launch: MLX's concurrent nodes, so that each launch
-          // depends on the inputs registered above and every reader of out
-          // waits for all of them.
-          std::optional<cu::CommandEncoder::ConcurrentContext> concurrent;
-          int first = cu::qmv_vecs_per_block<T, Q>(m, l, n, k);
-          if (first > 1 && first < m) {
-            concurrent.emplace(encoder);
-          }
-          for (int vec = 0; vec < m;) {
-            int per_block = cu::qmv_vecs_per_block<T, Q>(m - vec, l, n, k);
-            int vecs = per_block == 1 ? m - vec : per_block;
-            cu::dispatch_vecs_per_block<T, Q>(
-                per_block, [&]<int vecs_per_block>() {
-                  cu::qmv<vecs_per_block, group_size, has_bias>(
-                      gpu_ptr<T>(x) + static_cast<int64_t>(vec) * k,
-                      gpu_ptr<Q>(w),
-                      gpu_ptr<S>(scales),
-                      biases ? gpu_ptr<T>(*biases) : nullptr,
-                      global_scale ? gpu_ptr<float>(*global_scale) : nullptr,
-                      gpu_ptr<T>(out) + static_cast<int64_t>(vec) * n,
-                      vecs,
-                      n,
-                      k,
-                      l,
-                      broadcast_w,
-                      [&](auto* kernel,
-                          dim3 num_blocks,
-                          dim3 block_dims,
-                          void** args) {
-                        encoder.add_kernel_node_raw(
-                            kernel, num_blocks, block_dims, {}, 0, args);
-                      });
-                });
-            vec += vecs;
-          }
+          cu::qmv<group_size, has_bias>(
+              gpu_ptr<T>(x),
+              gpu_ptr<Q>(w),
+              gpu_ptr<S>(scales),
+              biases ? gpu_ptr<T>(*biases) : nullptr,
+              global_scale ? gpu_ptr<float>(*global_scale) : nullptr,
+              gpu_ptr<T>(out),
+              m,
+              n,
+              k,
+              l,
+              broadcast_w,
+              mma,
+              [&](auto* kernel, dim3 num_blocks, dim3 block_dims, void** args) {
+                encoder.add_kernel_node_raw(
+                    kernel, num_blocks, block_dims, {}, 0, args);
+              });
         });
   });
 }
