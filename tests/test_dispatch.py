@@ -147,11 +147,11 @@ def test_cuda_mma_route_by_value() -> None:
         assert path(bits, 4096, 2) == "qmv"
     assert path(4, 4096, 2, mode="mxfp4") == "qmv_mma"
     assert path(8, 4096, 12, mode="mxfp8") == "qmv_mma"
-    # Past sm90 stock runs fp_qmv for the fp modes up to 8 vectors (up to 7, and qmm at 8,
-    # in stock's routing); the patch leaves those calls where they are.
+    # Past sm90 stock runs fp_qmv for the fp modes (up to 7 vectors in stock's routing, qmm
+    # from 8); the patch leaves the fp modes there, and takes affine.
     assert path(4, 4096, 7, mode="nvfp4", dev=b200) == "fp_qmv"
-    assert path(4, 4096, 8, mode="nvfp4", dev=b200) == "qmm"
-    assert path(4, 4096, 9, mode="nvfp4", dev=b200) == "qmv_mma"
+    assert path(4, 4096, 9, mode="nvfp4", dev=b200) == "qmm"
+    assert path(4, 4096, 9, dev=b200) == "qmv_mma"
     # The exact route (overlay) covers what the tensor cores do not.
     assert path(4, 4096, 12, dtype="float32", cuda_exact=True) == "qmv"
     assert path(4, 4096, 17, cuda_exact=True) == "qmm"
@@ -298,7 +298,13 @@ def test_cuda_mma_predicate_is_the_rendered_one(flavour: str) -> None:
     assert "if (device.compute_capability_major() < 8) { return false; }" in body
     assert "if (out.dtype() != float16 && out.dtype() != bfloat16) { return false; }" in body
     assert "if (bits != 4 && bits != 8) { return false; }" in body
-    assert "return k % (128 / bits) == 0;" in body
+    assert (
+        "if (mode != QuantizationMode::Affine && device.compute_capability_major() > 9) "
+        "{ return false; }"
+    ) in body
+    assert (
+        "return k % (128 / bits) == 0 && x.offset() % 16 == 0 && w.offset() % 16 == 0;"
+    ) in body
     switch = 'static bool off = !env::get_var("MLX_CUDA_QMV_SHARED_WEIGHTS", 1);'
     assert (switch in body) == (flavour == "overlay")
     assert "bool mma = supports_qmv_mma(" in cxx.function_text(text, "qmv", 1)

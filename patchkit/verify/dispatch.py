@@ -164,22 +164,19 @@ def cuda_qmv_mma(
     dev: DeviceInfo, mode: str, bits: int, dtype: str, K: int, enabled: bool = True
 ) -> bool:
     """``supports_qmv_mma`` of the patched ``qmv.cu``: compute capability 8 or later,
-    float16/bfloat16 activations, 4- or 8-bit weights (affine or fp) and K in whole
-    16-byte loads of a weight row (K % (128 / bits) == 0). ``enabled`` is the overlay's
-    ``MLX_CUDA_QMV_SHARED_WEIGHTS`` (0: upstream's kernels everywhere)."""
+    float16/bfloat16 activations, 4- or 8-bit weights (affine, and the fp modes up to
+    compute capability 9: past it they keep upstream's ``fp_qmv``) and K in whole 16-byte
+    loads of a weight row (K % (128 / bits) == 0). Its other condition, x and w starting
+    16-byte aligned in their buffers, holds for every array parity makes. ``enabled`` is
+    the overlay's ``MLX_CUDA_QMV_SHARED_WEIGHTS`` (0: upstream's kernels everywhere)."""
     return (
         enabled
         and dev.cc_major >= 8
+        and (mode == "affine" or dev.cc_major <= 9)
         and dtype in ("float16", "bfloat16")
         and bits in (4, 8)
         and K % (128 // bits) == 0
     )
-
-
-def cuda_fp_qmv(dev: DeviceInfo, mode: str, M: int, B: int) -> bool:
-    """Stock's ``supports_fp_qmv`` for parity's calls: fp modes past compute capability 9,
-    at most 8 vectors (``fp_qmv``, another kernel, keeps its route)."""
-    return dev.cc_major > 9 and mode != "affine" and M * B <= 8
 
 
 def patched_kernel_path(
@@ -203,7 +200,7 @@ def patched_kernel_path(
       M = 1 path's flavour (``qmv_fast_streamed`` / ``qmv_streamed``).
     - CUDA: where ``supports_qmv_mma`` holds (:func:`cuda_qmv_mma`), ``M * B <= 16`` goes
       to ``qmv``, which runs on tensor cores there (``qmv_mma``: each weight read once for
-      up to 16 vectors, every row as its vector alone), ``fp_qmv``'s calls aside. Other
+      up to 16 vectors, every row as its vector alone). Other
       calls that reach ``qmv`` run upstream's kernel, one vector per block (also exact).
       The overlay's switches: ``cuda_exact`` (``MLX_CUDA_QMV_EXACT=1``) also sends affine
       ``2 <= M <= 16`` to ``qmv`` where the M = 1 call of those rows runs ``qmv`` (``B < 8``;
@@ -218,7 +215,7 @@ def patched_kernel_path(
         return ("fp_" if mode != "affine" else "") + fast
     if dev.backend == "cuda":
         mma = cuda_qmv_mma(dev, mode, bits, dtype, K, cuda_shared_weights)
-        if mma and M * B <= CUDA_QMV_MMA_MAX_ROWS and not cuda_fp_qmv(dev, mode, M, B):
+        if mma and M * B <= CUDA_QMV_MMA_MAX_ROWS:
             return "qmv_mma"
         if cuda_qmm_sm90(dev, mode, bits, K, N, group_size):
             m1_runs_qmv = cuda_m1_qmv_on_sm90(1, B, K, N)

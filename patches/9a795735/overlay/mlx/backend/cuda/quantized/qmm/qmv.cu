@@ -5,11 +5,11 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,9 @@
-//   @@ -248,6 +251,286 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +550,31 @@ void qmv(
-//   @@ -403,6 +710,37 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +758,17 @@ void qmv(
-//   @@ -451,6 +800,7 @@ void qmv(
+//   @@ -248,6 +251,287 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +551,31 @@ void qmv(
+//   @@ -403,6 +711,43 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +765,17 @@ void qmv(
+//   @@ -451,6 +807,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -398,7 +398,8 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
         if (k0 < k && row < n) {
           raw[u][t] = *reinterpret_cast<const uint4*>(
               w_bytes + row * row_bytes + k0 * bits / 8);
-          int g0 = row * groups_per_row + k0 / group_size;
+          int64_t g0 =
+              static_cast<int64_t>(row) * groups_per_row + k0 / group_size;
 #pragma unroll
           for (int g = 0; g < seg_groups; ++g) {
             scale[u][t][g] = scales[g0 + g];
@@ -437,24 +438,24 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
 
 #pragma unroll
       for (int t = 0; t < tiles; ++t) {
-        // Dequantize as the other qmv kernels do: w * scale + bias in T.
+        // Dequantize as the other qmv kernels do, w * scale + bias in T, one
+        // fma per pair of weights.
         auto w_vec =
             *reinterpret_cast<const cutlass::Array<Q, seg>*>(&raw[u][t]);
         cutlass::NumericArrayConverter<T, Q, seg> converter;
         cutlass::Array<T, seg> w_dq = converter(w_vec);
-        // In pairs: each product and sum rounded once, as the scalar ops do.
         auto* w2 = reinterpret_cast<T2*>(&w_dq);
 #pragma unroll
         for (int g = 0; g < seg_groups; ++g) {
           T2 s2 = qmv_mma_pair(T(scale[u][t][g]));
           T2 b2 = qmv_mma_pair(bias[u][t][g]);
 #pragma unroll
-          for (int i = g * group_elems / 2; i < (g + 1) * group_elems / 2;
-               ++i) {
+          for (int i = 0; i < group_elems / 2; ++i) {
+            T2& pair = w2[g * group_elems / 2 + i];
             if constexpr (has_bias) {
-              w2[i] = __hadd2(__hmul2(w2[i], s2), b2);
+              pair = __hfma2(pair, s2, b2);
             } else {
-              w2[i] = __hmul2(w2[i], s2);
+              pair = __hmul2(pair, s2);
             }
           }
         }
@@ -568,7 +569,7 @@ void qmv(
   if constexpr (qmv_mma_types<T, Q>) {
     if (mma) {
       // Weights shared by the batch: its vectors are rows of the same tiles.
-      if (broadcast_w) {
+      if (broadcast_w && cuda::ceil_div(m * l, 16) <= 65535) {
         m *= l;
         l = 1;
       }
@@ -749,9 +750,15 @@ bool supports_qmv_mma(
   if (bits != 4 && bits != 8) {
     return false;
   }
-  // K in whole 16-byte loads of a weight row.
+  // Past sm90 the fp modes keep fp_qmv, which upstream sends up to 8 vectors.
+  if (mode != QuantizationMode::Affine &&
+      device.compute_capability_major() > 9) {
+    return false;
+  }
+  // K in whole 16-byte loads of a weight row, and x and w starting 16-byte
+  // aligned in their buffers (a view can start anywhere).
   int k = x.shape(-1);
-  return k % (128 / bits) == 0;
+  return k % (128 / bits) == 0 && x.offset() % 16 == 0 && w.offset() % 16 == 0;
 }
 
 void qmv(
