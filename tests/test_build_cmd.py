@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from support_git import mlx_clone
 
-from patchkit.carry import mlx_build, mlx_deps, source
+from patchkit.carry import export, mlx_build, mlx_deps, source
 from patchkit.cli import main
 from patchkit.errors import UserError
 from patchkit.util import cache, git
@@ -213,6 +213,27 @@ def test_no_patch_branch_says_run_apply(project: dict[str, Path]) -> None:
     git.run(project["clone"], "branch", "-D", next(iter(_branches(project["clone"]))))
     with pytest.raises(UserError, match="run `patchkit apply` first"):
         mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])
+
+
+def test_a_branch_of_another_patch_is_refused(project: dict[str, Path]) -> None:
+    """The build compiles the cached clone's patchkit/<pin>; when that is not the checkout's
+    patches/<pin> (another checkout, or an older patch, applied there), the build would
+    carry another patch's commit and version: refused. Control: the same branch with the
+    checkout's series written from it plans."""
+    clone, root = project["clone"], project["root"]
+    branch = next(iter(_branches(clone)))
+    base = git.rev_parse(clone, branch)
+    wt = project["root"].parent / "wt"
+    git.worktree_add(clone, wt, base)
+    head = _commit(wt, {"mlx/version.h": VERSION_H + "// patched\n"}, "a patch")
+    git.branch_force(clone, branch, head)
+    with pytest.raises(UserError, match="is not this checkout's patches/"):
+        mlx_build.plan(root, backend="cpu", deps_dir=project["deps"])
+    dest = root / "patches" / base[:8]
+    dest.mkdir(parents=True)
+    export.write_series(clone, base, head, dest)
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    assert mlx_build.plan(root, backend="cpu", deps_dir=project["deps"]).patch_commit == head
 
 
 def _branches(clone: Path) -> list[str]:

@@ -305,6 +305,11 @@ def plan(
     branch = BRANCH_PREFIX + p.short
     if not clone.exists() or (head := git.try_rev_parse(clone, branch)) is None:
         raise UserError(f"no branch {branch} in the cached clone; run `patchkit apply` first")
+    if git.format_patch_text(clone, p.commit, head) != series_text(root, p.short):
+        raise UserError(
+            f"{branch} in the cached clone is not this checkout's patches/{p.short} "
+            "(another patch was applied there); run `patchkit apply` first"
+        )
     read = source.reader(clone, head)
     declared = mlx_deps.declared(read, backend)
     offline = offline or deps_dir is not None
@@ -722,6 +727,17 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
         counts["errors"] = sum(kind == "ERROR" for kind in problems.values())
     passed = ran - counts["failed"] - counts["errors"] - counts["skipped"]
     return {"ran": ran, "passed": passed - counts["expected_failures"], **counts, **reported}
+
+
+def series_text(root: Path, short: str) -> str:
+    """The checkout's patch series (``patches/<pin>/``, in ``series`` order) as ``git
+    format-patch --stdout`` prints it: the files joined by one newline ("" without one)."""
+    folder = root / transaction.PATCHES / short
+    try:
+        names = (folder / export.SERIES).read_text().split()
+        return "\n".join((folder / name).read_text() for name in names)
+    except OSError:
+        return ""
 
 
 def series_id(root: Path, short: str) -> str:

@@ -412,31 +412,36 @@ def user_identity(repo: Path) -> tuple[str, str] | None:
     return (name, email) if name and email else None
 
 
+# git format-patch's options for a carried series, byte-identical on every re-export.
+FORMAT_PATCH_ARGS = (
+    # The parent commit id is not useful in a carried patch and changes on
+    # every re-commit; zero it so re-export is byte-identical.
+    "--zero-commit",
+    # Full blob ids in "index" lines let `git am -3` find the base blobs.
+    "--full-index",
+    # The signature holds the git version: it would churn with the tool.
+    "--no-signature",
+    # The diffstat is derived data and noisy in review of patch changes.
+    "--no-stat",
+    # Plain "Subject: [PATCH n/m]" numbering, independent of user config.
+    "--numbered",
+    # Rename detection depends on config; keep what git writes explicit.
+    "--no-renames",
+    # No encoding guesswork: write what the commit holds.
+    "--encoding=UTF-8",
+)
+
+
 def format_patch(repo: Path, base: str, head: str, outdir: Path) -> list[Path]:
     """Write ``base..head`` as a patch series into ``outdir``; return the files in order."""
-    proc = run(
-        repo,
-        "format-patch",
-        # The parent commit id is not useful in a carried patch and changes on
-        # every re-commit; zero it so re-export is byte-identical.
-        "--zero-commit",
-        # Full blob ids in "index" lines let `git am -3` find the base blobs.
-        "--full-index",
-        # The signature holds the git version: it would churn with the tool.
-        "--no-signature",
-        # The diffstat is derived data and noisy in review of patch changes.
-        "--no-stat",
-        # Plain "Subject: [PATCH n/m]" numbering, independent of user config.
-        "--numbered",
-        # Rename detection depends on config; keep what git writes explicit.
-        "--no-renames",
-        # No encoding guesswork: write what the commit holds.
-        "--encoding=UTF-8",
-        "-o",
-        str(outdir),
-        f"{base}..{head}",
-    )
+    proc = run(repo, "format-patch", *FORMAT_PATCH_ARGS, "-o", str(outdir), f"{base}..{head}")
     return [Path(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def format_patch_text(repo: Path, base: str, head: str) -> str:
+    """``base..head`` as :func:`format_patch` writes it, the files joined by one newline
+    (``--stdout``)."""
+    return run(repo, "format-patch", *FORMAT_PATCH_ARGS, "--stdout", f"{base}..{head}").stdout
 
 
 def diff_blobs(repo: Path, old_blob: str, new_blob: str) -> str:
