@@ -258,36 +258,6 @@ def _cuda_render(path: str, flavour: str) -> str:
     return render.render_file(plan, _upstream(path), opts)
 
 
-def _py_ternaries(expr: str) -> str:
-    """``c ? a : b`` -> ``(a if c else b)``, innermost first, each operand bounded by the
-    parentheses or the comma around it."""
-    while "?" in expr:
-        q = expr.rindex("?")
-        depth, start = 0, 0
-        for i in range(q - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(expr[i], 0)
-            if depth < 0 or (depth == 0 and expr[i] == ","):
-                start = i + 1
-                break
-        colon = expr.index(":", q)
-        depth, end = 0, len(expr)
-        for i in range(colon + 1, len(expr)):
-            depth += {"(": 1, ")": -1}.get(expr[i], 0)
-            if depth < 0 or (depth == 0 and expr[i] == ","):
-                end = i
-                break
-        cond, yes, no = expr[start:q], expr[q + 1 : colon], expr[colon + 1 : end]
-        expr = f"{expr[:start]}(({yes}) if ({cond}) else ({no})){expr[end:]}"
-    return expr
-
-
-def _c_eval(expr: str, **names: int) -> int:
-    """Evaluate the C++ of qmv_vecs_per_block's condition or return value over ``names``."""
-    py = re.sub(r"static_cast<int64_t>\((\w+)\)", r"\1", " ".join(expr.split()))
-    py = py.replace("cuda::std::min", "min").replace("&&", " and ").replace("||", " or ")
-    return int(eval(_py_ternaries(py).replace("/", "//"), {"min": min}, names))
-
-
 @needs_clone
 @pytest.mark.parametrize("flavour", ["upstream", "overlay"])
 def test_cuda_mma_predicate_is_the_rendered_one(flavour: str) -> None:
@@ -302,9 +272,7 @@ def test_cuda_mma_predicate_is_the_rendered_one(flavour: str) -> None:
         "if (mode != QuantizationMode::Affine && device.compute_capability_major() > 9) "
         "{ return false; }"
     ) in body
-    assert (
-        "return k % (128 / bits) == 0 && x.offset() % 16 == 0 && w.offset() % 16 == 0;"
-    ) in body
+    assert ("return k % (128 / bits) == 0 && x.offset() % 16 == 0 && w.offset() % 16 == 0;") in body
     switch = 'static bool off = !env::get_var("MLX_CUDA_QMV_SHARED_WEIGHTS", 1);'
     assert (switch in body) == (flavour == "overlay")
     assert "bool mma = supports_qmv_mma(" in cxx.function_text(text, "qmv", 1)
