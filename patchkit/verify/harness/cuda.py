@@ -4,18 +4,18 @@ Two halves with a shared library between them, because the GPU host has no MLX c
 
 * ``build`` (here, with nvcc and the pinned tree) compiles one wrapper per arm that
   ``#include``s a ``qmv.cu`` whole (the pin's for ``stock``, the rendered one for
-  ``patched``) and exports one C entry point that launches ``cu::qmv`` for a
-  (dtype, bits, group size, vectors per block) instance on a stream. The kernels
+  ``patched``, with the tensor-core path asked for) and exports one C entry point that
+  launches ``cu::qmv`` for a (dtype, bits, group size) instance on a stream. The kernels
   are upstream's own text compiled with MLX's flags; only the launch is the
   wrapper's (``cudaLaunchKernel`` where MLX adds a graph node). MLX's host code
   in the file is dropped by the linker (``--gc-sections``), so the library needs
   no ``libmlx``. The libraries hold compiled MLX code: they live in a git-ignored
   folder and are never committed.
 * ``run`` (on the GPU host; torch imported lazily) calls both libraries on the same
-  inputs, checks every row of the patched M = 2..7 calls bit for bit against the
-  stock M = 1 call of that row (with a control that must differ), and times both
-  arms with the weights read from HBM (a fresh copy per call, as in decoding),
-  each call replayed from a CUDA graph, as MLX replays its graphs.
+  inputs, checks every row of the patched calls at M = 1..16, 17 and 33 bit for bit
+  against the patched M = 1 call of that row (with controls that must differ), and
+  times both arms with the weights read from HBM (a fresh copy per call, as in
+  decoding), each call replayed from a CUDA graph, as MLX replays its graphs.
 """
 
 from __future__ import annotations
