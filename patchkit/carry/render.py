@@ -67,9 +67,9 @@ class RenderOptions:
     ``upstream`` is the pull-request flavour, ``overlay`` the whole-file one
     for downstream engines. The CUDA templates render the downstream knobs
     (``MLX_CUDA_QMV_EXACT``, the off switch ``MLX_CUDA_QMV_SHARED_WEIGHTS=0``) in the
-    overlay only; the upstream render has no environment variable. The CUDA routing
-    itself (which weights and layers read each weight once for several vectors) is
-    a measured constant in the template, not an option (``docs/results/cuda.md``).
+    overlay only; the upstream render has no environment variable. The CUDA kernel's
+    launch constants are measured choices in the template, not options
+    (``docs/results/cuda.md``).
     """
 
     backends: tuple[str, ...] = BACKENDS
