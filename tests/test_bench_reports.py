@@ -1,0 +1,65 @@
+"""The two CUDA benchmarks' reports, from records shaped as their runs write them.
+
+No GPU: the records are small and synthetic, so each number in a table can be checked
+against the arithmetic it stands for (ratio to stock, floor over time, rows checked).
+"""
+
+from __future__ import annotations
+
+from support_scripts import load_script
+
+from patchkit.verify.harness import cuda
+
+
+def _mlx_qmv_report(stock_us: float, pr_us: float, nbytes: int, copy: float) -> dict:
+    return {
+        "dtype": "bfloat16",
+        "group_size": 64,
+        "copy_bytes_per_s": copy,
+        "rows": [
+            {
+                "K": 4096, "N": 4096, "bits": 4, "M": 1, "bytes": nbytes,
+                "stock_us": stock_us, "pr_us": pr_us, "floor_us": nbytes / copy * 1e6,
+            }
+        ],
+    }  # fmt: skip
+
+
+def test_mlx_qmv_table_puts_the_pr_beside_stock_and_the_floor() -> None:
+    """PR / stock and floor / PR are the row's own ratios: 40 / 50 = 0.80, 10 / 40 = 25 %."""
+    bench = load_script("bench/mlx_qmv.py")
+    report = _mlx_qmv_report(stock_us=50.0, pr_us=40.0, nbytes=40_000_000, copy=4e12)
+    header, rule, row = bench.table(report).splitlines()
+    assert "floor / PR" in header and rule.count("|") == header.count("|")
+    assert row == "| 4 | 4096x4096 | 1 | 50.0 | 40.0 | 0.80 | 10.0 | 25% |"
+
+
+def _harness_result(patched: float, stock: float, differing: int = 0) -> dict:
+    seconds = {str(m): {"patched": patched * m**0.5, "stock": stock * m} for m in cuda.MS}
+    return {
+        "config": {"K": 4096, "N": 4096, "bits": 4, "group_size": 64, "dtype": "bfloat16"},
+        "weight_bytes": 8_650_752,
+        "parity": {
+            "rows": sum(cuda.MS),
+            "differing": differing,
+            "odd_neighbours_differing": 0,
+            "control_flipped_bit": 1,
+            "control_reference": 3,
+            "max_error": {"patched": 3e-3, "stock": 4e-3},
+        },
+        "seconds": seconds,
+    }
+
+
+def test_harness_report_counts_rows_and_bandwidth() -> None:
+    """The report sums rows over layers, puts M = 1 bandwidth against the measured copy
+    bandwidth, and names a differing row; a clean record says 0."""
+    host = {"copy_bytes_per_s": 4e12}
+    clean = cuda.report({"host": host, "results": [_harness_result(4e-6, 5e-6)] * 2})
+    assert f"0 of {2 * sum(cuda.MS)} differ" in clean
+    assert "differ in every config" in clean
+    row = next(line for line in clean.splitlines() if line.startswith("| bfloat16"))
+    # 8,650,752 bytes in 4 µs is 2.16 TB/s: 54 % of 4 TB/s; stock's 5 µs: 43 %.
+    assert "| 54% | 43% | 3.0e-03 / 4.0e-03 | 0.80 |" in row
+    bad = cuda.report({"host": host, "results": [_harness_result(4e-6, 5e-6, differing=2)]})
+    assert f"2 of {sum(cuda.MS)} differ" in bad
