@@ -200,8 +200,8 @@ def patched_kernel_path(
       M = 1 path's flavour (``qmv_fast_streamed`` / ``qmv_streamed``).
     - CUDA: where ``supports_qmv_mma`` holds (:func:`cuda_qmv_mma`), ``M * B <= 16`` goes
       to ``qmv``, which runs on tensor cores there (``qmv_mma``: each weight read once for
-      up to 16 vectors, every row as its vector alone). Other
-      calls that reach ``qmv`` run upstream's kernel, one vector per block (also exact).
+      up to 16 vectors, every row as its vector alone). Other calls that reach ``qmv``
+      run upstream's kernel, one vector per block (also exact).
       The overlay's switches: ``cuda_exact`` (``MLX_CUDA_QMV_EXACT=1``) also sends affine
       ``2 <= M <= 16`` to ``qmv`` where the M = 1 call of those rows runs ``qmv`` (``B < 8``;
       where ``qmm_sm90`` applies, ``B == 1`` with N, K <= 16384), where stock runs ``qmm``;

@@ -47,9 +47,9 @@ BATCHES = (1, 3)
 SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
 # GPU only (minutes on MLX's CPU backend), in either matrix: layers of realistic size
 # (N * K >= 2**23) on the patched CUDA qmv's tensor cores, 4- and 8-bit, in both 16-bit
-# dtypes; "ragged" has a K that is not a multiple of a warp's K step (4160 % 512 != 0) and
-# N % 8 != 0. The small shapes above reach the same kernel; these check it at the sizes
-# where it reads from HBM.
+# dtypes; "ragged" has N % 8 != 0 and a K that ends in a partial step (4160 is 32.5 of the
+# kernel's 128-weight steps at 4 bits, and not a multiple of stock qmv's 512). The small
+# shapes above reach the same kernel; these check it at the sizes where it reads from HBM.
 LARGE_SHAPES = {"floor": (4096, 2048), "ragged": (4160, 4100)}
 # Lazy-graph runs per M on a GPU, each with new buffers and each with recycled ones
 # (:meth:`_Operands.rows_differing_in_graph`).
