@@ -359,12 +359,17 @@ def plan(
              [vpy, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
               str(where.dist), "--force-reinstall", "--no-deps", f"mlx=={version}"], root),
     ]  # fmt: skip
+    # Metal: one GPU that every process would share; elsewhere the methods run side by side
+    # (on CUDA most of a test's time is MLX compiling its qmm kernels, one core each).
+    test_jobs = 1 if backend == "metal" else jobs or os.cpu_count() or 1
     if run_tests:
         steps.append(
-            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included"
+            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included, "
+                 f"one process per test method, {test_jobs} at a time"
                  + (JIT_NOTE.format(where.ptx_cache(version)) if backend == "cuda" else ""),
-                 [vpy, "-m", "unittest", "-v", TEST_FILE], where.worktree / "python" / "tests",
-                 python_env, ok_codes=(0, 1))
+                 [vpy, "-m", "patchkit.util.split_unittest", TEST_FILE, "--jobs", str(test_jobs),
+                  *(["--cache-root", str(where.ptx_cache(version))] if backend == "cuda" else [])],
+                 where.worktree / "python" / "tests", python_env, ok_codes=(0, 1))
         )  # fmt: skip
     route = route_words(PARITY_ROUTE_ENV.get(backend))
     steps.append(
@@ -392,8 +397,8 @@ NO_LTO_NOTE = (
     "(nanobind's LTO of MLX's Python module, binding glue; no kernel changes)"
 )
 JIT_NOTE = (
-    "; MLX compiles its qmm kernels at first use (NVRTC, tens of seconds each), into {}, so "
-    "a first run takes long and a second starts warm"
+    "; MLX compiles its qmm kernels at first use (NVRTC, tens of seconds each), into one "
+    "folder per method under {}, so a first run takes long and a second starts warm"
 )
 _LTO_PROBE = "int twice(int x) { return 2 * x; }\n"
 
