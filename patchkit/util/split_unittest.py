@@ -1,0 +1,141 @@
+"""One unittest module, one process per test method, several at a time; one summary.
+
+``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR]``
+
+Why: on CUDA, MLX compiles each ``qmm`` kernel with NVRTC at first use, serially and
+20 to 50 s apiece, so its ``test_quantized.py`` spends most of a serial run compiling.
+Separate processes compile side by side on the host's cores. Each method gets its own
+``MLX_PTX_CACHE_DIR`` under ``--cache-root`` (a rerun starts warm, and no two processes
+write one cache file). A method whose process dies (a signal, no summary) is an
+``ERROR`` naming how it ended, where a single process would have taken the whole
+run's summary down with it.
+
+The output ends in unittest's own form: the ``FAIL:``/``ERROR:`` headers of every
+method, one ``Ran N tests`` line and one ``OK``/``FAILED (...)`` tail summing the
+methods' tails, so it is parsed as one run. Each method's own output comes first,
+indented, under a line naming it. Exit 0 when every method passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+import unittest
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+RAN = re.compile(r"^Ran (\d+) tests? in")
+TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
+PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
+TAIL_KEYS = ("failures", "errors", "skipped", "expected failures", "unexpected successes")
+
+
+@dataclass(frozen=True)
+class MethodRun:
+    """One test method's process: its id, exit code, wall seconds and output lines."""
+
+    test_id: str
+    returncode: int
+    seconds: float
+    lines: list[str]
+
+    def tail(self) -> dict[str, int] | None:
+        """unittest's closing counts (``{}`` for a bare ``OK``); None if it printed none."""
+        if not any(RAN.match(ln) for ln in self.lines):
+            return None
+        for ln in reversed(self.lines):
+            if m := TAIL.match(ln.strip()):
+                counts = {}
+                for part in filter(None, (m.group(2) or "").split(",")):
+                    key, _, value = part.strip().partition("=")
+                    counts[key] = int(value)
+                return counts
+        return None
+
+    def problems(self) -> list[str]:
+        """The run's FAIL/ERROR headers, or one ERROR saying how a process without a
+        summary ended."""
+        found = [ln.strip() for ln in self.lines if PROBLEM.match(ln)]
+        if self.tail() is None:
+            how = f"signal {-self.returncode}" if self.returncode < 0 else f"exit {self.returncode}"
+            method = self.test_id.rsplit(".", 1)[-1]
+            found.append(f"ERROR: {method} ({self.test_id}) (no unittest summary: {how})")
+        return found
+
+
+def test_ids(module: str) -> list[str]:
+    """Every test method of ``module``, in unittest's order (importing the module)."""
+
+    def flat(suite: Iterable[unittest.TestCase | unittest.TestSuite]) -> Iterator[str]:
+        for item in suite:
+            if isinstance(item, unittest.TestSuite):
+                yield from flat(item)
+            else:
+                yield item.id()
+
+    return list(flat(unittest.defaultTestLoader.loadTestsFromName(module)))
+
+
+def run_method(test_id: str, cache_root: Path | None) -> MethodRun:
+    """``python -m unittest -v TEST_ID`` in the current folder, with its own JIT cache."""
+    env = dict(os.environ)
+    if cache_root is not None:
+        env["MLX_PTX_CACHE_DIR"] = str(cache_root / test_id.rsplit(".", 1)[-1])
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "unittest", "-v", test_id],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False,
+    )  # fmt: skip
+    return MethodRun(test_id, done.returncode, time.monotonic() - start, done.stdout.splitlines())
+
+
+def summary(runs: list[MethodRun], seconds: float) -> list[str]:
+    """unittest's closing lines for all runs as one: problems, ``Ran``, the tail."""
+    totals = dict.fromkeys(TAIL_KEYS, 0)
+    problems: list[str] = []
+    ran = 0
+    for run in runs:
+        problems += run.problems()
+        tail = run.tail()
+        ran += next((int(m.group(1)) for ln in run.lines if (m := RAN.match(ln))), 1)
+        for key, value in ({"errors": 1} if tail is None else tail).items():
+            totals[key] = totals.get(key, 0) + value
+    ok = not problems and totals["failures"] == totals["errors"] == 0
+    counts = ", ".join(f"{k}={v}" for k, v in totals.items() if v)
+    tail = ("OK" if ok else "FAILED") + (f" ({counts})" if counts else "")
+    return ["-" * 70, *problems, f"Ran {ran} tests in {seconds:.1f}s", "", tail]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="split_unittest", description=__doc__.split("\n")[0])
+    parser.add_argument("module", help="a test module importable from the current folder")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--cache-root", type=Path, help="one MLX_PTX_CACHE_DIR per method here")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, os.getcwd())
+    ids = test_ids(args.module)
+    print(f"{len(ids)} test methods of {args.module}, {args.jobs} at a time", flush=True)
+    start = time.monotonic()
+    runs: list[MethodRun] = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(run_method, i, args.cache_root) for i in ids]
+        for future in as_completed(futures):
+            run = future.result()
+            runs.append(run)
+            verdict = "ok" if run.tail() is not None and not run.problems() else "FAILED"
+            print(f"== {run.test_id}: {verdict} in {run.seconds:.1f}s", flush=True)
+            print("\n".join("    " + ln for ln in run.lines), flush=True)
+    runs.sort(key=lambda r: ids.index(r.test_id))
+    lines = summary(runs, time.monotonic() - start)
+    print("\n".join(lines), flush=True)
+    return 0 if lines[-1].startswith("OK") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
