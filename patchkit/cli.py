@@ -656,6 +656,13 @@ def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, no_wait: bool, as_js
     default=True,
     help="Skip MLX's test_quantized.py (parity still runs); the record says so.",
 )
+@click.option(
+    "--test-timeout",
+    type=click.IntRange(min=1),
+    metavar="SECONDS",
+    help="Stop MLX's tests after this long; the record names the methods left unfinished "
+    "(on CUDA the whole file compiles MLX's qmm kernels for tens of minutes).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the exact commands and env; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def build_cmd(

@@ -369,7 +369,8 @@ def test_cuda_parity_checks_the_exact_route_and_the_record_says_so(
     assert "parity` on it (route: MLX_CUDA_QMV_EXACT=1): 0 of 8" in mlx_build.markdown(rec)
 
 
-STAGES = ["environment", "environment", "preflight", "build", "install", "test", "parity"]
+# Parity before MLX's tests: the claim first, then the slow step a --test-timeout may cut.
+STAGES = ["environment", "environment", "preflight", "build", "install", "parity", "test"]
 
 
 def test_dry_run_cli_prints_the_commands(
@@ -390,6 +391,10 @@ def test_dry_run_cli_prints_the_commands(
         s for s in STAGES if s != "test"
     ]
     assert mlx_build.tests_line(None).endswith("not run (`--no-test`).")
+    timed = CliRunner().invoke(main, ["build", "--backend", "cpu", "--dry-run", "--json",
+                                      "--test-timeout", "600"])  # fmt: skip
+    test_argv = next(s["argv"] for s in json.loads(timed.stdout)["steps"] if s["stage"] == "test")
+    assert test_argv[-2:] == ["--deadline-s", "600"] and "--deadline-s" not in str(plan)
     # `patchkit --json build ...` is the same as `patchkit build ... --json`
     lead = CliRunner().invoke(main, ["--json", "build", "--backend", "cpu", "--dry-run"])
     assert lead.exit_code == 0 and json.loads(lead.stdout) == plan

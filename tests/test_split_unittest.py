@@ -73,3 +73,51 @@ def test_all_passing_is_ok_and_exit_zero(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stdout
     assert ok.stdout.splitlines()[-1] == "OK (skipped=1)"
     assert mlx_build.unittest_counts(ok.stdout.splitlines())["passed"] == 3
+
+
+SLOW = """
+import time, unittest
+
+class TestSlow(unittest.TestCase):
+    def test_a_sleeps(self):
+        time.sleep(60)
+
+    def test_b_would_pass(self):
+        pass
+"""
+
+
+def test_a_deadline_stops_a_run_and_names_what_it_left(tmp_path: Path) -> None:
+    (tmp_path / "test_slow.py").write_text(SLOW)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "patchkit.util.split_unittest", "test_slow", "--jobs", "1"]
+    done = subprocess.run(
+        [*argv, "--deadline-s", "3"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        check=False, timeout=40,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    # The sleeper is stopped at 3 s, and the method queued behind it never starts.
+    assert done.returncode == 1 and lines[-1] == "FAILED (unfinished=2)", done.stdout
+    results = mlx_build.method_results(lines)
+    assert results["unfinished"] == ["test_a_sleeps", "test_b_would_pass"]
+    assert mlx_build.unittest_counts(lines)["ran"] == 0
+    line = mlx_build.tests_line({"file": "t.py", **mlx_build.unittest_counts(lines), **results})
+    assert "2 not finished in the time given: test_a_sleeps, test_b_would_pass" in line
+    # Control: without the deadline the same module's quick method passes (sleeper skipped).
+    (tmp_path / "test_slow.py").write_text(SLOW.replace("time.sleep(60)", "pass"))
+    quick = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert quick.returncode == 0 and mlx_build.method_results(quick.stdout.splitlines()) == {
+        "per_test": {"test_a_sleeps": "passed", "test_b_would_pass": "passed"},
+        "failing_subtests": {},
+        "unfinished": [],
+    }
+
+
+def test_method_results_name_each_failing_subtest(tmp_path: Path) -> None:
+    done = _run(tmp_path, "pass", "--jobs", "2")
+    results = mlx_build.method_results(done.stdout.splitlines())
+    assert results["per_test"]["test_two_subtests_fail"] == "failed"
+    assert results["per_test"]["test_passes"] == "passed" and results["unfinished"] == []
+    assert [s.split(") ", 1)[1] for s in results["failing_subtests"]["test_two_subtests_fail"]] == [
+        "(k=1)", "(k=2)",
+    ]  # fmt: skip

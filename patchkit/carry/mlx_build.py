@@ -50,7 +50,7 @@ from packaging.requirements import Requirement
 from patchkit.carry import export, mlx_deps, pin, render, source, transaction
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import ToolError, UserError
-from patchkit.util import git, proc, staging
+from patchkit.util import git, proc, split_unittest, staging
 from patchkit.util.cache import folder as cache_folder
 
 BACKENDS = ("metal", "cuda", "cpu")
@@ -291,6 +291,7 @@ def plan(
     system_site_packages: bool = False,
     cache: Path | None = None,
     run_tests: bool = True,
+    test_timeout: int | None = None,
 ) -> BuildPlan:
     """The build's commands; reads the pin, the clone and the dependency folder, writes nothing.
 
@@ -359,18 +360,6 @@ def plan(
              [vpy, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
               str(where.dist), "--force-reinstall", "--no-deps", f"mlx=={version}"], root),
     ]  # fmt: skip
-    # Metal: one GPU that every process would share; elsewhere the methods run side by side
-    # (on CUDA most of a test's time is MLX compiling its qmm kernels, one core each).
-    test_jobs = 1 if backend == "metal" else jobs or os.cpu_count() or 1
-    if run_tests:
-        steps.append(
-            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included, "
-                 f"one process per test method, {test_jobs} at a time"
-                 + (JIT_NOTE.format(where.ptx_cache(version)) if backend == "cuda" else ""),
-                 [vpy, "-m", "patchkit.util.split_unittest", TEST_FILE, "--jobs", str(test_jobs),
-                  *(["--cache-root", str(where.ptx_cache(version))] if backend == "cuda" else [])],
-                 where.worktree / "python" / "tests", python_env, ok_codes=(0, 1))
-        )  # fmt: skip
     route = route_words(PARITY_ROUTE_ENV.get(backend))
     steps.append(
         Step("parity", f"patchkit parity on the MLX just built{route} (exit 1 = rows differ)",
@@ -383,6 +372,21 @@ def plan(
                  "differ: another summation order, stock's choice)",
                  [vpy, "-m", "patchkit.verify.mlx_parity", "--patched", "--out",
                   str(where.parity_default_json)], where.base, python_env, ok_codes=(0, 1))
+        )  # fmt: skip
+    # Last: the slowest step, and the one a time limit may cut short.
+    # Metal: one GPU that every process would share; elsewhere the methods run side by side
+    # (on CUDA most of a test's time is MLX compiling its qmm kernels, one core each).
+    test_jobs = 1 if backend == "metal" else jobs or os.cpu_count() or 1
+    if run_tests:
+        steps.append(
+            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included, "
+                 f"one process per test method, {test_jobs} at a time"
+                 + (f", for at most {test_timeout} s" if test_timeout else "")
+                 + (JIT_NOTE.format(where.ptx_cache(version)) if backend == "cuda" else ""),
+                 [vpy, "-m", "patchkit.util.split_unittest", TEST_FILE, "--jobs", str(test_jobs),
+                  *(["--cache-root", str(where.ptx_cache(version))] if backend == "cuda" else []),
+                  *(["--deadline-s", str(test_timeout)] if test_timeout else [])],
+                 where.worktree / "python" / "tests", python_env, ok_codes=(0, 1))
         )  # fmt: skip
     return BuildPlan(
         backend, p.commit, head, clone, where, deps, steps, version=version, offline=offline,
@@ -734,6 +738,18 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
     return {"ran": ran, "passed": passed - counts["expected_failures"], **counts, **reported}
 
 
+def method_results(lines: list[str]) -> dict[str, Any]:
+    """The record's per-method view of a split run: each method's verdict, the headers
+    of its failing subtests, and the methods a deadline left unfinished."""
+    methods = split_unittest.parse_output(lines)
+    words = {"ok": "passed", "FAILED": "failed", "UNFINISHED": "unfinished"}
+    return {
+        "per_test": {name: words.get(m["verdict"], m["verdict"]) for name, m in methods.items()},
+        "failing_subtests": {n: m["problems"] for n, m in methods.items() if m["problems"]},
+        "unfinished": [n for n, m in methods.items() if m["verdict"] == "UNFINISHED"],
+    }
+
+
 def series_text(root: Path, short: str) -> str:
     """The checkout's patch series (``patches/<pin>/``, in ``series`` order) as ``git
     format-patch --stdout`` prints it: the files joined by one newline ("" without one)."""
@@ -829,13 +845,14 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
             if code not in step.ok_codes:
                 fail(step, code, lines, build.layout.log)
     # Exit 1 is also how a crashed Python ends: a missing report or summary is a failure.
+    parity_step = next(s for s in build.steps if s.stage == "parity")
     if not build.layout.parity_json.is_file():
-        fail(build.steps[-1], 1, outputs["parity"], build.layout.log)
+        fail(parity_step, 1, outputs["parity"], build.layout.log)
     parity = json.loads(build.layout.parity_json.read_text())
     default = None
     if build.backend in PARITY_ROUTE_ENV:
         if not build.layout.parity_default_json.is_file():
-            fail(build.steps[-1], 1, outputs["parity"], build.layout.log)
+            fail(parity_step, 1, outputs["parity"], build.layout.log)
         default = json.loads(build.layout.parity_default_json.read_text())
     tests = None  # --no-test: the record says the tests were not run
     if "test" in outputs:
@@ -843,6 +860,7 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
             tests = unittest_counts(outputs["test"])
         except UserError as exc:
             raise UserError(f"{exc}; the whole log: {build.layout.log}") from exc
+        tests.update(method_results(outputs["test"]))
     rec = record(build, root, tests, parity, walls, default)
     wheel = build.wheel()
     return {**rec, "incremental": incremental, "wheel": str(wheel) if wheel else None}
@@ -1129,11 +1147,9 @@ def tests_line(t: dict[str, Any] | None) -> str:
         f"- `{t['file']}`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
         f"{t['skipped']} skipped (of {t['ran']})"
     )
-    if t.get("unfinished"):  # the device pipeline's one-process-per-test form
-        failing = t.get("unfinished_failing") or {}
-        line += f"; {len(t['unfinished'])} not run to the end: " + ", ".join(
-            f"{n} ({len(failing[n])} subtests failing before it stopped)" if n in failing else n
-            for n in t["unfinished"]
+    if t.get("unfinished"):
+        line += f"; {len(t['unfinished'])} not finished in the time given: " + ", ".join(
+            t["unfinished"]
         )
     line += "."
     stock = (t.get("on_stock") or {}).get("per_test") or {}

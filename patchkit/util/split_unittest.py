@@ -1,6 +1,7 @@
 """One unittest module, one process per test method, several at a time; one summary.
 
-``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR]``
+``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR] [--deadline-s S]
+[--json PATH]``
 
 Why: on CUDA, MLX compiles each ``qmm`` kernel with NVRTC at first use, serially and
 20 to 50 s apiece, so its ``test_quantized.py`` spends most of a serial run compiling.
@@ -8,7 +9,10 @@ Separate processes compile side by side on the host's cores. Each method gets it
 ``MLX_PTX_CACHE_DIR`` under ``--cache-root`` (a rerun starts warm, and no two processes
 write one cache file). A method whose process dies (a signal, no summary) is an
 ``ERROR`` naming how it ended, where a single process would have taken the whole
-run's summary down with it.
+run's summary down with it. With ``--deadline-s``, a method still running then is
+stopped and one not yet started is not started: both are ``UNFINISHED`` lines, not
+counted as run, and the run is not OK (a host lent for a fixed time still gets a verdict
+on every method that ended).
 
 The output ends in unittest's own form: the ``FAIL:``/``ERROR:`` headers of every
 method, one ``Ran N tests`` line and one ``OK``/``FAILED (...)`` tail summing the
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -29,10 +34,13 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 RAN = re.compile(r"^Ran (\d+) tests? in")
 TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
 PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
+UNFINISHED = re.compile(r"^UNFINISHED: (\w+) \(([\w.]+)\)")
+HEADER = re.compile(r"^== ([\w.]+): (\w+) in ([\d.]+)s$")
 TAIL_KEYS = ("failures", "errors", "skipped", "expected failures", "unexpected successes")
 
 
@@ -41,9 +49,19 @@ class MethodRun:
     """One test method's process: its id, exit code, wall seconds and output lines."""
 
     test_id: str
-    returncode: int
+    returncode: int | None  # None: stopped at the deadline, or never started
     seconds: float
     lines: list[str]
+
+    @property
+    def method(self) -> str:
+        return self.test_id.rsplit(".", 1)[-1]
+
+    def verdict(self) -> str:
+        """``ok``, ``FAILED`` or ``UNFINISHED``: the word on the method's ``==`` line."""
+        if self.returncode is None:
+            return "UNFINISHED"
+        return "ok" if self.tail() is not None and not self.problems() else "FAILED"
 
     def tail(self) -> dict[str, int] | None:
         """unittest's closing counts (``{}`` for a bare ``OK``); None if it printed none."""
@@ -62,10 +80,9 @@ class MethodRun:
         """The run's FAIL/ERROR headers, or one ERROR saying how a process without a
         summary ended."""
         found = [ln.strip() for ln in self.lines if PROBLEM.match(ln)]
-        if self.tail() is None:
+        if self.tail() is None and self.returncode is not None:
             how = f"signal {-self.returncode}" if self.returncode < 0 else f"exit {self.returncode}"
-            method = self.test_id.rsplit(".", 1)[-1]
-            found.append(f"ERROR: {method} ({self.test_id}) (no unittest summary: {how})")
+            found.append(f"ERROR: {self.method} ({self.test_id}) (no unittest summary: {how})")
         return found
 
 
@@ -82,17 +99,27 @@ def test_ids(module: str) -> list[str]:
     return list(flat(unittest.defaultTestLoader.loadTestsFromName(module)))
 
 
-def run_method(test_id: str, cache_root: Path | None) -> MethodRun:
-    """``python -m unittest -v TEST_ID`` in the current folder, with its own JIT cache."""
+def run_method(test_id: str, cache_root: Path | None, deadline: float | None) -> MethodRun:
+    """``python -m unittest -v TEST_ID`` in the current folder, with its own JIT cache,
+    stopped (with its children) at ``deadline`` (a ``time.monotonic()`` value)."""
     env = dict(os.environ)
     if cache_root is not None:
         env["MLX_PTX_CACHE_DIR"] = str(cache_root / test_id.rsplit(".", 1)[-1])
     start = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "unittest", "-v", test_id],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False,
-    )  # fmt: skip
-    return MethodRun(test_id, done.returncode, time.monotonic() - start, done.stdout.splitlines())
+    if deadline is not None and start >= deadline:
+        return MethodRun(test_id, None, 0.0, [])
+    with subprocess.Popen(
+        [sys.executable, "-m", "unittest", "-v", test_id], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    ) as child:  # fmt: skip
+        try:
+            out, _ = child.communicate(timeout=None if deadline is None else deadline - start)
+            code: int | None = child.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            out, _ = child.communicate()
+            code = None
+    return MethodRun(test_id, code, time.monotonic() - start, out.splitlines())
 
 
 def summary(runs: list[MethodRun], seconds: float) -> list[str]:
@@ -101,15 +128,37 @@ def summary(runs: list[MethodRun], seconds: float) -> list[str]:
     problems: list[str] = []
     ran = 0
     for run in runs:
+        if run.returncode is None:
+            problems.append(f"UNFINISHED: {run.method} ({run.test_id}) (the deadline came first)")
+            continue
         problems += run.problems()
         tail = run.tail()
         ran += next((int(m.group(1)) for ln in run.lines if (m := RAN.match(ln))), 1)
         for key, value in ({"errors": 1} if tail is None else tail).items():
             totals[key] = totals.get(key, 0) + value
+    unfinished = sum(run.returncode is None for run in runs)
     ok = not problems and totals["failures"] == totals["errors"] == 0
-    counts = ", ".join(f"{k}={v}" for k, v in totals.items() if v)
+    counts = ", ".join(f"{k}={v}" for k, v in {**totals, "unfinished": unfinished}.items() if v)
     tail = ("OK" if ok else "FAILED") + (f" ({counts})" if counts else "")
     return ["-" * 70, *problems, f"Ran {ran} tests in {seconds:.1f}s", "", tail]
+
+
+def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
+    """Per method, from this module's own output: verdict, seconds and the headers of its
+    failing subtests. What a record keeps, and how two runs' logs are compared."""
+    methods: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for ln in lines:
+        if m := HEADER.match(ln):
+            current = {"verdict": m.group(2), "seconds": float(m.group(3)), "problems": []}
+            methods[m.group(1).rsplit(".", 1)[-1]] = current
+        elif ln.startswith("    ") and current is not None and PROBLEM.match(ln[4:]):
+            current["problems"].append(ln[4:].strip())
+        elif m := UNFINISHED.match(ln):
+            methods[m.group(1)] = {"verdict": "UNFINISHED", "seconds": None, "problems": []}
+        elif not ln.startswith("    "):
+            current = None
+    return methods
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,20 +166,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("module", help="a test module importable from the current folder")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cache-root", type=Path, help="one MLX_PTX_CACHE_DIR per method here")
+    parser.add_argument("--deadline-s", type=float, help="stop what still runs after this long")
     args = parser.parse_args(argv)
     sys.path.insert(0, os.getcwd())
     ids = test_ids(args.module)
     print(f"{len(ids)} test methods of {args.module}, {args.jobs} at a time", flush=True)
     start = time.monotonic()
+    deadline = None if args.deadline_s is None else start + args.deadline_s
     runs: list[MethodRun] = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_method, i, args.cache_root) for i in ids]
+        futures = [pool.submit(run_method, i, args.cache_root, deadline) for i in ids]
         for future in as_completed(futures):
             run = future.result()
             runs.append(run)
-            verdict = "ok" if run.tail() is not None and not run.problems() else "FAILED"
-            print(f"== {run.test_id}: {verdict} in {run.seconds:.1f}s", flush=True)
-            print("\n".join("    " + ln for ln in run.lines), flush=True)
+            if run.returncode is not None:
+                print(f"== {run.test_id}: {run.verdict()} in {run.seconds:.1f}s", flush=True)
+                print("\n".join("    " + ln for ln in run.lines), flush=True)
     runs.sort(key=lambda r: ids.index(r.test_id))
     lines = summary(runs, time.monotonic() - start)
     print("\n".join(lines), flush=True)
