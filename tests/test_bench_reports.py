@@ -63,3 +63,35 @@ def test_harness_report_counts_rows_and_bandwidth() -> None:
     assert "| 54% | 43% | 3.0e-03 / 4.0e-03 | 0.80 |" in row
     bad = cuda.report({"host": host, "results": [_harness_result(4e-6, 5e-6, differing=2)]})
     assert f"2 of {sum(cuda.MS)} differ" in bad
+
+
+def _split_output(failing: dict[str, list[str]], passing: list[str]) -> list[str]:
+    """What ``patchkit.util.split_unittest`` prints for methods that pass or fail."""
+    lines = []
+    for m in passing:
+        lines += [f"== test_quantized.TestQuantized.{m}: ok in 1.0s", "    Ran 1 test in 1.0s"]
+    for m, subtests in failing.items():
+        lines.append(f"== test_quantized.TestQuantized.{m}: FAILED in 2.0s")
+        lines += [f"    FAIL: {m} (test_quantized.TestQuantized.{m}) ({s})" for s in subtests]
+    return lines
+
+
+def test_mlx_tests_tells_the_prs_own_failures_from_stocks(tmp_path) -> None:
+    bench = load_script("bench/mlx_tests.py")
+    methods = ["test_a", "test_b", "test_new", "test_slow"]
+    stock = _split_output({"test_a": ["k=1", "k=2"], "test_new": ["M=8"]}, ["test_b"])
+    same = _split_output({"test_a": ["k=1"]}, ["test_b", "test_new"])
+    got = bench.side_by_side({"stock": stock, "pr": same}, methods)
+    assert got["pr_failing_also_on_stock"] == 1 and got["pr_failing_only_on_pr"] == []
+    assert got["stock_failing_only_on_stock"] == 2  # test_a k=2, test_new M=8
+    assert got["arms"]["pr"]["test_slow"]["verdict"] == "UNFINISHED"  # in neither output
+    # Control: a subtest failing on the PR alone is named.
+    worse = _split_output({"test_a": ["k=1"], "test_b": ["k=9"]}, ["test_new"])
+    got = bench.side_by_side({"stock": stock, "pr": worse}, methods)
+    assert got["pr_failing_only_on_pr"] == [
+        "test_b: FAIL: test_b (test_quantized.TestQuantized.test_b) (k=9)"
+    ]
+    meta = {"module": "test_quantized", "command": "c", "how": None, "hardware": {"gpu": "g"}}
+    page = bench.page({**meta, "mlx": {"pr": "p", "stock": "s"}, **got})
+    assert "- PR: 1 methods passed, 2 failed (2 failing subtests), 1 not run to the end" in page
+    assert "| `test_b` | failed | 1 | passed |  |" in page

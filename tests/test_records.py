@@ -17,7 +17,9 @@ import pytest
 from patchkit.carry import mlx_build, pin
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORDS = sorted((ROOT / "docs" / "results").glob("build-*.json"))
+RESULTS = ROOT / "docs" / "results"
+# Build records, and the side-by-side run of MLX's tests on a build (bench/mlx_tests.py).
+RECORDS = sorted([*RESULTS.glob("build-*.json"), *RESULTS.glob("*-tests.json")])
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=[r.stem for r in RECORDS])

@@ -1,0 +1,193 @@
+"""MLX's own ``test_quantized.py`` on stock MLX and on the MLX ``patchkit build`` made, side
+by side: which methods pass, which subtests fail on each, and whether the patched build's
+failures are stock's own.
+
+  python3 bench/mlx_tests.py run --stock PYTHON[:SITE] --patched PYTHON[:SITE] \\
+      --tests MLX_TREE/python/tests --json mlx_tests.json [--jobs N] [--deadline-s S]
+  python3 bench/mlx_tests.py compare --stock STOCK.log --patched PATCHED.log \\
+      --stock-mlx VERSION --patched-mlx VERSION --json mlx_tests.json
+  python3 bench/mlx_tests.py report mlx_tests.json
+
+Both arms run the same file (the PR's worktree's, so the PR's new tests run on stock too:
+MLX asks that new tests be shown failing on main) through ``patchkit.util.split_unittest``,
+one process per method, at the same time, each with its own JIT cache. ``compare`` reads
+two outputs of that module made another way (the build's own test step, say). Not a
+timed benchmark: the seconds are what each method took with the other arm beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # patchkit, from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mlx_qmv import hardware, mlx_of
+
+from patchkit.util.split_unittest import parse_output
+
+ARMS = ("stock", "pr")
+MODULE = "test_quantized"
+
+
+def run_arms(specs: dict[str, str], tests: Path, jobs: int, deadline: float | None) -> dict:
+    """Both arms at once, ``jobs`` processes each; their outputs as lists of lines."""
+    root = Path(__file__).resolve().parent.parent
+    procs, caches = {}, tempfile.mkdtemp(prefix="mlx-tests-")
+    for name, spec in specs.items():
+        python, site = [*spec.split(":", 1), ""][:2]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [site, str(root)]))}
+        argv = [python, "-m", "patchkit.util.split_unittest", MODULE, "--jobs", str(jobs),
+                "--cache-root", os.path.join(caches, name)]  # fmt: skip
+        if deadline:
+            argv += ["--deadline-s", str(deadline)]
+        procs[name] = subprocess.Popen(argv, cwd=tests, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return {name: p.communicate()[0].splitlines() for name, p in procs.items()}
+
+
+def side_by_side(outputs: dict[str, list[str]], methods: list[str]) -> dict[str, Any]:
+    """Per arm and method: verdict, seconds, failing subtests; and the comparison. A method
+    of ``methods`` an output does not end is ``UNFINISHED`` there (its run was cut off)."""
+    arms = {name: parse_output(lines) for name, lines in outputs.items()}
+    for ran in arms.values():
+        for m in methods:
+            ran.setdefault(m, {"verdict": "UNFINISHED", "seconds": None, "problems": []})
+    pr_failing = {(m, s) for m, r in arms["pr"].items() for s in r["problems"]}
+    stock_failing = {(m, s) for m, r in arms["stock"].items() for s in r["problems"]}
+    return {
+        "arms": arms,
+        "pr_failing_also_on_stock": len(pr_failing & stock_failing),
+        "pr_failing_only_on_pr": sorted(f"{m}: {s}" for m, s in pr_failing - stock_failing),
+        "stock_failing_only_on_stock": len(stock_failing - pr_failing),
+    }
+
+
+def methods_of(test_file: Path) -> list[str]:
+    """The test methods a file defines (its class's ``def test_*(self`` lines)."""
+    return re.findall(r"^    def (test_\w+)\(self", test_file.read_text(), re.M)
+
+
+def series() -> dict[str, str] | None:
+    """The patch series the checkout holds (what the patched arm must have been built from)."""
+    try:
+        from patchkit.carry import mlx_build, pin
+    except ImportError:
+        return None
+    root = Path(__file__).resolve().parent.parent
+    short = pin.load(root / pin.PIN_FILE).short
+    return {"series": f"patches/{short}", "series_sha256": mlx_build.series_id(root, short)}
+
+
+def write(report: dict[str, Any], path: str) -> None:
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    print(page(report))
+
+
+def page(report: dict[str, Any]) -> str:
+    """The results page: what ran where, the verdict in a few lines, the table."""
+    counts = {}
+    for name, methods in report["arms"].items():
+        verdicts = [m["verdict"] for m in methods.values()]
+        counts[name] = (verdicts.count("ok"), verdicts.count("FAILED"),
+                        sum(len(m["problems"]) for m in methods.values()),
+                        verdicts.count("UNFINISHED"))  # fmt: skip
+    only = report["pr_failing_only_on_pr"]
+    lines = [
+        f"# MLX's `{report['module']}.py`: the PR's build beside stock MLX",
+        "",
+        f"- Command: `{report['command']}`",
+        f"- Hardware: {report['hardware']['gpu']}",
+        f"- PR: {report['mlx']['pr']}; stock: {report['mlx']['stock']}",
+        "- The same test file on both (the PR's, so its new tests run on stock too), one "
+        "process per method, both arms at the same time"
+        + (f": {report['how']}" if report.get("how") else "."),
+        "",
+        *(f"- {name}: {ok} methods passed, {bad} failed ({sub} failing subtests), {left} not "
+          "run to the end"
+          for name, (ok, bad, sub, left) in (("PR", counts["pr"]), ("stock", counts["stock"]))),
+        f"- Failing subtests of the PR's build that fail on stock too: "
+        f"{report['pr_failing_also_on_stock']}; failing only on the PR's build: {len(only)}"
+        + ("" if not only else " (" + "; ".join(only) + ")"),
+        f"- Failing only on stock: {report['stock_failing_only_on_stock']}",
+        "",
+        table(report),
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def table(report: dict[str, Any]) -> str:
+    """One row per method: verdicts and failing-subtest counts, PR beside stock."""
+    arms = report["arms"]
+    lines = [
+        "| method | PR | failing subtests (PR) | stock | failing subtests (stock) |",
+        "|---|---|---|---|---|",
+    ]
+    for m in sorted(set(arms["pr"]) | set(arms["stock"])):
+        cells = []
+        for name in ("pr", "stock"):
+            r = arms[name].get(m)
+            verdict = (
+                "not run to the end"
+                if r is None or r["verdict"] == "UNFINISHED"
+                else ("passed" if r["verdict"] == "ok" else "failed")
+            )
+            cells += [verdict, str(len(r["problems"])) if r and r["problems"] else ""]
+        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--stock", required=True, help="PYTHON[:SITE] importing stock MLX")
+    r.add_argument("--patched", required=True, help="PYTHON[:SITE] importing the patched MLX")
+    r.add_argument("--tests", required=True, type=Path, help="MLX's python/tests, PR's")
+    r.add_argument("--json", required=True)
+    r.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    r.add_argument("--deadline-s", type=float)
+    c = sub.add_parser("compare")
+    c.add_argument("--stock", required=True, type=Path, help="split_unittest's output, stock")
+    c.add_argument("--patched", required=True, type=Path, help="the same, patched build")
+    c.add_argument("--stock-mlx", required=True, help="what the stock arm imported")
+    c.add_argument("--patched-mlx", required=True, help="what the patched arm imported")
+    c.add_argument("--hardware", required=True, help="the host both ran on, in words")
+    c.add_argument("--test-file", required=True, type=Path, help="the file both arms ran")
+    c.add_argument("--how", required=True, help="how the two outputs were made, in words")
+    c.add_argument("--json", required=True)
+    rep = sub.add_parser("report")
+    rep.add_argument("json")
+    a = parser.parse_args()
+    command = "python3 bench/mlx_tests.py " + " ".join(sys.argv[1:])
+    if a.cmd == "report":
+        print(page(json.loads(Path(a.json).read_text())))
+        return
+    if a.cmd == "run":
+        specs = {"stock": a.stock, "pr": a.patched}
+        outputs = run_arms(specs, a.tests, a.jobs, a.deadline_s)
+        mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in specs.items()}
+        hw: dict[str, Any] | None = hardware()
+        tests, how = a.tests / f"{MODULE}.py", None
+    else:
+        outputs = {
+            "stock": a.stock.read_text(errors="replace").splitlines(),
+            "pr": a.patched.read_text(errors="replace").splitlines(),
+        }
+        mlx, hw = {"stock": a.stock_mlx, "pr": a.patched_mlx}, {"gpu": a.hardware}
+        tests, how = a.test_file, a.how
+    report = {"command": command, "module": MODULE, "how": how, "mlx": mlx, "hardware": hw,
+              "patch": series(), "backend": "cuda"}  # fmt: skip
+    write({**report, **side_by_side(outputs, methods_of(tests))}, a.json)
+
+
+if __name__ == "__main__":
+    main()
