@@ -467,3 +467,19 @@ def test_a_build_record_without_tests_is_left_out_of_the_body(tmp_path: Path) ->
     (tmp_path / "build-cuda.json").write_text(json.dumps(record))
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert notes == [] and "40 passed, 0 failed, 2 skipped" in found[0]["lines"][1]
+
+
+def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page() -> None:
+    """Every number of the tests fact is the committed page's own (counted here from its
+    arms), and the body names no patchkit file or command."""
+    found, _ = export_pr.measured_results(ROOT, ROOT / "templates", "cuda")
+    fact = next(f for f in found if f["source"] == "docs/results/cuda-tests.json")
+    page = json.loads((ROOT / fact["source"]).read_text())
+    verdicts = [m["verdict"] for m in page["arms"]["pr"].values()]
+    assert f"with this branch {verdicts.count('ok')} methods passed" in fact["lines"][0]
+    failing = page["pr_failing_also_on_stock"] + len(page["pr_failing_only_on_pr"])
+    assert fact["lines"][1].startswith(f"subtests failing with this branch: {failing},")
+    new = [m for m, r in page["arms"]["stock"].items()
+           if r["verdict"] == "FAILED" and page["arms"]["pr"][m]["verdict"] == "ok"]  # fmt: skip
+    assert all(m in fact["lines"][-1] for m in new) and new
+    assert not any("patchkit" in line or "bench/" in line for line in fact["lines"])

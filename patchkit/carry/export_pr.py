@@ -820,6 +820,37 @@ def build_fact(data: dict) -> list[str]:
     return lines  # MLX's own tests only: a reviewer reruns them, not patchkit's parity
 
 
+def tests_fact(data: dict) -> list[str]:
+    """Lines for MLX's test file run on this branch's build and on stock side by side
+    (``bench/mlx_tests.py``): each arm's verdicts, whose failures are stock's own, and
+    what fails on stock and passes here (the new tests, shown failing on main)."""
+    arms = data["arms"]
+
+    def verdicts(arm: str) -> str:
+        v = [m["verdict"] for m in arms[arm].values()]
+        return (f"{v.count('ok')} methods passed, {v.count('FAILED')} failed, "
+                f"{v.count('UNFINISHED')} not run to the end")  # fmt: skip
+
+    also, only = data["pr_failing_also_on_stock"], data["pr_failing_only_on_pr"]
+    fixed = sorted(
+        m for m, r in arms["pr"].items()
+        if r["verdict"] == "ok" and (arms["stock"].get(m) or {}).get("verdict") == "FAILED"
+    )  # fmt: skip
+    lines = [
+        f"`python/tests/{data['module']}.py` of this branch, {data['hardware']['gpu']}, one "
+        f"process per test method: with this branch {verdicts('pr')}; with stock MLX "
+        f"({data['mlx']['stock']}) {verdicts('stock')}",
+        f"subtests failing with this branch: {also + len(only)}, of which {also} fail on stock "
+        "too" + ("" if not only else f"; only here: {'; '.join(only)}"),
+    ]
+    for arm, who in (("pr", "this branch"), ("stock", "stock")):
+        if left := sorted(m for m, r in arms[arm].items() if r["verdict"] == "UNFINISHED"):
+            lines.append(f"not run to the end with {who}: {', '.join(left)}")
+    if fixed:
+        lines.append(f"failing on stock, passing with this branch: {', '.join(fixed)}")
+    return lines
+
+
 def parity_fact(data: dict) -> list[str]:
     """Lines for a ``patchkit parity --json`` report."""
     device = (data.get("device") or {}).get("name", "?")
@@ -870,6 +901,8 @@ def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[lis
                 lines = build_fact(data)
             elif kind == "parity":
                 lines = parity_fact(data)
+            elif kind == "tests":
+                lines = tests_fact(data)
             else:
                 lines = bench_fact(data, entry["arm"], entry["base"], entry["m"])
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
