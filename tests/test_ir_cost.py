@@ -11,6 +11,7 @@ time (the earlier form) leave the V x values_per_thread input arrays in memory.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,20 @@ def test_a_runtime_bound_on_the_v_loops_leaves_the_inputs_in_memory(affine) -> N
     )
     costs = ir.costs(mutated, AFFINE, types, todo, vecs=(5,))
     assert any(max(c.arrays, default=0) > 5 * RESULTS_PER_SIMDGROUP for c in costs)
+
+
+def test_the_metal_ir_page_is_of_the_current_kernels(affine) -> None:
+    """docs/results/metal-ir.json holds what the kernels compile to now: one instance is
+    recompiled and its rows (patched at V = 1, 2, 5; qmv_wide at 2, 5) must match. When the
+    templates change, rerun `python3 bench/metal_ir_costs.py run`."""
+    sources, types, todo = affine
+    page = json.loads((ROOT / "docs" / "results" / "metal-ir.json").read_text())
+    rows = {(r["kernel"], r["instance"], r["vecs"]): r for r in page["rows"]}
+    costs = ir.costs(sources, AFFINE, types, [todo[1]], wide=True)
+    assert len(costs) == 5
+    for c in costs:
+        row = rows[(c.kernel, c.instance.label, c.vecs)]
+        got = (list(c.arrays), c.weight_loads, c.live_words)
+        assert got == (row["thread_arrays"], row["weight_loads"], row["live_words"]), (
+            f"{c.instance.label} at V = {c.vecs} ({c.kernel}): the page is stale"
+        )

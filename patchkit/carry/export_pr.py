@@ -809,11 +809,8 @@ def build_fact(data: dict) -> list[str]:
     if all(isinstance(c, int) for c in counts):
         line = f"`{tests.get('file')}`: {counts[0]} passed, {counts[1]} failed, {counts[2]} skipped"
         failed = [t for t, s in (tests.get("per_test") or {}).items() if s == "failed"]
-        stock = (tests.get("on_stock") or {}).get("per_test") or {}
-        same = [t for t in failed if (stock.get(t) or {}).get("same_failing_subtests")]
         if failed:
-            line += f" (failed: {', '.join(failed)}"
-            line += "; the same subtests fail on the stock build)" if same == failed else ")"
+            line += f" (failed: {', '.join(failed)})"
         if tests.get("unfinished"):
             line += f"; not finished: {', '.join(tests['unfinished'])}"
         lines.append(line)

@@ -1151,23 +1151,7 @@ def tests_line(t: dict[str, Any] | None) -> str:
         line += f"; {len(t['unfinished'])} not finished in the time given: " + ", ".join(
             t["unfinished"]
         )
-    line += "."
-    stock = (t.get("on_stock") or {}).get("per_test") or {}
-    if stock:  # the same tests on the stock wheel in the same run
-        line += " On the stock wheel in the same run: " + "; ".join(map(stock_words, stock.items()))
-        line += "."
-    return line
-
-
-def stock_words(item: tuple[str, dict[str, Any]]) -> str:
-    """One test's stock-wheel verdict against the patched build's, for :func:`tests_line`."""
-    name, s = item
-    words = f"{name} {s['stock']}"
-    if s["failing_subtests_stock"]:
-        words += f", {s['failing_subtests_stock']} failing subtests"
-    if s["same_failing_subtests"]:
-        return words + ", the same as the patched build's"
-    return words + f" (patched: {s['patched']}, {s['failing_subtests_patched']} failing subtests)"
+    return line + "."
 
 
 def route_words(env: dict[str, str] | None) -> str:

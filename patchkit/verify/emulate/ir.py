@@ -25,7 +25,7 @@ from pathlib import Path
 from patchkit.errors import UserError
 from patchkit.util import proc
 from patchkit.verify import dispatch
-from patchkit.verify.emulate import build, extract
+from patchkit.verify.emulate import build, extract, liveness
 from patchkit.verify.emulate.extract import PATCHED_NS, UPSTREAM_NS
 from patchkit.verify.emulate.families import FP, M1_ROLES, Header
 
@@ -250,17 +250,23 @@ def compare(
 @dataclass(frozen=True)
 class Cost:
     """What clang -O2 made of one patched kernel at ``vecs`` vectors per threadgroup: the
-    arrays left in thread memory (``alloca``: floats each) and the loads by type."""
+    arrays left in thread memory (``alloca``: floats each), the loads by type and the
+    floating-point words live at once."""
 
     instance: Instance
     vecs: int
     arrays: tuple[int, ...]  # float elements of each alloca that survived optimization
     loads: dict[str, int]  # static loads per IR type ("float", "i8", "i16", "i32", ...)
+    live_words: float  # peak floating-point words live at once (liveness.peak_live_words)
+    kernel: str = "patched"  # or "qmv_wide": upstream's batched kernel at the same V
 
     @property
     def weight_loads(self) -> int:
         """Integer loads: the packed weights (x, scales and biases are floating point)."""
         return sum(n for t, n in self.loads.items() if re.fullmatch(r"i\d+", t))
+
+
+WIDE_K_LANES = "8"  # the k_lanes every affine_qmv_wide instantiation of the pin uses
 
 
 def costs(
@@ -269,16 +275,25 @@ def costs(
     types: tuple[str, ...],
     todo: list[Instance],
     vecs: tuple[int, ...] = (1, 2, 5),
+    wide: bool = False,
 ) -> list[Cost]:
     """Each patched ``todo`` kernel at each of ``vecs`` (a proxy for a GPU compiler: x86
-    clang over the shim), compiled together in one unit."""
+    clang over the shim), compiled together in one unit. With ``wide`` (affine only), also
+    upstream's ``affine_qmv_wide`` at each V > 1 with the same type, group and bits: the
+    kernel the patch replaces, as its ``kernel``."""
     kernels = tuple(header.kernel(r) for r in M1_ROLES) + header.streamed_kernels
+    cases = [(inst, v, "patched", _patched_at(inst, v)) for inst in todo for v in vecs]
+    if wide:
+        kernels += (header.wide,)
+        cases += [
+            (inst, v, "qmv_wide", f"{UPSTREAM_NS}::{header.entry_prefix}qmv_wide<"
+             f"{', '.join((*inst.args[:3], str(v), WIDE_K_LANES, inst.args[3]))}>")
+            for inst in todo for v in vecs if v > 1
+        ]  # fmt: skip
     source = extract.extract(sources, kernels, header, types).source
-    cases = [(inst, v) for inst in todo for v in vecs]
     taken = "\n".join(
-        f'extern "C" const void* pk_cost_{i} = (const void*)&'
-        f"{PATCHED_NS}::{inst.entry}<{', '.join((*inst.full_args()[:-1], str(v)))}>;"
-        for i, (inst, v) in enumerate(cases)
+        f'extern "C" const void* pk_cost_{i} = (const void*)&{address};'
+        for i, (*_, address) in enumerate(cases)
     )
     unit = "\n".join(
         [
@@ -291,7 +306,7 @@ def costs(
     )
     out = compile_ir(unit)
     found = []
-    for i, (inst, v) in enumerate(cases):
+    for i, (inst, v, kernel, _) in enumerate(cases):
         name = re.search(rf"^@pk_cost_{i} = .*?@(\S+?)[,\s]", out, re.M)
         if name is None:
             raise UserError(f"pk_cost_{i} not found in the compiled IR")
@@ -303,5 +318,9 @@ def costs(
         loads: dict[str, int] = {}
         for t in re.findall(r"= load (\S+?),", text):
             loads[t] = loads.get(t, 0) + 1
-        found.append(Cost(inst, v, arrays, loads))
+        found.append(Cost(inst, v, arrays, loads, liveness.peak_live_words(text), kernel))
     return found
+
+
+def _patched_at(inst: Instance, vecs: int) -> str:
+    return f"{PATCHED_NS}::{inst.entry}<{', '.join((*inst.full_args()[:-1], str(vecs)))}>"
