@@ -41,6 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # Content-addressed caches every test may share with the user's: the stock wheels (a
 # download) and the emulator's compiled kernels (minutes to build).
 SHARED_WITH_USER = ("wheels", "emulate")
+USER_DEPS_ENV = "PATCHKIT_TEST_USER_DEPS"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -58,6 +59,10 @@ def _leave_the_user_alone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     gitconfig.write_text("[user]\n\tname = patchkit tests\n\temail = tests@patchkit.invalid\n")
     patch = pytest.MonkeyPatch()
     patch.setenv(cache.ENV, str(session))
+    # Read only, by the CUDA compile tests: MLX's configure-time sources the user exported
+    # (`patchkit deps`); the session's own deps folder stays empty for the tests that
+    # expect a fresh one.
+    patch.setenv(USER_DEPS_ENV, str(real / "deps"))
     patch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
     patch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     yield

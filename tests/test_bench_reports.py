@@ -95,3 +95,16 @@ def test_mlx_tests_tells_the_prs_own_failures_from_stocks(tmp_path) -> None:
     page = bench.page({**meta, "mlx": {"pr": "p", "stock": "s"}, **got})
     assert "- PR: 1 methods passed, 2 failed (2 failing subtests), 1 not run to the end" in page
     assert "| `test_b` | failed | 1 | passed |  |" in page
+
+
+def test_rebase_gate_page_shows_each_scenarios_seconds() -> None:
+    bench = load_script("bench/rebase_gate.py")
+    report = {
+        "command": "c", "to": "06f154bc", "host": {"system": "Linux", "cpus": 2, "python": "3"},
+        "scenarios": {
+            "cold": {"wall_s": 240.4, "gate_s": 232.1},
+            "after set-up": {"wall_s": 9.2, "gate_s": 1.4, "setup_emulate_s": 80.6},
+        },
+    }  # fmt: skip
+    page = bench.page(report)
+    assert "| cold | 240 | 232 |  |" in page and "| after set-up | 9 | 1 | 81 |" in page

@@ -9,7 +9,7 @@ with MLX's own nvcc flags and include directories as its CMake build uses them:
 * the sources are the pinned tree (``git archive`` of ``mlx/``), the patched
   ``qmv.cu`` rendered into it;
 * MLX's configure-time downloads come from the dependency directory
-  (the cache's ``deps`` folder, ``mlx_deps.deps_root()``; one folder per FetchContent
+  (the user cache's ``deps`` folder, ``patchkit deps``; one folder per FetchContent
   name): ``cutlass`` and ``fmt`` are required, ``cccl`` is used when present
   (else the toolkit's bundled CCCL).
 
@@ -25,6 +25,7 @@ cp.async) and sm_90a (the H200); ``--wide`` adds the rest.
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -56,8 +57,10 @@ WHEEL_ARCHS = (
 
 
 def deps_root() -> Path:
-    """MLX's configure-time downloads, one folder per FetchContent name."""
-    return mlx_deps.deps_root()
+    """MLX's configure-time downloads, one folder per FetchContent name: the user's
+    (``patchkit deps``), which the suite's own fresh cache root does not hold; read only."""
+    user = os.environ.get("PATCHKIT_TEST_USER_DEPS")
+    return Path(user) if user else mlx_deps.deps_root()
 
 
 def wheel_archs(setup_py: str) -> list[str]:
