@@ -478,7 +478,7 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page() -> None:
     verdicts = [m["verdict"] for m in page["arms"]["pr"].values()]
     assert f"with this branch {verdicts.count('ok')} methods passed" in fact["lines"][0]
     failing = page["pr_failing_also_on_stock"] + len(page["pr_failing_only_on_pr"])
-    assert fact["lines"][1].startswith(f"subtests failing with this branch: {failing},")
+    assert fact["lines"][1].startswith(f"subtests failing with this branch: {failing} (")
     new = [m for m, r in page["arms"]["stock"].items()
            if r["verdict"] == "FAILED" and page["arms"]["pr"][m]["verdict"] == "ok"]  # fmt: skip
     assert all(m in fact["lines"][-1] for m in new) and new

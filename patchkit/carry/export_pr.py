@@ -833,12 +833,18 @@ def tests_fact(data: dict) -> list[str]:
         m for m, r in arms["pr"].items()
         if r["verdict"] == "ok" and (arms["stock"].get(m) or {}).get("verdict") == "FAILED"
     )  # fmt: skip
+    failing = ", ".join(
+        f"{m} ({len(r['problems'])})" for m, r in sorted(arms["pr"].items()) if r["problems"]
+    )
     lines = [
-        f"`python/tests/{data['module']}.py` of this branch, {data['hardware']['gpu']}, one "
-        f"process per test method: with this branch {verdicts('pr')}; with stock MLX "
+        f"`python/tests/{data['module']}.py` of this branch (built together with the Metal PR "
+        f"and its JIT fix, which change no CUDA file), {data['hardware']['gpu']}, one process "
+        f"per test method: with this branch {verdicts('pr')}; with stock MLX "
         f"({data['mlx']['stock']}) {verdicts('stock')}",
-        f"subtests failing with this branch: {also + len(only)}, of which {also} fail on stock "
-        "too" + ("" if not only else f"; only here: {'; '.join(only)}"),
+        f"subtests failing with this branch: {also + len(only)}"
+        + (f" ({failing})" if failing else "")
+        + f", of which {also} fail on stock too"
+        + ("" if not only else f"; only here: {'; '.join(only)}"),
     ]
     for arm, who in (("pr", "this branch"), ("stock", "stock")):
         if left := sorted(m for m, r in arms[arm].items() if r["verdict"] == "UNFINISHED"):
