@@ -5,11 +5,11 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,9 @@
-//   @@ -248,6 +251,287 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +551,31 @@ void qmv(
-//   @@ -403,6 +711,43 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +765,17 @@ void qmv(
-//   @@ -451,6 +807,7 @@ void qmv(
+//   @@ -248,6 +251,292 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +556,32 @@ void qmv(
+//   @@ -403,6 +717,43 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +771,17 @@ void qmv(
+//   @@ -451,6 +813,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -337,6 +337,10 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
     int n,
     int k,
     bool broadcast_w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // Not launched below sm80 (supports_qmv_mma); bfloat16 pair math is sm80+.
+  __trap();
+#else
   constexpr int bits = cute::sizeof_bits_v<Q>;
   // Weights a thread dequantizes per step: one 16-byte load.
   constexpr int seg = 128 / bits;
@@ -508,6 +512,7 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
       out[static_cast<int64_t>(vec) * n + row] = static_cast<T>(sum);
     }
   }
+#endif
 }
 
 template <
@@ -568,7 +573,8 @@ void qmv(
     F&& launch_kernel) {
   if constexpr (qmv_mma_types<T, Q>) {
     if (mma) {
-      // Weights shared by the batch: its vectors are rows of the same tiles.
+      // Weights shared by the batch: its vectors are rows of the same tiles,
+      // while the tiles of 16 fit gridDim.y (at most 65535).
       if (broadcast_w && cuda::ceil_div(m * l, 16) <= 65535) {
         m *= l;
         l = 1;
