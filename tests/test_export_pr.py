@@ -469,17 +469,35 @@ def test_a_build_record_without_tests_is_left_out_of_the_body(tmp_path: Path) ->
     assert notes == [] and "40 passed, 0 failed, 2 skipped" in found[0]["lines"][1]
 
 
-def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page() -> None:
-    """Every number of the tests fact is the committed page's own (counted here from its
-    arms), and the body names no patchkit file or command."""
-    found, _ = export_pr.measured_results(ROOT, ROOT / "templates", "cuda")
-    fact = next(f for f in found if f["source"] == "docs/results/cuda-tests.json")
-    page = json.loads((ROOT / fact["source"]).read_text())
-    verdicts = [m["verdict"] for m in page["arms"]["pr"].values()]
-    assert f"with this branch {verdicts.count('ok')} methods passed" in fact["lines"][0]
-    failing = page["pr_failing_also_on_stock"] + len(page["pr_failing_only_on_pr"])
-    assert fact["lines"][1].startswith(f"subtests failing with this branch: {failing} (")
-    new = [m for m, r in page["arms"]["stock"].items()
-           if r["verdict"] == "FAILED" and page["arms"]["pr"][m]["verdict"] == "ok"]  # fmt: skip
-    assert all(m in fact["lines"][-1] for m in new) and new
-    assert not any("patchkit" in line or "bench/" in line for line in fact["lines"])
+def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Path) -> None:
+    """Every number of the tests fact is the page's own (counted here from its arms), the
+    methods failing on stock and passing here are named, and no patchkit file or command
+    is."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "MLX\'s test file"\nfile = "t.json"\nkind = "tests"\n'
+    )
+    fail = "FAIL: test_old (test_quantized.TestQuantized.test_old) (k=64)"
+    new = "FAIL: test_new (test_quantized.TestQuantized.test_new) (M=8)"
+    arms = {
+        "pr": {"test_old": {"verdict": "FAILED", "problems": [fail]},
+               "test_new": {"verdict": "ok", "problems": []},
+               "test_slow": {"verdict": "UNFINISHED", "problems": []}},
+        "stock": {"test_old": {"verdict": "FAILED", "problems": [fail]},
+                  "test_new": {"verdict": "FAILED", "problems": [new]},
+                  "test_slow": {"verdict": "ok", "problems": []}},
+    }  # fmt: skip
+    page = {"module": "test_quantized", "hardware": {"gpu": "NVIDIA H200"},
+            "mlx": {"stock": "mlx 0.32.1"}, "arms": arms, "pr_failing_also_on_stock": 1,
+            "pr_failing_only_on_pr": [], "stock_failing_only_on_stock": 1}  # fmt: skip
+    (tmp_path / "t.json").write_text(json.dumps(page))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    lines = found[0]["lines"]
+    assert notes == [] and "with this branch 1 methods passed, 1 failed, 1 not run" in lines[0]
+    assert (
+        lines[1]
+        == "subtests failing with this branch: 1 (test_old (1)), of which 1 fail on stock too"
+    )
+    assert "not run to the end with this branch: test_slow" in lines
+    assert lines[-1] == "failing on stock, passing with this branch: test_new"
+    assert not any("patchkit" in line or "bench/" in line for line in lines)
