@@ -270,14 +270,19 @@ def test_cuda_body_says_where_its_test_fails_on_main() -> None:
     assert f"git show {export_pr.DEFAULT_BRANCHES['metal']}:{export_pr.BENCH_FILE}" in body
 
 
-def test_commit_message_has_a_short_subject_and_a_body() -> None:
+def test_commit_messages_are_the_submitters() -> None:
+    """MLX's AGENTS.md: no tool writes a commit message for the user. Without --title the
+    subject is a placeholder that says so, with no body; the facts a message would state
+    go to the body's draft, under a heading that asks for the submitter's own words."""
     for backend in export_pr.BACKENDS:
-        msg = export_pr.commit_message(TEMPLATES, backend, None)
-        subject, blank, *body = msg.splitlines()
-        assert 10 < len(subject) <= 72 and blank == "" and 2 <= len(body) <= 12, backend
-        assert not subject.endswith(".") and subject[0].isupper()
-        assert all(len(line) <= 80 for line in body)
-    assert export_pr.commit_message(TEMPLATES, "metal", "Fix it").startswith("Fix it\n\n")
+        msg = export_pr.commit_message(None, backend)
+        assert msg.count("\n") == 1 and "write this commit message yourself" in msg, backend
+        assert len(msg.strip()) <= 72 and f"[{backend}]" in msg
+        facts = export_pr.change_facts(TEMPLATES, backend)
+        assert 3 <= len(facts.splitlines()) <= 20 and facts.splitlines()[0] not in msg
+    assert export_pr.commit_message("Fix it", "metal") == "Fix it\n"
+    body = _body(backend="metal", change_facts=export_pr.change_facts(TEMPLATES, "metal"))
+    assert "## What the change does (facts to check and put in your own words)" in body
 
 
 def test_author_defaults_to_the_git_identity(tmp_path: Path) -> None:
@@ -354,9 +359,9 @@ def test_export_pr_makes_formatted_commits_on_the_pin(pr: export_pr.PrResult) ->
     clone = pr.repository
     assert pr.changes == ["jit-fix", "metal"] and len(pr.patches) == 2
     assert pr.base == PIN_SHA and git.out(clone, "rev-parse", f"{pr.commit}~2") == PIN_SHA
-    subject = export_pr.commit_message(TEMPLATES, "metal", None).splitlines()[0]
+    subject = export_pr.commit_message(None, "metal").splitlines()[0]
     assert git.subject(clone, pr.commit) == subject
-    fix = export_pr.commit_message(TEMPLATES, "jit-fix", None).splitlines()[0]
+    fix = export_pr.commit_message(None, "jit-fix").splitlines()[0]
     assert git.subject(clone, f"{pr.commit}^") == fix
     fix_files = git.out(clone, "diff", "--name-only", PIN_SHA, f"{pr.commit}^").splitlines()
     assert fix_files == ["mlx/backend/metal/quantized.cpp"]

@@ -79,10 +79,13 @@ FORMATTERS = {
     "pycqa/isort": "isort",
 }
 DRAFT_NOTICE = (
-    "The description and the AI usage disclosure are yours to write: MLX's CONTRIBUTING"
-    " forbids AI-written PR descriptions. The sections after them are facts and commands"
-    " for you to check, rerun, keep or cut."
+    "The description, the AI usage disclosure and every commit message are yours to write:"
+    " MLX forbids AI-written PR descriptions and commit messages (CONTRIBUTING, AGENTS.md)."
+    " The commits carry a placeholder subject until you run `git commit --amend` (or"
+    " `git rebase -i` for a stack). The sections after them are facts and commands for you"
+    " to check, rerun, keep or cut."
 )
+PLACEHOLDER_SUBJECT = "[{change}] write this commit message yourself (MLX AGENTS.md)"
 # Names patchkit gives what it creates, so a later run can tell its own leftovers apart.
 WORKTREE_PREFIX = "export-pr."
 STAGE_PREFIX = ".patchkit-export-pr."
@@ -591,11 +594,21 @@ def check_scope(backend: str, files: Sequence[str]) -> None:
         )
 
 
-def commit_message(templates_dir: Path, backend: str, title: str | None) -> str:
-    """Subject and body from ``templates/pr/commit.txt.j2``; ``title`` replaces the subject."""
-    text = render.environment(templates_dir).get_template(COMMIT_TEMPLATE).render(backend=backend)
-    subject, _, body = text.strip("\n").partition("\n")
-    return f"{title or subject.strip()}\n\n{body.strip()}\n"
+def commit_message(title: str | None, change: str) -> str:
+    """The commit's message: the submitter's ``--title``, else a placeholder that says whose
+    it is to write. MLX's AGENTS.md: tools do not write commit messages for the user."""
+    return f"{title or PLACEHOLDER_SUBJECT.format(change=change)}\n"
+
+
+def change_facts(templates_dir: Path, backend: str) -> str:
+    """What the change does and why, from ``templates/pr/commit.txt.j2``: facts for the
+    submitter's own commit message and description, shown in the body's draft only."""
+    return (
+        render.environment(templates_dir)
+        .get_template(COMMIT_TEMPLATE)
+        .render(backend=backend)
+        .strip("\n")
+    )
 
 
 def commit_pr(
@@ -935,11 +948,13 @@ def body_context(
     results: list[dict],
     carries: list[dict[str, str]] | None = None,
     upstream_base: str | None = None,
+    change_text: str = "",
 ) -> dict[str, object]:
     """Everything the body template states, each value computed or read, none written here."""
     return {
         "notice": DRAFT_NOTICE,
         "backend": backend,
+        "change_facts": change_text,
         "base": base,
         "branch": branch,
         "template": template,
@@ -1063,8 +1078,7 @@ def export_pr(
         here = optional_reader(clone, head)
         upstream, patched = render_pr(here, backend_options(change, options), templates_dir)
         check_scope(change, [p for p in patched if patched[p] != upstream[p]])
-        title = req.title if change == req.backend else None
-        message = commit_message(templates_dir, change, title)
+        message = commit_message(req.title if change == req.backend else None, change)
         own_base = head
         head, files, reformatted = commit_pr(
             clone, head, upstream, patched, message, req.author, date=date or now_iso(),
@@ -1073,9 +1087,14 @@ def export_pr(
     facts = diff_facts(clone, own_base, head)
     results, notes = measured_results(root, templates_dir, req.backend)
     notes = scope_warnings(req.backend, facts) + notes
+    if req.title is None or carries:
+        notes.append(
+            "commit messages are placeholders: write your own before pushing "
+            "(git commit --amend; git rebase -i for the carried commits)"
+        )
     context = body_context(
         req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results, carries,
-        upstream_below(clone, base),
+        upstream_below(clone, base), change_facts(templates_dir, req.backend),
     )  # fmt: skip
     out = req.out or fresh_out_dir(root / "build" / "pr", f"{req.backend}-{base[:8]}")
     out.parent.mkdir(parents=True, exist_ok=True)
