@@ -44,6 +44,8 @@ def run_arms(specs: dict[str, str], tests: Path, jobs: int, deadline: float | No
     procs, caches = {}, tempfile.mkdtemp(prefix="mlx-tests-")
     for name, spec in specs.items():
         python, site = [*spec.split(":", 1), ""][:2]
+        if os.sep in python:  # the arms run in the tests' folder: a relative path would move
+            python = os.path.abspath(python)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [site, str(root)]))}
         argv = [python, "-m", "patchkit.util.split_unittest", MODULE, "--jobs", str(jobs),
                 "--cache-root", os.path.join(caches, name)]  # fmt: skip
@@ -101,11 +103,13 @@ def page(report: dict[str, Any]) -> str:
                         sum(len(m["problems"]) for m in methods.values()),
                         verdicts.count("UNFINISHED"))  # fmt: skip
     only = report["pr_failing_only_on_pr"]
+    hw = report["hardware"]
     lines = [
         f"# MLX's `{report['module']}.py`: the PR's build beside stock MLX",
         "",
         f"- Command: `{report['command']}`",
-        f"- Hardware: {report['hardware']['gpu']}",
+        f"- Hardware: GPU {hw.get('gpu', 'unknown')}"
+        + (f", {hw['cpus']} CPUs" if hw.get("cpus") else ""),
         f"- PR: {report['mlx']['pr']}; stock: {report['mlx']['stock']}",
         "- The same test file on both (the PR's, so its new tests run on stock too), one "
         "process per method, both arms at the same time"
