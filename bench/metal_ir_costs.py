@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from patchkit.verify import emulate  # noqa: E402
-from patchkit.verify.emulate import build, ir  # noqa: E402
+from patchkit.verify.emulate import ir  # noqa: E402
 from patchkit.verify.emulate.families import AFFINE, FP  # noqa: E402
 
 VECS = (1, 2, 5)
@@ -59,7 +59,7 @@ def run(out: Path) -> None:
     report = {
         "command": "python3 bench/metal_ir_costs.py run " + " ".join(sys.argv[2:]),
         "compiler": version.stdout.splitlines()[0],
-        "flags": [*ir.FLAGS, *build._fma_flags()],
+        "flags": list(ir.compile_flags()),
         "host": f"{platform.system()} {platform.machine()}",
         "rows": rows,
     }

@@ -81,10 +81,6 @@ FETCH_HOST = ("github.com", 443)
 SETUP_VERSION_LINE = "    version = get_version()\n"
 TEST_FILE = "test_quantized"
 _NINJA = re.compile(r"^\s*\[(\d+)/(\d+)\]")
-_UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in")
-_UNITTEST_TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
-# One per failing test or subtest: "FAIL: test_qmv (test_quantized.TestQuantized.test_qmv) ..."
-_UNITTEST_PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
 
 Progress = Callable[[str], None]
 
@@ -705,7 +701,7 @@ def _run_logged(step: Step, log: TextIO, progress: Progress) -> tuple[int, list[
 def unittest_problems(lines: list[str]) -> set[str]:
     """unittest's header lines of the failing and erroring (sub)tests of one run, whole:
     name, test id and any subtest parameters (``FAIL: test_x (mod.Class.test_x) (k=64)``)."""
-    return {ln.strip() for ln in lines if _UNITTEST_PROBLEM.match(ln)}
+    return {ln.strip() for ln in lines if split_unittest.PROBLEM.match(ln)}
 
 
 def unittest_counts(lines: list[str]) -> dict[str, int]:
@@ -716,19 +712,18 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
     test id; its counts are kept as ``failures_reported`` / ``errors_reported``. A test
     with both a failing and an erroring subtest counts as an error.
     """
-    ran = next((int(m.group(1)) for ln in lines if (m := _UNITTEST_RAN.match(ln))), None)
-    tail = next((m for ln in reversed(lines) if (m := _UNITTEST_TAIL.match(ln.strip()))), None)
+    ran = next((int(m.group(1)) for ln in lines if (m := split_unittest.RAN.match(ln))), None)
+    tail = next((m for ln in reversed(lines) if (m := split_unittest.TAIL.match(ln.strip()))), None)
     if ran is None or tail is None:
         raise UserError("MLX's test run printed no unittest summary")
     counts = {"failed": 0, "errors": 0, "skipped": 0, "expected_failures": 0}
-    for part in (tail.group(2) or "").split(","):
-        key, _, value = part.strip().partition("=")
+    for key, value in split_unittest.tail_counts(tail).items():
         key = {"failures": "failed", "expected failures": "expected_failures"}.get(key, key)
         if key in counts:
-            counts[key] = int(value)
+            counts[key] = value
     reported = {"failures_reported": counts["failed"], "errors_reported": counts["errors"]}
     problems: dict[str, str] = {}
-    for m in filter(None, map(_UNITTEST_PROBLEM.match, lines)):
+    for m in filter(None, map(split_unittest.PROBLEM.match, lines)):
         if problems.get(m.group(2)) != "ERROR":
             problems[m.group(2)] = m.group(1)
     if problems:  # without headers (a bare summary), the tail's counts are all there is

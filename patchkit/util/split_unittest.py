@@ -38,10 +38,17 @@ from typing import Any
 
 RAN = re.compile(r"^Ran (\d+) tests? in")
 TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
+# One per failing test or subtest: "FAIL: test_qmv (test_quantized.TestQuantized.test_qmv) ..."
 PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
 UNFINISHED = re.compile(r"^UNFINISHED: (\w+) \(([\w.]+)\)")
 HEADER = re.compile(r"^== ([\w.]+): (\w+) in ([\d.]+)s$")
 TAIL_KEYS = ("failures", "errors", "skipped", "expected failures", "unexpected successes")
+
+
+def tail_counts(tail: re.Match[str]) -> dict[str, int]:
+    """The ``key=N`` counts of a :data:`TAIL` match (``{}`` for a bare ``OK``)."""
+    parts = (part.strip().partition("=") for part in (tail.group(2) or "").split(","))
+    return {key: int(value) for key, sep, value in parts if sep}
 
 
 @dataclass(frozen=True)
@@ -69,11 +76,7 @@ class MethodRun:
             return None
         for ln in reversed(self.lines):
             if m := TAIL.match(ln.strip()):
-                counts = {}
-                for part in filter(None, (m.group(2) or "").split(",")):
-                    key, _, value = part.strip().partition("=")
-                    counts[key] = int(value)
-                return counts
+                return tail_counts(m)
         return None
 
     def problems(self) -> list[str]:

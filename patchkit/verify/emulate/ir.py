@@ -116,6 +116,11 @@ def translation_unit(
     )
 
 
+def compile_flags() -> tuple[str, ...]:
+    """clang's flags for :func:`compile_ir` on this host (fused multiply-add where x86)."""
+    return (*FLAGS, *build._fma_flags())
+
+
 def compile_ir(unit: str) -> str:
     """The optimized LLVM IR of ``unit`` (clang -O2)."""
     clang = shutil.which("clang++")
@@ -124,7 +129,7 @@ def compile_ir(unit: str) -> str:
     with tempfile.TemporaryDirectory(prefix="patchkit-ir.") as tmp:
         src = Path(tmp) / "ir.cpp"
         src.write_text(unit)
-        cmd = [clang, *FLAGS, *build._fma_flags(), f"-I{build.HERE}", str(src), "-o", "-"]
+        cmd = [clang, *compile_flags(), f"-I{build.HERE}", str(src), "-o", "-"]
         return proc.run(cmd).stdout
 
 
