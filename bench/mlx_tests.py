@@ -34,7 +34,6 @@ from mlx_qmv import hardware, mlx_of
 
 from patchkit.util.split_unittest import parse_output
 
-ARMS = ("stock", "pr")
 MODULE = "test_quantized"
 
 
