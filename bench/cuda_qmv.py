@@ -7,7 +7,7 @@
 own nvcc flags and include directories (patchkit.verify.harness.cuda says how); ``run``
 checks every row of the patched calls at M = 1..16 (and 17, 33) bit for bit against the
 patched M = 1 call of the same vector, and times both arms with cold weights.
-See docs/results/cuda.md.
+See docs/results/cuda-kernel.md.
 """
 
 from __future__ import annotations

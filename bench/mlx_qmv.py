@@ -1,8 +1,9 @@
 """Stock MLX and the MLX `patchkit build` made, timed through ``mx.quantized_matmul``.
 
   python3 bench/mlx_qmv.py run --stock PYTHON[:SITE] --patched PYTHON[:SITE] \
-      --json mlx_qmv.json [--quick]
+      --json mlx_qmv.json [--quick] [--dtype bfloat16] [--group-size 64]
   python3 bench/mlx_qmv.py report mlx_qmv.json [--plot mlx_qmv.png]
+  python3 bench/mlx_qmv.py page RUN.json... --out docs/results/cuda   # .json, .md, .png
 
 Each arm is an interpreter that imports its own MLX (``SITE``, when given, goes first on
 its ``PYTHONPATH``: an unpacked stock wheel, say). The arms take turns, round after round,
@@ -34,31 +35,36 @@ SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]
 QUICK_SHAPES = [(4096, 4096), (4096, 14336)]
 MS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 BITS = (4, 8)
-DTYPE, GROUP = "bfloat16", 64
+DTYPES, GROUPS = ("bfloat16", "float16"), (32, 64, 128)
 COLD_BYTES = 1 << 29  # the weight copies one arm cycles through: ten times an H200's L2
 ARMS = {"stock": {}, "pr": {}}
 COPY_BYTES = 1 << 30  # the elementwise copy the floor's bandwidth is measured with
 
 
-def worker(cases: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
+def worker(
+    cases: list[dict[str, Any]], repeats: int, dtype_name: str, group: int
+) -> list[dict[str, Any]]:
     """Time every case in this process's MLX; one entry per case, microseconds per call."""
     import mlx.core as mx
 
-    dtype = getattr(mx, DTYPE)
-    src = mx.zeros((COPY_BYTES,), dtype=mx.uint8)
-    mx.eval(src, src + 1)
-    mx.synchronize()
-    start = time.perf_counter()
-    mx.eval([src + i for i in range(5)])
-    mx.synchronize()
-    out: list[dict[str, Any]] = [
-        {"copy_bytes_per_s": 2 * 5 * COPY_BYTES / (time.perf_counter() - start)}
-    ]
+    dtype = getattr(mx, dtype_name)
+    # 32-bit elements (MLX's byte-wide elementwise kernels do not reach the memory's
+    # speed); the best of three passes, so the first pass's allocations are not timed.
+    src = mx.zeros((COPY_BYTES // 4,), dtype=mx.uint32)
+    mx.eval(src)
+    best = 0.0
+    for _ in range(3):
+        mx.synchronize()
+        start = time.perf_counter()
+        mx.eval([src + i for i in range(5)])
+        mx.synchronize()
+        best = max(best, 2 * 5 * COPY_BYTES / (time.perf_counter() - start))
+    out: list[dict[str, Any]] = [{"copy_bytes_per_s": best}]
     del src
     for case in cases:
         K, N, bits = case["K"], case["N"], case["bits"]
         w = mx.random.normal((N, K)).astype(dtype)
-        q = mx.quantize(w, group_size=GROUP, bits=bits)
+        q = mx.quantize(w, group_size=group, bits=bits)
         mx.eval(q)
         del w
         size = sum(a.nbytes for a in q)
@@ -68,10 +74,12 @@ def worker(cases: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
             x = mx.random.normal((M, K)).astype(dtype)
             mx.eval(x)
 
-            mx.eval(_calls(mx, x, copies, bits, len(copies)))  # warm: kernels, graph cache
+            # Warm, with as many calls as are timed: kernels, graph cache, and the output
+            # buffers' allocations (a process's first case timed them otherwise).
+            mx.eval(_calls(mx, x, copies, bits, group, repeats))
             mx.synchronize()
             start = time.perf_counter()
-            mx.eval(_calls(mx, x, copies, bits, repeats))
+            mx.eval(_calls(mx, x, copies, bits, group, repeats))
             mx.synchronize()
             us = (time.perf_counter() - start) / repeats * 1e6
             out.append({"K": K, "N": N, "bits": bits, "M": M, "us": us, "bytes": size})
@@ -80,9 +88,9 @@ def worker(cases: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
     return out
 
 
-def _calls(mx: Any, x: Any, copies: list[list[Any]], bits: int, n: int) -> list[Any]:
+def _calls(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> list[Any]:
     """``n`` calls of ``x`` against the weight copies in turn (each read cold)."""
-    return [mx.quantized_matmul(x, *copies[i % len(copies)], True, GROUP, bits) for i in range(n)]
+    return [mx.quantized_matmul(x, *copies[i % len(copies)], True, group, bits) for i in range(n)]
 
 
 def cases(quick: bool) -> list[dict[str, Any]]:
@@ -93,13 +101,13 @@ def cases(quick: bool) -> list[dict[str, Any]]:
     ]
 
 
-def run_arm(python: str, site: str, env: dict[str, str], todo: list[dict[str, Any]],
-            repeats: int) -> list[dict[str, Any]]:  # fmt: skip
+def run_arm(python: str, site: str, env: dict[str, str], job: dict[str, Any]
+            ) -> list[dict[str, Any]]:  # fmt: skip
     """One round of one arm: a fresh interpreter with its own MLX."""
     full = {**os.environ, **env}
     if site:
         full["PYTHONPATH"] = os.pathsep.join([site, full.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    payload = json.dumps({"cases": todo, "repeats": repeats})
+    payload = json.dumps(job)
     done = subprocess.run(
         [python, __file__, "worker"], input=payload, capture_output=True, text=True, env=full
     )
@@ -129,13 +137,13 @@ def hardware() -> dict[str, Any]:
 def run(a: argparse.Namespace) -> None:
     arms = {"stock": a.stock, "pr": a.patched}
     split = {name: [*spec.split(":", 1), ""][:2] for name, spec in arms.items()}
-    todo = cases(a.quick)
+    job = {"cases": cases(a.quick), "repeats": a.repeats, "dtype": a.dtype, "group": a.group_size}
     rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in arms}
     for r in range(a.rounds):
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         for name in order:
             python, site = split[name]
-            rounds[name].append(run_arm(python, site, ARMS[name], todo, a.repeats))
+            rounds[name].append(run_arm(python, site, ARMS[name], job))
             print(f"round {r + 1}/{a.rounds}: {name} done", file=sys.stderr, flush=True)
     copy = statistics.median(rr[0]["copy_bytes_per_s"] for rr in rounds["stock"])
     rows = []
@@ -147,8 +155,8 @@ def run(a: argparse.Namespace) -> None:
         rows.append(row)
     report = {
         "command": "python3 bench/mlx_qmv.py run " + " ".join(sys.argv[2:]),
-        "dtype": DTYPE,
-        "group_size": GROUP,
+        "dtype": a.dtype,
+        "group_size": a.group_size,
         "rounds": a.rounds,
         "repeats": a.repeats,
         "mlx": {name: mlx_of(*split[name]) for name in ("stock", "pr")},
@@ -183,8 +191,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     keys = sorted({(r["bits"], r["K"], r["N"]) for r in report["rows"]})
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.4), squeeze=False)
-    for ax, (bits, K, N) in zip(axes[0], keys, strict=True):
+    bits_rows = sorted({k[0] for k in keys})
+    cols = max(sum(k[0] == b for k in keys) for b in bits_rows)
+    fig, axes = plt.subplots(len(bits_rows), cols, figsize=(4 * cols, 3.2 * len(bits_rows)),
+                             squeeze=False)  # fmt: skip
+    places = [axes[bits_rows.index(b)][sum(k[0] == b for k in keys[:i])]
+              for i, (b, _, _) in enumerate(keys)]  # fmt: skip
+    for ax, (bits, K, N) in zip(places, keys, strict=True):
         rows = [r for r in report["rows"] if (r["bits"], r["K"], r["N"]) == (bits, K, N)]
         Ms = [r["M"] for r in rows]
         for arm, label in (("stock", "stock"), ("pr", "PR"), ("floor", "bytes / copy bandwidth")):
@@ -200,6 +213,108 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# What the CUDA work aims at (docs/decisions/0007): M = 1 within 2x of the bytes over the
+# bandwidth; at most half of stock's time at M = 2..8 and no more than stock's at 9..16.
+TARGETS = (("M = 1: floor / PR", 1, 1, "floor", 0.5), ("M = 2..8: PR / stock", 2, 8, "ratio", 0.5),
+           ("M = 9..16: PR / stock", 9, 16, "ratio", 1.0))  # fmt: skip
+BIG = 1 << 24  # the M = 1 target counts layers of at least this many weights
+
+
+def against_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per target: the worst and best value over the run's layers and bits, and whether
+    every one meets it (floor / PR at least the target; PR / stock at most)."""
+    out = []
+    for label, lo, hi, kind, goal in TARGETS:
+        rows = [r for r in report["rows"] if lo <= r["M"] <= hi
+                and (kind == "ratio" or r["K"] * r["N"] >= BIG)]  # fmt: skip
+        values = [r["floor_us"] / r["pr_us"] if kind == "floor" else r["pr_us"] / r["stock_us"]
+                  for r in rows]  # fmt: skip
+        worst = min(values) if kind == "floor" else max(values)
+        best = max(values) if kind == "floor" else min(values)
+        met = sum(v >= goal if kind == "floor" else v <= goal for v in values)
+        out.append({"target": label, "goal": goal, "worst": worst, "best": best,
+                    "met": met, "of": len(values)})  # fmt: skip
+    return out
+
+
+def ratios(report: dict[str, Any]) -> str:
+    """PR / stock per layer and bits (rows) and M (columns), and M = 1's bandwidth."""
+    ms = sorted({r["M"] for r in report["rows"]})
+    keys = sorted({(r["bits"], r["K"], r["N"]) for r in report["rows"]})
+    lines = ["| bits | K x N | M = 1 TB/s | " + " | ".join(f"M = {m}" for m in ms) + " |",
+             "|---|---|---|" + "---|" * len(ms)]  # fmt: skip
+    for bits, K, N in keys:
+        by_m = {r["M"]: r for r in report["rows"] if (r["bits"], r["K"], r["N"]) == (bits, K, N)}
+        one = by_m[ms[0]]
+        cells = [f"{by_m[m]['pr_us'] / by_m[m]['stock_us']:.2f}" if m in by_m else "" for m in ms]
+        lines.append(f"| {bits} | {K}x{N} | {one['bytes'] / one['pr_us'] / 1e6:.2f} | "
+                     + " | ".join(cells) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def generic_command(report: dict[str, Any]) -> str:
+    """The run's command with the arms' paths as placeholders (they are one host's)."""
+    return ("python3 bench/mlx_qmv.py run --stock STOCK_PYTHON[:SITE] --patched "
+            "<cache>/builds/cuda-<pin>/venv/bin/python --json RUN.json "
+            f"--dtype {report['dtype']} --group-size {report['group_size']}")  # fmt: skip
+
+
+def page(runs: list[dict[str, Any]], out: Path) -> None:
+    """One results page from several runs (dtype x group): ``out``.json, .md and .png."""
+    main_run = next((r for r in runs if (r["dtype"], r["group_size"]) == ("bfloat16", 64)), runs[0])
+    first = runs[0]
+    summary = [{"dtype": r["dtype"], "group_size": r["group_size"], "targets": against_targets(r)}
+               for r in runs]  # fmt: skip
+    record = {"runs": [{**r, "command": generic_command(r)} for r in runs], "summary": summary}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    plot(main_run, out.with_suffix(".png"))
+    gbs = ", ".join(f"{r['copy_bytes_per_s'] / 1e12:.2f}" for r in runs)
+    lines = [
+        "# CUDA through MLX: `mx.quantized_matmul`, the PR's build beside stock",
+        "",
+        f"- Arms: stock MLX {first['mlx']['stock']} (its CUDA wheels) and MLX "
+        f"{first['mlx']['pr']} (`patchkit build --backend cuda`), taking turns in one run, "
+        f"{first['rounds']} rounds of each, median per call over {first['repeats']} calls of "
+        "one graph; each call reads a cold copy of the weights, launch costs included.",
+        f"- Hardware: {first['hardware']['gpu']}; {first['hardware']['cpus']} CPUs.",
+        "- Floor: the bytes a call reads (weights, scales, biases) over the bandwidth of an "
+        f"elementwise copy MLX runs in the same run (TB/s, per run: {gbs}).",
+        "- Rows: not timed here. The same build's parity (every row at M·B ≤ 16 against "
+        "M = 1, bit for bit) is `build-cuda.md`.",
+        "- Commands, one run per dtype and group size, then this page:",
+        "",
+        "```",
+        *(generic_command(r) for r in runs),
+        "python3 bench/mlx_qmv.py page RUN.json... --out docs/results/cuda",
+        "```",
+        "",
+        "## Against the targets",
+        "",
+        "Over every layer and bits (M = 1: layers of at least 2^24 weights) and every M in "
+        "the range; M = 8 and up is stock's `qmm`.",
+        "",
+        "| dtype | group | " + " | ".join(f"{t[0]} (target {t[4]})" for t in TARGETS) + " |",
+        "|---|---|" + "---|" * len(TARGETS),
+        *(
+            f"| {s['dtype']} | {s['group_size']} | "
+            + " | ".join(
+                f"worst {t['worst']:.2f}, best {t['best']:.2f}; {t['met']} of {t['of']} meet it"
+                for t in s["targets"]
+            )
+            + " |"
+            for s in summary
+        ),
+        "",
+        f"![time vs M, {main_run['dtype']}, group {main_run['group_size']}]({out.name}.png)",
+        "",
+    ]
+    for r in runs:
+        lines += [f"## PR / stock: {r['dtype']}, group {r['group_size']}", "", ratios(r), ""]
+    lines += [f"## Times: {main_run['dtype']}, group {main_run['group_size']}", "",
+              table(main_run), ""]  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -210,16 +325,23 @@ def main() -> None:
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--repeats", type=int, default=200)
     r.add_argument("--quick", action="store_true", help="two layers")
+    r.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="activations, output")
+    r.add_argument("--group-size", type=int, choices=GROUPS, default=64)
     rep = sub.add_parser("report", help="the table (and a plot) of a run's JSON")
     rep.add_argument("json")
     rep.add_argument("--plot")
+    pg = sub.add_parser("page", help="the results page of several runs: OUT.json/.md/.png")
+    pg.add_argument("runs", nargs="+", type=Path)
+    pg.add_argument("--out", required=True, type=Path, help="e.g. docs/results/cuda")
     sub.add_parser("worker", help="internal: one arm's round (cases on stdin)")
     a = ap.parse_args()
     if a.cmd == "worker":
         job = json.loads(sys.stdin.read())
-        print(json.dumps(worker(job["cases"], job["repeats"])))
+        print(json.dumps(worker(job["cases"], job["repeats"], job["dtype"], job["group"])))
     elif a.cmd == "run":
         run(a)
+    elif a.cmd == "page":
+        page([json.loads(p.read_text()) for p in a.runs], a.out)
     else:
         report = json.loads(Path(a.json).read_text())
         print(table(report))

@@ -34,6 +34,29 @@ def test_mlx_qmv_table_puts_the_pr_beside_stock_and_the_floor() -> None:
     assert row == "| 4 | 4096x4096 | 1 | 50.0 | 40.0 | 0.80 | 10.0 | 25% |"
 
 
+def test_mlx_qmv_targets_count_each_row_against_its_bound() -> None:
+    """M = 1 counts floor / PR (at least 0.5) on layers of 2^24 weights or more only;
+    M = 2..8 and 9..16 count PR / stock (at most 0.5 and 1.0). Worst and best per target."""
+    bench = load_script("bench/mlx_qmv.py")
+
+    def row(K: int, M: int, stock: float, pr: float, floor: float) -> dict:
+        return {"K": K, "N": 4096, "bits": 4, "M": M, "bytes": 1, "stock_us": stock,
+                "pr_us": pr, "floor_us": floor}  # fmt: skip
+
+    report = {"rows": [
+        row(4096, 1, 50.0, 20.0, 10.0),   # floor / PR 0.5: meets
+        row(4096, 1, 50.0, 40.0, 10.0),   # 0.25: misses
+        row(1024, 1, 50.0, 90.0, 1.0),    # a small layer: not counted at M = 1
+        row(4096, 2, 40.0, 20.0, 1.0),    # 0.5: meets
+        row(4096, 8, 20.0, 30.0, 1.0),    # 1.5: misses
+        row(4096, 12, 30.0, 30.0, 1.0),   # 1.0: meets
+    ]}  # fmt: skip
+    one, few, many = bench.against_targets(report)
+    assert (one["met"], one["of"], one["worst"], one["best"]) == (1, 2, 0.25, 0.5)
+    assert (few["met"], few["of"], few["worst"], few["best"]) == (1, 2, 1.5, 0.5)
+    assert (many["met"], many["of"]) == (1, 1)
+
+
 def _harness_result(patched: float, stock: float, differing: int = 0) -> dict:
     seconds = {str(m): {"patched": patched * m**0.5, "stock": stock * m} for m in cuda.MS}
     return {

@@ -3,7 +3,7 @@
 Fast tests on the rendered text (no GPU, no nvcc); the PTX identity of the
 one-vector kernels is ``test_cuda_ptx_identity.py``, the compile for every wheel
 architecture ``test_cuda_arch_compile.py``, rows and timing on a GPU
-``bench/cuda_qmv.py`` (``docs/results/cuda.md``).
+``bench/cuda_qmv.py`` (``docs/results/cuda-kernel.md``).
 """
 
 from __future__ import annotations

@@ -506,3 +506,29 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
     assert "not run to the end with this branch: test_slow" in lines
     assert lines[-1] == "failing on stock, passing with this branch: test_new"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
+
+
+def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> None:
+    """The speed fact's ratios are the page's own rows (PR over stock), grouped M = 1,
+    2..7 and 8..16 over every run; no patchkit file or command is named."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
+    )
+
+    def row(M: int, stock: float, pr: float) -> dict:
+        return {"K": 4096, "N": 4096, "bits": 4, "M": M, "stock_us": stock, "pr_us": pr}
+
+    run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"},
+           "hardware": {"gpu": "NVIDIA H200, 580.159.04"},
+           "rows": [row(1, 40.0, 20.0), row(2, 40.0, 10.0), row(7, 80.0, 8.0),
+                    row(8, 10.0, 15.0)]}  # fmt: skip
+    (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run]}))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    lines = found[0]["lines"]
+    assert notes == [] and "NVIDIA H200, stock MLX 0.32.1" in lines[0]
+    assert lines[1] == (
+        "this branch's time over stock's: M = 1: 0.50x; M = 2..7: 0.10-0.25x; "
+        "M = 8..16: 1.50x (stock runs `qmm` from M = 8)"
+    )
+    assert not any("patchkit" in line or "bench/" in line for line in lines)

@@ -41,3 +41,16 @@ def test_a_changed_series_has_another_id(tmp_path: Path) -> None:
     first = sorted(copy.glob("*.patch"))[0]
     first.write_bytes(first.read_bytes() + b" ")
     assert mlx_build.series_id(tmp_path, short) != before
+
+
+def test_speed_page_is_of_the_recorded_cuda_build() -> None:
+    """``docs/results/cuda.json`` (bench/mlx_qmv.py page) timed the MLX the CUDA build
+    record names, in every run: a rebuilt record leaves the old speeds stale."""
+    speed, build = RESULTS / "cuda.json", RESULTS / "build-cuda.json"
+    if not speed.exists() or not build.exists():
+        pytest.skip("no CUDA speed page or build record committed")
+    wheel = json.loads(build.read_text())["wheel_version"]
+    runs = json.loads(speed.read_text())["runs"]
+    assert runs and {r["mlx"]["pr"] for r in runs} == {wheel}, (
+        f"cuda.json timed another build than {wheel}: rerun bench/mlx_qmv.py on it"
+    )

@@ -867,6 +867,32 @@ def tests_fact(data: dict) -> list[str]:
     return lines
 
 
+SPEED_BANDS = ((1, 1), (2, 7), (8, 16))  # M = 8 and up is stock's qmm on CUDA
+
+
+def speed_fact(data: dict) -> list[str]:
+    """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
+    this branch's time over stock's per band of M, over every run, layer and bits."""
+    runs = data["runs"]
+    first = runs[0]
+    rows = [r for run in runs for r in run["rows"]]
+    sizes = sorted({r["K"] * r["N"] for r in rows})
+    pairs = ", ".join(f"{r['dtype']} group {r['group_size']}" for r in runs)
+    bands = "; ".join(
+        f"M = {lo}" + (f"..{hi}" if hi > lo else "") + ": "
+        + _span([r["pr_us"] / r["stock_us"] for r in rows if lo <= r["M"] <= hi],
+                lambda x: f"{x:.2f}") + "x"
+        for lo, hi in SPEED_BANDS
+    )  # fmt: skip
+    return [
+        f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}, stock MLX "
+        f"{first['mlx']['stock']} (release wheels, not main) and this branch's build taking "
+        f"turns, cold weights, {len({(r['K'], r['N']) for r in rows})} layers of "
+        f"{sizes[0]:,} to {sizes[-1]:,} weights, 4 and 8 bits, {pairs}",
+        f"this branch's time over stock's: {bands} (stock runs `qmm` from M = 8)",
+    ]
+
+
 def parity_fact(data: dict) -> list[str]:
     """Lines for a ``patchkit parity --json`` report."""
     device = (data.get("device") or {}).get("name", "?")
@@ -919,6 +945,8 @@ def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[lis
                 lines = parity_fact(data)
             elif kind == "tests":
                 lines = tests_fact(data)
+            elif kind == "speed":
+                lines = speed_fact(data)
             else:
                 lines = bench_fact(data, entry["arm"], entry["base"], entry["m"])
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:

@@ -69,7 +69,7 @@ class RenderOptions:
     (``MLX_CUDA_QMV_EXACT``, the off switch ``MLX_CUDA_QMV_SHARED_WEIGHTS=0``) in the
     overlay only; the upstream render has no environment variable. The CUDA kernel's
     launch constants are measured choices in the template, not options
-    (``docs/results/cuda.md``).
+    (``docs/results/cuda-kernel.md``).
     """
 
     backends: tuple[str, ...] = BACKENDS
