@@ -1,6 +1,9 @@
-"""The parity gate's verdicts are kept under the digest of everything they depend on."""
+"""The parity gate's verdicts are kept per toolchain under the digest of everything they
+depend on, and ``patchkit emulate``'s default matrix fills the same cache."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 
@@ -9,60 +12,88 @@ from patchkit.verify.emulate import build, extract, suite
 from patchkit.verify.emulate.families import AFFINE
 
 
+@dataclass
+class FakeReport:
+    toolchain: str
+    patched: str
+
+
 @pytest.fixture
-def counted(monkeypatch: pytest.MonkeyPatch, tmp_path) -> list[str]:
-    """``suite._verify`` replaced by a counter (the real suite runs minutes); a cache of
-    this test's own."""
+def counted(monkeypatch: pytest.MonkeyPatch, tmp_path) -> list[tuple[str, str]]:
+    """``suite.run`` replaced by a counter (the real suite runs minutes), judged "bad" when
+    the patched text says so; a cache of this test's own."""
     monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path / "cache"))
-    calls: list[str] = []
+    calls: list[tuple[str, str]] = []
 
-    def fake(header, sources, types, *, quick, toolchains, say=None):
-        calls.append(sources.patched)
-        return suite.Verdict(sources.patched != "bad", f"ran {len(calls)}", [])
+    def fake_run(sources, cases, toolchain, types=()):
+        calls.append((sources.patched, toolchain.name))
+        return FakeReport(toolchain.name, sources.patched)
 
-    monkeypatch.setattr(suite, "_verify", fake)
+    def judged(report: FakeReport) -> suite.Verdict:
+        bad = report.patched == "bad"
+        return suite.Verdict(not bad, f"{report.toolchain} ran", ["row 3"] if bad else [])
+
+    monkeypatch.setattr(suite, "run", fake_run)
+    monkeypatch.setattr(suite, "toolchain_verdict", judged)
     return calls
 
 
+def _gate_toolchains(n: int) -> list[str]:
+    names = list(build.GATE)[:n]
+    for name in names:
+        try:
+            build.require_compiler(build.TOOLCHAINS[name])
+        except UserError as exc:
+            pytest.skip(f"no compiler for the gate's toolchain: {exc}")
+    return names
+
+
 def test_a_verdict_is_reused_only_for_the_same_inputs(
-    counted: list[str], monkeypatch: pytest.MonkeyPatch
+    counted: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    names = list(build.GATE)[:1]
-    try:
-        build.require_compiler(build.TOOLCHAINS[names[0]])
-    except UserError as exc:
-        pytest.skip(f"no compiler for the gate's toolchain: {exc}")
+    names = _gate_toolchains(1)
     same = extract.Sources("upstream text", "patched text")
     first = suite.verify(AFFINE, same, toolchains=names)
     again = suite.verify(AFFINE, same, toolchains=names)
-    assert counted == ["patched text"] and again.summary == first.summary + suite.CACHED
+    assert counted == [("patched text", "gcc")] and again.summary == first.summary + suite.CACHED
     assert again.ok is first.ok is True
     # any input changed: run again; a failing verdict is kept as faithfully
-    assert not suite.verify(AFFINE, extract.Sources("upstream text", "bad"), toolchains=names).ok
-    assert not suite.verify(AFFINE, extract.Sources("upstream text", "bad"), toolchains=names).ok
+    bad = extract.Sources("upstream text", "bad")
+    assert suite.verify(AFFINE, bad, toolchains=names).failures == ["row 3"]
+    assert suite.verify(AFFINE, bad, toolchains=names).failures == ["row 3"]
     suite.verify(AFFINE, same, quick=False, toolchains=names)
     monkeypatch.setattr(suite, "_emulator_digest", lambda: "another emulator")
     suite.verify(AFFINE, same, toolchains=names)
-    assert counted == ["patched text", "bad", "patched text", "patched text"]
+    assert [c[0] for c in counted] == ["patched text", "bad", "patched text", "patched text"]
 
 
-def test_the_suite_says_each_toolchain_and_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_kept_toolchain_is_not_run_again_and_the_rest_are(
+    counted: list[tuple[str, str]],
+) -> None:
+    """What ``patchkit emulate`` keeps (one toolchain's report, :func:`suite.keep_verdict`)
+    answers the gate for that toolchain; the gate runs only the others, and says so."""
+    names = _gate_toolchains(2)
+    same = extract.Sources("upstream text", "patched text")
+    suite.keep_verdict(AFFINE, same, (), True, FakeReport(names[0], "patched text"))
+    heard: list[str] = []
+    verdict = suite.verify(AFFINE, same, toolchains=names, say=heard.append)
+    assert counted == [("patched text", names[1])]
+    assert heard == [f"parity: affine suite, {names[1]} (1 of 1 to run)"]
+    assert verdict.ok and verdict.summary == f"{names[0]} ran{suite.CACHED}; {names[1]} ran"
+    # another text: nothing kept for it, both run
+    suite.verify(AFFINE, extract.Sources("upstream text", "other"), toolchains=names)
+    assert counted[1:] == [("other", names[0]), ("other", names[1])]
+
+
+def test_the_suite_says_each_toolchain_and_the_time_left(
+    counted: list[tuple[str, str]],
+) -> None:
     """A rebase's gate runs minutes the first time on a machine: each toolchain is announced,
     with the time left estimated from those done (none before the first is done)."""
-
-    class Done:
-        def failures(self) -> list[str]:
-            return []
-
-    monkeypatch.setattr(suite, "run", lambda *a, **k: Done())
-    monkeypatch.setattr(suite, "control_failure", lambda report: None)
-    monkeypatch.setattr(suite, "summarize", lambda report: {})
-    monkeypatch.setattr(suite, "summary_line", lambda report, summary: "ok")
+    names = _gate_toolchains(3)
     heard: list[str] = []
-    names = ["gcc", "clang", "gcc-fast"]
-    verdict = suite._verify(AFFINE, extract.Sources("u", "p"), (), quick=True,
-                            toolchains=names, say=heard.append)  # fmt: skip
+    verdict = suite.verify(AFFINE, extract.Sources("u", "p"), toolchains=names, say=heard.append)
     assert verdict.ok and len(heard) == 3
-    assert heard[0] == "parity: affine suite, gcc (1 of 3)"
-    assert heard[2].startswith("parity: affine suite, gcc-fast (3 of 3), about ")
+    assert heard[0] == f"parity: affine suite, {names[0]} (1 of 3 to run)"
+    assert heard[2].startswith(f"parity: affine suite, {names[2]} (3 of 3 to run), about ")
     assert heard[2].endswith(" s left")

@@ -457,7 +457,7 @@ class Verdict:
     failures: list[str]
 
 
-CACHED = " (cached: the same headers, toolchains and emulator gave this verdict before)"
+CACHED = " (cached)"
 
 
 @functools.cache
@@ -473,20 +473,40 @@ def _emulator_digest() -> str:
 
 
 def _verdict_path(
-    header: Header, sources: extract.Sources, types: tuple[str, ...], quick: bool,
-    names: list[str],
-) -> Path:  # fmt: skip
-    """Where the verdict of exactly these inputs is kept: the texts, the matrix, each
-    toolchain's compiler (path, version, flags) and the emulator's sources."""
-    parts = [header.name, str(quick), sources.upstream, sources.patched, *types, _emulator_digest()]
-    for name in names:
-        toolchain = build.TOOLCHAINS[name]
-        compiler = build.require_compiler(toolchain)
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                                 check=False, timeout=30).stdout  # fmt: skip
-        parts += [name, compiler, version, *toolchain.flags]
+    header: Header, sources: extract.Sources, types: tuple[str, ...], quick: bool, name: str
+) -> Path:
+    """Where one toolchain's verdict on exactly these inputs is kept: the texts, the matrix,
+    the compiler (path, version, flags) and the emulator's sources."""
+    toolchain = build.TOOLCHAINS[name]
+    compiler = build.require_compiler(toolchain)
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=False, timeout=30).stdout  # fmt: skip
+    parts = [header.name, str(quick), sources.upstream, sources.patched, *types,
+             _emulator_digest(), name, compiler, version, *toolchain.flags]  # fmt: skip
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
-    return build.cache_dir() / "verdicts" / f"{header.name}-{key[:32]}.json"
+    return build.cache_dir() / "verdicts" / f"{header.name}-{name}-{key[:32]}.json"
+
+
+def toolchain_verdict(report: Report) -> Verdict:
+    """One toolchain's run judged as the gate judges it: every streamed row equal, the
+    control loud enough."""
+    name, header = report.toolchain, report.header
+    failures = [f"[{name}] {f}" for f in report.failures()]
+    quiet = control_failure(report)
+    failures += [f"[{name}] {quiet}"] if quiet else []
+    line = f"{name} ({header.name}): {summary_line(report, summarize(report))}"
+    return Verdict(ok=not failures, summary=line, failures=failures)
+
+
+def keep_verdict(
+    header: Header, sources: extract.Sources, types: tuple[str, ...], quick: bool,
+    report: Report,
+) -> None:  # fmt: skip
+    """Keep ``report``'s verdict where :func:`verify` looks for it: ``patchkit emulate``'s
+    default matrix is the gate's, so the set-up's run answers a later rebase's gate."""
+    kept = _verdict_path(header, sources, types, quick, report.toolchain)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(kept, json.dumps(dataclasses.asdict(toolchain_verdict(report))))
 
 
 def verify(
@@ -500,50 +520,39 @@ def verify(
 ) -> Verdict:
     """Run ``header``'s parity suite on a tree's text, upstream and patched, with each toolchain.
 
-    The verdict is a function of its inputs alone (fixed cases, fixed seeds), so it is kept
-    under their digest: a rebase whose kernel text did not change answers at once."""
+    A toolchain's verdict is a function of its inputs alone (fixed cases, fixed seeds), so
+    it is kept under their digest: a rebase whose kernel text did not change, on a machine
+    that ran the set-up's ``patchkit emulate --toolchain all``, answers at once. ``say``
+    hears each toolchain's start with the time left, from the toolchains run so far
+    (compiling dominates the first run on a machine)."""
     names = list(toolchains)
-    kept = _verdict_path(header, sources, types, quick, names)
-    try:
-        data = json.loads(kept.read_text())
-        return Verdict(data["ok"], data["summary"] + CACHED, list(data["failures"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # not run with these inputs yet (or a torn file): run it
-    verdict = _verify(header, sources, types, quick=quick, toolchains=names, say=say)
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(kept, json.dumps(dataclasses.asdict(verdict)))
-    return verdict
-
-
-def _verify(
-    header: Header,
-    sources: extract.Sources,
-    types: tuple[str, ...],
-    *,
-    quick: bool,
-    toolchains: list[str],
-    say: Callable[[str], None] | None = None,
-) -> Verdict:
-    """:func:`verify`, run; ``say`` hears each toolchain's start with the time left, from
-    the toolchains done so far (compiling dominates the first run on a machine)."""
+    verdicts: dict[str, Verdict] = {}
+    for name in names:
+        try:
+            data = json.loads(_verdict_path(header, sources, types, quick, name).read_text())
+            verdicts[name] = Verdict(data["ok"], data["summary"] + CACHED, list(data["failures"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not run with these inputs yet (or a torn file): run it below
+    todo = [n for n in names if n not in verdicts]
     modes = modes_of(header)
     cases = default_matrix(modes) if quick else full_matrix(modes)
-    failures: list[str] = []
-    lines = []
     started = time.monotonic()
-    for done, name in enumerate(toolchains):
+    for done, name in enumerate(todo):
         if say is not None:
             left = ""
             if done:
                 each = (time.monotonic() - started) / done
-                left = f", about {each * (len(toolchains) - done):.0f} s left"
-            say(f"parity: {header.name} suite, {name} ({done + 1} of {len(toolchains)}){left}")
+                left = f", about {each * (len(todo) - done):.0f} s left"
+            say(f"parity: {header.name} suite, {name} ({done + 1} of {len(todo)} to run){left}")
         report = run(sources, cases, build.TOOLCHAINS[name], types=types)
-        failures += [f"[{name}] {f}" for f in report.failures()]
-        quiet = control_failure(report)
-        failures += [f"[{name}] {quiet}"] if quiet else []
-        lines.append(f"{name} ({header.name}): {summary_line(report, summarize(report))}")
-    return Verdict(ok=not failures, summary="; ".join(lines), failures=failures)
+        keep_verdict(header, sources, types, quick, report)
+        verdicts[name] = toolchain_verdict(report)
+    ordered = [verdicts[n] for n in names]
+    return Verdict(
+        ok=all(v.ok for v in ordered),
+        summary="; ".join(v.summary for v in ordered),
+        failures=[f for v in ordered for f in v.failures],
+    )
 
 
 def verify_header(
