@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+TARGET_S = 180  # a bump that changes no kernel text, after the README's set-up
 
 
 def _patchkit(args: list[str], cwd: Path, cache: Path) -> tuple[float, dict[str, Any]]:
@@ -114,6 +115,11 @@ def page(report: dict[str, Any]) -> str:
         "| scenario | rebase wall s | gate s | set-up s |",
         "|---|---|---|---|",
     ]
+    warm = report["scenarios"].get("after set-up")
+    if warm:
+        verdict = "met" if warm["wall_s"] <= TARGET_S else "missed"
+        lines[-3:-3] = [f"- Target: the rebase after set-up within {TARGET_S} s on an idle "
+                        f"2-core machine: {verdict} ({warm['wall_s']:.0f} s)"]  # fmt: skip
     for name, s in report["scenarios"].items():
         gate = "" if s.get("gate_s") is None else f"{s['gate_s']:.0f}"
         setup = f"{s['setup_emulate_s']:.0f}" if "setup_emulate_s" in s else ""

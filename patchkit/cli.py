@@ -422,7 +422,7 @@ def mac_report_cmd(out: Path | None, no_jit: bool, dry_run: bool, as_json: bool)
     show_default=True,
     help="g++ -ffp-contract=off, clang -ffp-contract=on -mfma, g++/clang -O2 "
     "-ffp-contract=fast -mfma (cross-statement fusion), both (gcc, clang) or all four "
-    "(about 5x the default's time).",
+    "(about 3x the default's time; their verdicts answer a later rebase's gate).",
 )
 @click.option(
     "--full",

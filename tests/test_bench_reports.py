@@ -131,3 +131,17 @@ def test_rebase_gate_page_shows_each_scenarios_seconds() -> None:
     }  # fmt: skip
     page = bench.page(report)
     assert "| cold | 240 | 232 |  |" in page and "| after set-up | 9 | 1 | 81 |" in page
+    assert "within 180 s on an idle 2-core machine: met (9 s)" in page
+    report["scenarios"]["after set-up"]["wall_s"] = 181.0
+    assert "within 180 s on an idle 2-core machine: missed (181 s)" in bench.page(report)
+
+
+def test_the_readme_set_up_runs_every_toolchain_of_the_gate() -> None:
+    """The gate answers a no-kernel-text bump at once only for the toolchains the set-up ran
+    (verdicts are kept per toolchain): the README's `patchkit emulate` line must run them all."""
+    bench = load_script("bench/rebase_gate.py")
+    from patchkit.verify.emulate import build, cli_support
+
+    args = bench.setup_args()
+    choice = args[args.index("--toolchain") + 1] if "--toolchain" in args else "gcc"
+    assert set(cli_support._toolchains(choice)) == set(build.GATE)
