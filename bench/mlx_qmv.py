@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -229,6 +230,10 @@ def against_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 and (kind == "ratio" or r["K"] * r["N"] >= BIG)]  # fmt: skip
         values = [r["floor_us"] / r["pr_us"] if kind == "floor" else r["pr_us"] / r["stock_us"]
                   for r in rows]  # fmt: skip
+        if not values:
+            out.append({"target": label, "goal": goal, "worst": None, "best": None,
+                        "met": 0, "of": 0})  # fmt: skip
+            continue
         worst = min(values) if kind == "floor" else max(values)
         best = max(values) if kind == "floor" else min(values)
         met = sum(v >= goal if kind == "floor" else v <= goal for v in values)
@@ -252,22 +257,34 @@ def ratios(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_name(report: dict[str, Any]) -> str:
+    return f"{report['dtype']}-{report['group_size']}.json"
+
+
 def generic_command(report: dict[str, Any]) -> str:
     """The run's command with the arms' paths as placeholders (they are one host's)."""
     return ("python3 bench/mlx_qmv.py run --stock STOCK_PYTHON[:SITE] --patched "
-            "<cache>/builds/cuda-<pin>/venv/bin/python --json RUN.json "
+            f"<cache>/builds/cuda-<pin>/venv/bin/python --json {run_name(report)} "
             f"--dtype {report['dtype']} --group-size {report['group_size']}")  # fmt: skip
 
 
-def page(runs: list[dict[str, Any]], out: Path) -> None:
-    """One results page from several runs (dtype x group): ``out``.json, .md and .png."""
+def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
+    """One results page from several runs (dtype x group): ``out``.json, .md and .png;
+    ``notes`` (what a reader must know about the runs) go to both."""
     main_run = next((r for r in runs if (r["dtype"], r["group_size"]) == ("bfloat16", 64)), runs[0])
     first = runs[0]
     summary = [{"dtype": r["dtype"], "group_size": r["group_size"], "targets": against_targets(r)}
                for r in runs]  # fmt: skip
-    record = {"runs": [{**r, "command": generic_command(r)} for r in runs], "summary": summary}
+    record = {"runs": [{**r, "command": generic_command(r)} for r in runs], "summary": summary,
+              "notes": notes}  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    plot(main_run, out.with_suffix(".png"))
+    try:
+        plot(main_run, out.with_suffix(".png"))
+        image = [f"![time vs M, {main_run['dtype']}, group {main_run['group_size']}]"
+                 f"({out.name}.png)", ""]  # fmt: skip
+    except ImportError:
+        print("matplotlib is not installed: the page has no plot", file=sys.stderr)
+        image = []
     gbs = ", ".join(f"{r['copy_bytes_per_s'] / 1e12:.2f}" for r in runs)
     lines = [
         "# CUDA through MLX: `mx.quantized_matmul`, the PR's build beside stock",
@@ -285,8 +302,12 @@ def page(runs: list[dict[str, Any]], out: Path) -> None:
         "",
         "```",
         *(generic_command(r) for r in runs),
-        "python3 bench/mlx_qmv.py page RUN.json... --out docs/results/cuda",
+        "python3 bench/mlx_qmv.py page "
+        + " ".join(map(run_name, runs))
+        + " --out docs/results/cuda"
+        + "".join(f" --note {shlex.quote(n)}" for n in notes),
         "```",
+        *(f"- Note: {n}" for n in notes),
         "",
         "## Against the targets",
         "",
@@ -299,14 +320,15 @@ def page(runs: list[dict[str, Any]], out: Path) -> None:
             f"| {s['dtype']} | {s['group_size']} | "
             + " | ".join(
                 f"worst {t['worst']:.2f}, best {t['best']:.2f}; {t['met']} of {t['of']} meet it"
+                if t["of"]
+                else "not measured"
                 for t in s["targets"]
             )
             + " |"
             for s in summary
         ),
         "",
-        f"![time vs M, {main_run['dtype']}, group {main_run['group_size']}]({out.name}.png)",
-        "",
+        *image,
     ]
     for r in runs:
         lines += [f"## PR / stock: {r['dtype']}, group {r['group_size']}", "", ratios(r), ""]
@@ -333,6 +355,7 @@ def main() -> None:
     pg = sub.add_parser("page", help="the results page of several runs: OUT.json/.md/.png")
     pg.add_argument("runs", nargs="+", type=Path)
     pg.add_argument("--out", required=True, type=Path, help="e.g. docs/results/cuda")
+    pg.add_argument("--note", action="append", default=[], help="a fact about the runs")
     sub.add_parser("worker", help="internal: one arm's round (cases on stdin)")
     a = ap.parse_args()
     if a.cmd == "worker":
@@ -341,7 +364,7 @@ def main() -> None:
     elif a.cmd == "run":
         run(a)
     elif a.cmd == "page":
-        page([json.loads(p.read_text()) for p in a.runs], a.out)
+        page([json.loads(p.read_text()) for p in a.runs], a.out, a.note)
     else:
         report = json.loads(Path(a.json).read_text())
         print(table(report))

@@ -6,6 +6,8 @@ against the arithmetic it stands for (ratio to stock, floor over time, rows chec
 
 from __future__ import annotations
 
+import json
+
 from support_scripts import load_script
 
 from patchkit.verify.harness import cuda
@@ -55,6 +57,34 @@ def test_mlx_qmv_targets_count_each_row_against_its_bound() -> None:
     assert (one["met"], one["of"], one["worst"], one["best"]) == (1, 2, 0.25, 0.5)
     assert (few["met"], few["of"], few["worst"], few["best"]) == (1, 2, 1.5, 0.5)
     assert (many["met"], many["of"]) == (1, 1)
+
+
+def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> None:
+    """The page of two runs: one targets row and one ratio table per run, the notes on the
+    page and in its JSON, and commands without the host's paths."""
+    bench = load_script("bench/mlx_qmv.py")
+    runs = []
+    for dtype, group in (("bfloat16", 64), ("float16", 128)):
+        run = _mlx_qmv_report(stock_us=50.0, pr_us=20.0, nbytes=40_000_000, copy=4e12)
+        run.update(
+            dtype=dtype,
+            group_size=group,
+            rounds=3,
+            repeats=200,
+            mlx={"stock": "0.32.1", "pr": "0.32.1+patchkit.abc"},
+            hardware={"gpu": "NVIDIA H200, 580", "cpus": 16},
+            command="python3 bench/mlx_qmv.py run --stock /tmp/x --json /root/out/r.json",
+        )
+        runs.append(run)  # fmt: skip
+    bench.page(runs, tmp_path / "cuda", ["a note's text"])
+    text = (tmp_path / "cuda.md").read_text()
+    record = json.loads((tmp_path / "cuda.json").read_text())
+    assert "| bfloat16 | 64 | worst 0.50, best 0.50; 1 of 1 meet it |" in text
+    assert text.count("## PR / stock:") == 2 and "- Note: a note's text" in text
+    assert "meet it | not measured | not measured |" in text  # no M > 1 rows
+    assert '--note "a note\'s text"' in text or "--note 'a note'\"'\"'s text'" in text
+    assert record["notes"] == ["a note's text"] and len(record["summary"]) == 2
+    assert not any("/tmp" in r["command"] or "/root" in r["command"] for r in record["runs"])
 
 
 def _harness_result(patched: float, stock: float, differing: int = 0) -> dict:
