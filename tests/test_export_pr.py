@@ -509,8 +509,8 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
 
 
 def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> None:
-    """The speed fact's ratios are the page's own rows (PR over stock), grouped M = 1,
-    2..7 and 8..16 over every run; no patchkit file or command is named."""
+    """The speed fact's ratios are the page's own rows (PR over stock), M = 1 per bits, then
+    2..7 and 8..16 over every run; the page's notes follow; no patchkit file is named."""
     (tmp_path / "templates" / "pr").mkdir(parents=True)
     (tmp_path / "templates" / "pr" / "results.toml").write_text(
         '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
@@ -523,12 +523,18 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
            "hardware": {"gpu": "NVIDIA H200, 580.159.04"},
            "rows": [row(1, 40.0, 20.0), row(2, 40.0, 10.0), row(7, 80.0, 8.0),
                     row(8, 10.0, 15.0)]}  # fmt: skip
-    (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run]}))
+    run.update(mlx={"stock": "0.32.1", "pr": "0.32.1+patchkit.abc"}, repeats=200, rounds=3)
+    run["rows"].append({**row(1, 10.0, 12.0), "bits": 8})
+    page = {"runs": [run], "notes": ["first case slow"]}
+    (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     lines = found[0]["lines"]
-    assert notes == [] and "NVIDIA H200, stock MLX 0.32.1" in lines[0]
-    assert lines[1] == (
-        "this branch's time over stock's: M = 1: 0.50x; M = 2..7: 0.10-0.25x; "
-        "M = 8..16: 1.50x (stock runs `qmm` from M = 8)"
+    assert notes == [] and "NVIDIA H200: stock MLX 0.32.1" in lines[0]
+    assert "4- and 8-bit" in lines[0]
+    assert lines[1].startswith("timing: 200 calls in one graph") and "3 rounds" in lines[1]
+    assert lines[2] == (
+        "time with this change over stock's: M = 1, 4-bit: 0.50x; M = 1, 8-bit: 1.20x; "
+        "M = 2..7: 0.10-0.25x; M = 8..16: 1.50x (stock runs `qmm` from M = 8)"
     )
+    assert lines[3] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)

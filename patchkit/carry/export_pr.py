@@ -867,29 +867,35 @@ def tests_fact(data: dict) -> list[str]:
     return lines
 
 
-SPEED_BANDS = ((1, 1), (2, 7), (8, 16))  # M = 8 and up is stock's qmm on CUDA
-
-
 def speed_fact(data: dict) -> list[str]:
     """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
-    this branch's time over stock's per band of M, over every run, layer and bits."""
+    the patched build's time over stock's per band of M (M = 1 per bits), how it was timed,
+    and the page's notes on its runs."""
     runs = data["runs"]
     first = runs[0]
     rows = [r for run in runs for r in run["rows"]]
     sizes = sorted({r["K"] * r["N"] for r in rows})
+    bits = sorted({r["bits"] for r in rows})
     pairs = ", ".join(f"{r['dtype']} group {r['group_size']}" for r in runs)
-    bands = "; ".join(
-        f"M = {lo}" + (f"..{hi}" if hi > lo else "") + ": "
-        + _span([r["pr_us"] / r["stock_us"] for r in rows if lo <= r["M"] <= hi],
-                lambda x: f"{x:.2f}") + "x"
-        for lo, hi in SPEED_BANDS
-    )  # fmt: skip
+
+    def ratio(lo: int, hi: int, b: int | None = None) -> str:
+        picked = [r["pr_us"] / r["stock_us"] for r in rows
+                  if lo <= r["M"] <= hi and b in (None, r["bits"])]  # fmt: skip
+        return _span(picked, lambda x: f"{x:.2f}") + "x"
+
+    ones = "; ".join(f"M = 1, {b}-bit: {ratio(1, 1, b)}" for b in bits)
     return [
-        f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}, stock MLX "
-        f"{first['mlx']['stock']} (release wheels, not main) and this branch's build taking "
-        f"turns, cold weights, {len({(r['K'], r['N']) for r in rows})} layers of "
-        f"{sizes[0]:,} to {sizes[-1]:,} weights, 4 and 8 bits, {pairs}",
-        f"this branch's time over stock's: {bands} (stock runs `qmm` from M = 8)",
+        f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
+        f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
+        f"this change, taking turns; {len({(r['K'], r['N']) for r in rows})} "
+        f"layers of {sizes[0]:,} to {sizes[-1]:,} weights, {'- and '.join(map(str, bits))}-bit, "
+        f"{pairs}",
+        f"timing: {first['repeats']} calls in one graph after a warm-up, each reading a cold "
+        f"copy of the weights (the copies add up to well over the L2), median of "
+        f"{first['rounds']} rounds per arm",
+        f"time with this change over stock's: {ones}; M = 2..7: {ratio(2, 7)}; "
+        f"M = 8..16: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
+        *(f"note: {n}" for n in data.get("notes") or []),
     ]
 
 

@@ -17,11 +17,14 @@ import itertools
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from patchkit.errors import UserError
 from patchkit.util.staging import atomic_write_text
@@ -462,11 +465,12 @@ CACHED = " (cached)"
 
 @functools.cache
 def _emulator_digest() -> str:
-    """The emulator's own sources (this package: Python, shim, runner): a verdict from an
-    older emulator is never reused."""
+    """The emulator's own sources (this package: Python, shim, runner), the dispatch rules
+    that pick each case's kernel and tile (``patchkit/verify/dispatch.py``) and numpy, which
+    draws the inputs: a verdict from another emulator is never reused."""
     here = Path(__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(here.iterdir()):
+    digest = hashlib.sha256(f"numpy {np.__version__}".encode())
+    for path in [*sorted(here.iterdir()), here.parent / "dispatch.py"]:
         if path.suffix in (".py", ".h", ".cpp"):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
@@ -505,8 +509,11 @@ def keep_verdict(
     """Keep ``report``'s verdict where :func:`verify` looks for it: ``patchkit emulate``'s
     default matrix is the gate's, so the set-up's run answers a later rebase's gate."""
     kept = _verdict_path(header, sources, types, quick, report.toolchain)
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(kept, json.dumps(dataclasses.asdict(toolchain_verdict(report))))
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(kept, json.dumps(dataclasses.asdict(toolchain_verdict(report))))
+    except OSError as exc:  # the verdict stands; only the next run's shortcut is lost
+        print(f"warning: could not keep the verdict in {kept.parent}: {exc}", file=sys.stderr)
 
 
 def verify(
