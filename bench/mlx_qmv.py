@@ -151,7 +151,9 @@ def run(a: argparse.Namespace) -> None:
     for i, first in enumerate(rounds["stock"][0][1:], start=1):
         row = {k: first[k] for k in ("K", "N", "bits", "M", "bytes")}
         for name in arms:
-            row[name + "_us"] = statistics.median(rr[i]["us"] for rr in rounds[name])
+            each = [rr[i]["us"] for rr in rounds[name]]
+            row[name + "_us"] = statistics.median(each)
+            row[name + "_rounds_us"] = each  # the spread behind the median
         row["floor_us"] = first["bytes"] / copy * 1e6
         rows.append(row)
     report = {

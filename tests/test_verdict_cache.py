@@ -13,9 +13,15 @@ from patchkit.verify.emulate.families import AFFINE
 
 
 @dataclass
+class FakeResult:
+    case: object
+
+
+@dataclass
 class FakeReport:
     toolchain: str
     patched: str
+    results: list[FakeResult]
 
 
 @pytest.fixture
@@ -27,7 +33,7 @@ def counted(monkeypatch: pytest.MonkeyPatch, tmp_path) -> list[tuple[str, str]]:
 
     def fake_run(sources, cases, toolchain, types=()):
         calls.append((sources.patched, toolchain.name))
-        return FakeReport(toolchain.name, sources.patched)
+        return FakeReport(toolchain.name, sources.patched, [FakeResult(c) for c in cases])
 
     def judged(report: FakeReport) -> suite.Verdict:
         bad = report.patched == "bad"
@@ -71,10 +77,15 @@ def test_a_kept_toolchain_is_not_run_again_and_the_rest_are(
     counted: list[tuple[str, str]],
 ) -> None:
     """What ``patchkit emulate`` keeps (one toolchain's report, :func:`suite.keep_verdict`)
-    answers the gate for that toolchain; the gate runs only the others, and says so."""
+    answers the gate for that toolchain when it ran the gate's cases, in any order; the
+    gate runs the others, and says so."""
     names = _gate_toolchains(2)
     same = extract.Sources("upstream text", "patched text")
-    suite.keep_verdict(AFFINE, same, (), True, FakeReport(names[0], "patched text"))
+    gate_cases = suite.default_matrix(suite.modes_of(AFFINE))
+    ran = [FakeResult(c) for c in reversed(gate_cases)]  # the order a run ends in is its own
+    suite.keep_verdict(AFFINE, same, (), FakeReport(names[0], "patched text", ran))
+    # a report of other cases (one left out) is kept apart: the gate does not find it
+    suite.keep_verdict(AFFINE, same, (), FakeReport(names[1], "patched text", ran[1:]))
     heard: list[str] = []
     verdict = suite.verify(AFFINE, same, toolchains=names, say=heard.append)
     assert counted == [("patched text", names[1])]

@@ -477,15 +477,17 @@ def _emulator_digest() -> str:
 
 
 def _verdict_path(
-    header: Header, sources: extract.Sources, types: tuple[str, ...], quick: bool, name: str
-) -> Path:
-    """Where one toolchain's verdict on exactly these inputs is kept: the texts, the matrix,
+    header: Header, sources: extract.Sources, types: tuple[str, ...], cases: Iterable[Case],
+    name: str,
+) -> Path:  # fmt: skip
+    """Where one toolchain's verdict on exactly these inputs is kept: the texts, the cases,
     the compiler (path, version, flags) and the emulator's sources."""
+    matrix = hashlib.sha256("\n".join(sorted(map(repr, set(cases)))).encode()).hexdigest()
     toolchain = build.TOOLCHAINS[name]
     compiler = build.require_compiler(toolchain)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False, timeout=30).stdout  # fmt: skip
-    parts = [header.name, str(quick), sources.upstream, sources.patched, *types,
+    parts = [header.name, matrix, sources.upstream, sources.patched, *types,
              _emulator_digest(), name, compiler, version, *toolchain.flags]  # fmt: skip
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     return build.cache_dir() / "verdicts" / f"{header.name}-{name}-{key[:32]}.json"
@@ -503,12 +505,13 @@ def toolchain_verdict(report: Report) -> Verdict:
 
 
 def keep_verdict(
-    header: Header, sources: extract.Sources, types: tuple[str, ...], quick: bool,
-    report: Report,
-) -> None:  # fmt: skip
-    """Keep ``report``'s verdict where :func:`verify` looks for it: ``patchkit emulate``'s
-    default matrix is the gate's, so the set-up's run answers a later rebase's gate."""
-    kept = _verdict_path(header, sources, types, quick, report.toolchain)
+    header: Header, sources: extract.Sources, types: tuple[str, ...], report: Report
+) -> None:
+    """Keep ``report``'s verdict where :func:`verify` looks for it, under the cases the
+    report ran: ``patchkit emulate``'s default matrix is the gate's, so the set-up's run
+    answers a later rebase's gate."""
+    kept = _verdict_path(header, sources, types, [r.case for r in report.results],
+                         report.toolchain)  # fmt: skip
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(kept, json.dumps(dataclasses.asdict(toolchain_verdict(report))))
@@ -533,16 +536,16 @@ def verify(
     hears each toolchain's start with the time left, from the toolchains run so far
     (compiling dominates the first run on a machine)."""
     names = list(toolchains)
+    modes = modes_of(header)
+    cases = default_matrix(modes) if quick else full_matrix(modes)
     verdicts: dict[str, Verdict] = {}
     for name in names:
         try:
-            data = json.loads(_verdict_path(header, sources, types, quick, name).read_text())
+            data = json.loads(_verdict_path(header, sources, types, cases, name).read_text())
             verdicts[name] = Verdict(data["ok"], data["summary"] + CACHED, list(data["failures"]))
         except (OSError, ValueError, KeyError, TypeError):
             pass  # not run with these inputs yet (or a torn file): run it below
     todo = [n for n in names if n not in verdicts]
-    modes = modes_of(header)
-    cases = default_matrix(modes) if quick else full_matrix(modes)
     started = time.monotonic()
     for done, name in enumerate(todo):
         if say is not None:
@@ -552,7 +555,7 @@ def verify(
                 left = f", about {each * (len(todo) - done):.0f} s left"
             say(f"parity: {header.name} suite, {name} ({done + 1} of {len(todo)} to run){left}")
         report = run(sources, cases, build.TOOLCHAINS[name], types=types)
-        keep_verdict(header, sources, types, quick, report)
+        keep_verdict(header, sources, types, report)
         verdicts[name] = toolchain_verdict(report)
     ordered = [verdicts[n] for n in names]
     return Verdict(
