@@ -273,6 +273,10 @@ def generic_command(report: dict[str, Any]) -> str:
 def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
     """One results page from several runs (dtype x group): ``out``.json, .md and .png;
     ``notes`` (what a reader must know about the runs) go to both."""
+    for key in ("mlx", "hardware", "rounds", "repeats"):
+        if len({json.dumps(r[key], sort_keys=True) for r in runs}) > 1:
+            raise SystemExit(f"the runs differ in {key}: one page is of one pair of builds, "
+                             "one GPU and one method")  # fmt: skip
     main_run = next((r for r in runs if (r["dtype"], r["group_size"]) == ("bfloat16", 64)), runs[0])
     first = runs[0]
     summary = [{"dtype": r["dtype"], "group_size": r["group_size"], "targets": against_targets(r)}

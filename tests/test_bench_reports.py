@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support_scripts import load_script
 
 from patchkit.verify.harness import cuda
@@ -85,6 +86,9 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
     assert '--note "a note\'s text"' in text or "--note 'a note'\"'\"'s text'" in text
     assert record["notes"] == ["a note's text"] and len(record["summary"]) == 2
     assert not any("/tmp" in r["command"] or "/root" in r["command"] for r in record["runs"])
+    runs[1]["mlx"] = {"stock": "0.32.1", "pr": "0.32.1+patchkit.other"}
+    with pytest.raises(SystemExit, match="the runs differ in mlx"):
+        bench.page(runs, tmp_path / "mixed", [])
 
 
 def _harness_result(patched: float, stock: float, differing: int = 0) -> dict:
