@@ -37,6 +37,7 @@ QUICK_SHAPES = [(4096, 4096), (4096, 14336)]
 MS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 BITS = (4, 8)
 DTYPES, GROUPS = ("bfloat16", "float16"), (32, 64, 128)
+ROUNDS, REPEATS = 3, 200  # rounds per arm; calls per timed graph
 COLD_BYTES = 1 << 29  # the weight copies one arm cycles through: ten times an H200's L2
 ARMS = {"stock": {}, "pr": {}}
 COPY_BYTES = 1 << 30  # the elementwise copy the floor's bandwidth is measured with
@@ -264,10 +265,18 @@ def run_name(report: dict[str, Any]) -> str:
 
 
 def generic_command(report: dict[str, Any]) -> str:
-    """The run's command with the arms' paths as placeholders (they are one host's)."""
-    return ("python3 bench/mlx_qmv.py run --stock STOCK_PYTHON[:SITE] --patched "
-            f"<cache>/builds/cuda-<pin>/venv/bin/python --json {run_name(report)} "
-            f"--dtype {report['dtype']} --group-size {report['group_size']}")  # fmt: skip
+    """The run's command with the arms' paths as placeholders (they are one host's), and
+    every option that changes what it measures, read from the run itself."""
+    layers = {(r["K"], r["N"]) for r in report["rows"]}
+    extra = [
+        *(["--quick"] if layers <= set(QUICK_SHAPES) else []),
+        *([f"--rounds {report['rounds']}"] if report["rounds"] != ROUNDS else []),
+        *([f"--repeats {report['repeats']}"] if report["repeats"] != REPEATS else []),
+    ]
+    return " ".join(["python3 bench/mlx_qmv.py run --stock STOCK_PYTHON[:SITE] --patched "
+                     f"<cache>/builds/cuda-<pin>/venv/bin/python --json {run_name(report)} "
+                     f"--dtype {report['dtype']} --group-size {report['group_size']}",
+                     *extra])  # fmt: skip
 
 
 def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
@@ -353,8 +362,8 @@ def main() -> None:
     r.add_argument("--stock", required=True, help="PYTHON[:SITE] importing stock MLX")
     r.add_argument("--patched", required=True, help="PYTHON[:SITE] importing the patched MLX")
     r.add_argument("--json", required=True)
-    r.add_argument("--rounds", type=int, default=3)
-    r.add_argument("--repeats", type=int, default=200)
+    r.add_argument("--rounds", type=int, default=ROUNDS)
+    r.add_argument("--repeats", type=int, default=REPEATS)
     r.add_argument("--quick", action="store_true", help="two layers")
     r.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="activations, output")
     r.add_argument("--group-size", type=int, choices=GROUPS, default=64)

@@ -86,6 +86,10 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
     assert '--note "a note\'s text"' in text or "--note 'a note'\"'\"'s text'" in text
     assert record["notes"] == ["a note's text"] and len(record["summary"]) == 2
     assert not any("/tmp" in r["command"] or "/root" in r["command"] for r in record["runs"])
+    assert record["runs"][0]["command"].endswith("--dtype bfloat16 --group-size 64 --quick")
+    runs[0]["rows"][0]["N"] = 14336 * 2  # a layer --quick does not time
+    runs[0]["repeats"] = 50
+    assert bench.generic_command(runs[0]).endswith("--group-size 64 --repeats 50")
     runs[1]["mlx"] = {"stock": "0.32.1", "pr": "0.32.1+patchkit.other"}
     with pytest.raises(SystemExit, match="the runs differ in mlx"):
         bench.page(runs, tmp_path / "mixed", [])
