@@ -476,6 +476,17 @@ def _emulator_digest() -> str:
     return digest.hexdigest()
 
 
+@functools.cache
+def _compiler_identity(name: str) -> tuple[str, ...]:
+    """A toolchain's name, compiler path, ``--version`` text and flags: asked once per
+    process (a gate looks each toolchain up, then keeps what it ran)."""
+    toolchain = build.TOOLCHAINS[name]
+    compiler = build.require_compiler(toolchain)
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=False, timeout=30).stdout  # fmt: skip
+    return (name, compiler, version, *toolchain.flags)
+
+
 def _verdict_path(
     header: Header, sources: extract.Sources, types: tuple[str, ...], cases: Iterable[Case],
     name: str,
@@ -483,12 +494,8 @@ def _verdict_path(
     """Where one toolchain's verdict on exactly these inputs is kept: the texts, the cases,
     the compiler (path, version, flags) and the emulator's sources."""
     matrix = hashlib.sha256("\n".join(sorted(map(repr, set(cases)))).encode()).hexdigest()
-    toolchain = build.TOOLCHAINS[name]
-    compiler = build.require_compiler(toolchain)
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=False, timeout=30).stdout  # fmt: skip
     parts = [header.name, matrix, sources.upstream, sources.patched, *types,
-             _emulator_digest(), name, compiler, version, *toolchain.flags]  # fmt: skip
+             _emulator_digest(), *_compiler_identity(name)]  # fmt: skip
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     return build.cache_dir() / "verdicts" / f"{header.name}-{name}-{key[:32]}.json"
 
@@ -506,17 +513,19 @@ def toolchain_verdict(report: Report) -> Verdict:
 
 def keep_verdict(
     header: Header, sources: extract.Sources, types: tuple[str, ...], report: Report
-) -> None:
+) -> Verdict:
     """Keep ``report``'s verdict where :func:`verify` looks for it, under the cases the
-    report ran: ``patchkit emulate``'s default matrix is the gate's, so the set-up's run
-    answers a later rebase's gate."""
+    report ran, and return it: ``patchkit emulate``'s default matrix is the gate's, so the
+    set-up's run answers a later rebase's gate."""
+    verdict = toolchain_verdict(report)
     kept = _verdict_path(header, sources, types, [r.case for r in report.results],
                          report.toolchain)  # fmt: skip
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(kept, json.dumps(dataclasses.asdict(toolchain_verdict(report))))
+        atomic_write_text(kept, json.dumps(dataclasses.asdict(verdict)))
     except OSError as exc:  # the verdict stands; only the next run's shortcut is lost
         print(f"warning: could not keep the verdict in {kept.parent}: {exc}", file=sys.stderr)
+    return verdict
 
 
 def verify(
@@ -555,8 +564,7 @@ def verify(
                 left = f", about {each * (len(todo) - done):.0f} s left"
             say(f"parity: {header.name} suite, {name} ({done + 1} of {len(todo)} to run){left}")
         report = run(sources, cases, build.TOOLCHAINS[name], types=types)
-        keep_verdict(header, sources, types, report)
-        verdicts[name] = toolchain_verdict(report)
+        verdicts[name] = keep_verdict(header, sources, types, report)
     ordered = [verdicts[n] for n in names]
     return Verdict(
         ok=all(v.ok for v in ordered),
