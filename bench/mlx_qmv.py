@@ -199,9 +199,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
     cols = max(sum(k[0] == b for k in keys) for b in bits_rows)
     fig, axes = plt.subplots(len(bits_rows), cols, figsize=(4 * cols, 3.2 * len(bits_rows)),
                              squeeze=False)  # fmt: skip
-    places = [axes[bits_rows.index(b)][sum(k[0] == b for k in keys[:i])]
-              for i, (b, _, _) in enumerate(keys)]  # fmt: skip
-    for ax, (bits, K, N) in zip(places, keys, strict=True):
+    # one row of panels per bits, its layers left to right
+    places = [(axes[i][j], key) for i, b in enumerate(bits_rows)
+              for j, key in enumerate(k for k in keys if k[0] == b)]  # fmt: skip
+    for ax, (bits, K, N) in places:
         rows = [r for r in report["rows"] if (r["bits"], r["K"], r["N"]) == (bits, K, N)]
         Ms = [r["M"] for r in rows]
         for arm, label in (("stock", "stock"), ("pr", "PR"), ("floor", "bytes / copy bandwidth")):
@@ -319,7 +320,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
         "- Commands, one run per dtype and group size, then this page:",
         "",
         "```",
-        *(generic_command(r) for r in runs),
+        *(r["command"] for r in record["runs"]),
         "python3 bench/mlx_qmv.py page "
         + " ".join(map(run_name, runs))
         + " --out docs/results/cuda"
