@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -121,3 +122,38 @@ def test_method_results_name_each_failing_subtest(tmp_path: Path) -> None:
     assert [s.split(") ", 1)[1] for s in results["failing_subtests"]["test_two_subtests_fail"]] == [
         "(k=1)", "(k=2)",
     ]  # fmt: skip
+
+
+ORDERED = """
+import time, unittest
+
+class TestOrder(unittest.TestCase):
+    def test_a_quick(self):
+        pass
+
+    def test_b_slow(self):
+        time.sleep(1.5)
+"""
+
+
+def test_a_rerun_starts_the_longest_method_first(tmp_path: Path) -> None:
+    (tmp_path / "test_order.py").write_text(ORDERED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "patchkit.util.split_unittest", "test_order", "--jobs", "1",
+            "--cache-root", str(tmp_path / "ptx")]  # fmt: skip
+
+    def started() -> list[str]:
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        assert done.returncode == 0, done.stdout
+        return [ln.split(":")[0].rsplit(".", 1)[-1] for ln in done.stdout.splitlines()
+                if ln.startswith("== ")]  # fmt: skip
+
+    # Control: nothing timed yet, so unittest's order (one at a time: ends = starts).
+    assert started() == ["test_a_quick", "test_b_slow"]
+    durations = json.loads((tmp_path / "ptx" / "durations.json").read_text())
+    assert durations["test_b_slow"] > durations["test_a_quick"]
+    assert started() == ["test_b_slow", "test_a_quick"]
+    # A method stopped unfinished is ordered before every timed one.
+    (tmp_path / "ptx" / "durations.json").write_text('{"test_a_quick": null, "test_b_slow": 9}')
+    assert started() == ["test_a_quick", "test_b_slow"]

@@ -9,10 +9,13 @@ Separate processes compile side by side on the host's cores. Each method gets it
 ``MLX_PTX_CACHE_DIR`` under ``--cache-root`` (a rerun starts warm, and no two processes
 write one cache file). A method whose process dies (a signal, no summary) is an
 ``ERROR`` naming how it ended, where a single process would have taken the whole
-run's summary down with it. With ``--deadline-s``, a method still running then is
-stopped and one not yet started is not started: both are ``UNFINISHED`` lines, not
-counted as run, and the run is not OK (a host lent for a fixed time still gets a verdict
-on every method that ended).
+run's summary down with it. With ``--cache-root``, each method's wall time (or that it was
+stopped unfinished) is kept there in ``durations.json``, and the next run starts the
+methods longest first (unfinished and unknown ones before all others): the slow JIT
+compilers start at once instead of queueing behind quick methods. With ``--deadline-s``,
+a method still running then is stopped and one not yet started is not started: both are
+``UNFINISHED`` lines, not counted as run, and the run is not OK (a host lent for a fixed
+time still gets a verdict on every method that ended).
 
 The output ends in unittest's own form: the ``FAIL:``/``ERROR:`` headers of every
 method, one ``Ran N tests`` line and one ``OK``/``FAILED (...)`` tail summing the
@@ -23,6 +26,8 @@ indented, under a line naming it. Exit 0 when every method passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import re
 import signal
@@ -43,6 +48,7 @@ PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
 UNFINISHED = re.compile(r"^UNFINISHED: (\w+) \(([\w.]+)\)")
 HEADER = re.compile(r"^== ([\w.]+): (\w+) in ([\d.]+)s$")
 TAIL_KEYS = ("failures", "errors", "skipped", "expected failures", "unexpected successes")
+DURATIONS = "durations.json"  # under --cache-root: {method: seconds, or null if unfinished}
 
 
 def tail_counts(tail: re.Match[str]) -> dict[str, int]:
@@ -100,6 +106,43 @@ def test_ids(module: str) -> list[str]:
                 yield item.id()
 
     return list(flat(unittest.defaultTestLoader.loadTestsFromName(module)))
+
+
+def longest_first(ids: list[str], cache_root: Path | None) -> list[str]:
+    """``ids`` ordered by the last run's wall time under ``cache_root``, longest first;
+    methods stopped unfinished or never timed come first, in unittest's order."""
+    try:
+        known = json.loads((cache_root / DURATIONS).read_text()) if cache_root else {}
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+
+    def seconds(test_id: str) -> float:
+        value = known.get(test_id.rsplit(".", 1)[-1])
+        return float(value) if isinstance(value, (int, float)) else math.inf
+
+    return sorted(ids, key=lambda i: -seconds(i))
+
+
+def keep_durations(runs: list[MethodRun], cache_root: Path) -> None:
+    """Write each method's wall time (null: stopped unfinished) for the next run's order;
+    methods this run did not reach keep what an earlier run measured."""
+    path = cache_root / DURATIONS
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known = known if isinstance(known, dict) else {}
+    for run in runs:
+        if run.returncode is not None:
+            known[run.method] = round(run.seconds, 1)
+        elif run.seconds > 0:  # started and stopped: at least that long, order it first
+            known[run.method] = None
+    cache_root.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{DURATIONS}.{os.getpid()}")
+    part.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    part.replace(path)  # atomic: a concurrent reader sees the old or the new file
 
 
 def run_method(test_id: str, cache_root: Path | None, deadline: float | None) -> MethodRun:
@@ -173,12 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, os.getcwd())
     ids = test_ids(args.module)
+    order = longest_first(ids, args.cache_root)
     print(f"{len(ids)} test methods of {args.module}, {args.jobs} at a time", flush=True)
     start = time.monotonic()
     deadline = None if args.deadline_s is None else start + args.deadline_s
     runs: list[MethodRun] = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_method, i, args.cache_root, deadline) for i in ids]
+        futures = [pool.submit(run_method, i, args.cache_root, deadline) for i in order]
         for future in as_completed(futures):
             run = future.result()
             runs.append(run)
@@ -186,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {run.test_id}: {run.verdict()} in {run.seconds:.1f}s", flush=True)
                 print("\n".join("    " + ln for ln in run.lines), flush=True)
     runs.sort(key=lambda r: ids.index(r.test_id))
+    if args.cache_root is not None:
+        keep_durations(runs, args.cache_root)
     lines = summary(runs, time.monotonic() - start)
     print("\n".join(lines), flush=True)
     return 0 if lines[-1].startswith("OK") else 1
