@@ -31,6 +31,11 @@ def test_record_is_of_the_current_patch_series(record: Path) -> None:
         f"{record.name} is of another patch: rebuild it with "
         f"`patchkit build --backend {rec['backend']}`"
     )
+    if rec.get("tests") is not None:  # and its tests are the PR's tests as they render now
+        assert rec["patch"].get("pr_files_sha256") == mlx_build.pr_files_id(ROOT), (
+            f"{record.name} ran other PR tests than templates/ renders now: rebuild it with "
+            f"`patchkit build --backend {rec['backend']}`"
+        )
 
 
 def test_a_changed_series_has_another_id(tmp_path: Path) -> None:
@@ -41,6 +46,15 @@ def test_a_changed_series_has_another_id(tmp_path: Path) -> None:
     first = sorted(copy.glob("*.patch"))[0]
     first.write_bytes(first.read_bytes() + b" ")
     assert mlx_build.series_id(tmp_path, short) != before
+
+
+def test_a_changed_pr_test_has_another_id(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "templates", tmp_path / "templates")
+    before = mlx_build.pr_files_id(tmp_path)
+    assert before == mlx_build.pr_files_id(ROOT)  # control: a copy has the same id
+    test = next((tmp_path / "templates" / "python").rglob("*.j2"))
+    test.write_text(test.read_text() + "\n")
+    assert mlx_build.pr_files_id(tmp_path) != before
 
 
 def test_speed_page_is_of_the_recorded_cuda_build() -> None:

@@ -80,6 +80,9 @@ FETCH_HOST = ("github.com", 443)
 # version: it sorts with 0.32.1 and satisfies ==0.32.1 and >=0.32.1 in mlx-lm's pins).
 SETUP_VERSION_LINE = "    version = get_version()\n"
 TEST_FILE = "test_quantized"
+# The PR-only files a build renders into its tree: every backend's tests (each skips itself
+# where its backend is absent) and the benchmark.
+PR_FILES_OPTIONS = render.RenderOptions(backends=("metal", "cuda"))
 _NINJA = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 
 Progress = Callable[[str], None]
@@ -633,12 +636,11 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
     else:
         wt.parent.mkdir(parents=True, exist_ok=True)
         git.worktree_add(build.clone, wt, build.patch_commit)
-    options = render.RenderOptions(backends=("metal", "cuda"))
     for plan_ in render.pr_plans(root / "templates"):
         # From the commit, not the worktree: an earlier build left its render there.
         exists = git.blob_id(build.clone, build.patch_commit, plan_.path) is not None
         text = git.show_file(build.clone, build.patch_commit, plan_.path) if exists else None
-        rendered = render.render_pr_file(plan_, text, options)
+        rendered = render.render_pr_file(plan_, text, PR_FILES_OPTIONS)
         if rendered is None:
             continue
         target = wt / plan_.path
@@ -761,6 +763,21 @@ def series_id(root: Path, short: str) -> str:
     digest = hashlib.sha256()
     for path in sorted((root / transaction.PATCHES / short).glob("*.patch")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def pr_files_id(root: Path) -> str:
+    """sha256 over what the PR-only files (MLX's test, the benchmark) are rendered from:
+    their templates and the render context. The build renders them into its tree on top of
+    the series, so a record's test results hold for these tests and no others."""
+    digest = hashlib.sha256()
+    context = render.pr_context(PR_FILES_OPTIONS)
+    digest.update(json.dumps(context, sort_keys=True).encode())
+    templates = root / "templates"
+    for plan_ in render.pr_plans(templates):
+        for path in sorted(p for p in plan_.template_dir.rglob("*") if p.is_file()):
+            digest.update(path.relative_to(templates).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
@@ -1083,6 +1100,7 @@ def record(
             "commit": build.patch_commit,
             "series": f"patches/{short}",
             "series_sha256": series_id(root, short),
+            "pr_files_sha256": pr_files_id(root),
         },
         "built": True,
         "compiled": COMPILED_NOTE[build.backend],
