@@ -122,6 +122,10 @@ def test_method_results_name_each_failing_subtest(tmp_path: Path) -> None:
     assert [s.split(") ", 1)[1] for s in results["failing_subtests"]["test_two_subtests_fail"]] == [
         "(k=1)", "(k=2)",
     ]  # fmt: skip
+    # The record's line names the failed methods and how many subtests each failed.
+    counts = mlx_build.unittest_counts(done.stdout.splitlines())
+    line = mlx_build.tests_line({"file": "t.py", **counts, **results})
+    assert "failed: test_two_subtests_fail (2 subtests)" in line, line
 
 
 ORDERED = """

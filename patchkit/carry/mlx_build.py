@@ -1160,6 +1160,12 @@ def tests_line(t: dict[str, Any] | None) -> str:
         f"- `{t['file']}`: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
         f"{t['skipped']} skipped (of {t['ran']})"
     )
+    failed = sorted(m for m, verdict in (t.get("per_test") or {}).items() if verdict == "failed")
+    if failed:
+        subtests = t.get("failing_subtests") or {}
+        line += "; failed: " + ", ".join(
+            f"{m} ({len(subtests[m])} subtests)" if subtests.get(m) else m for m in failed
+        )
     if t.get("unfinished"):
         line += f"; {len(t['unfinished'])} not finished in the time given: " + ", ".join(
             t["unfinished"]
