@@ -14,11 +14,48 @@ the hunk), never silently.
 from __future__ import annotations
 
 import difflib
+import re
 
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from patchkit.errors import AnchorError
+
+HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)$")
+
+
+def recount(diff: str) -> str:
+    """``diff`` with each hunk header's line counts taken from its body.
+
+    A diff template renders per flavour (Jinja ``{% if %}`` around some of its lines), so
+    one flavour's hunk holds lines the other's does not: the counts follow what rendered,
+    and the start lines (where ``apply_diff`` looks first) stay as written.
+    """
+    lines = diff.splitlines(keepends=True)
+    out: list[str] = []
+    header: re.Match[str] | None = None
+    body: list[str] = []
+
+    def flush() -> None:
+        if header is None:
+            return
+        old = sum(1 for ln in body if ln[:1] in (" ", "-"))
+        new = sum(1 for ln in body if ln[:1] in (" ", "+"))
+        out.append(f"@@ -{header.group(1)},{old} +{header.group(2)},{new} @@{header.group(3)}\n")
+        out.extend(body)
+
+    for line in lines:
+        if m := HUNK_HEADER.match(line.rstrip("\n")):
+            flush()
+            header, body = m, []
+        elif header is not None and line[:1] in (" ", "-", "+", "\\"):
+            body.append(line)
+        else:  # a file header or text between files
+            flush()
+            header, body = None, []
+            out.append(line)
+    flush()
+    return "".join(out)
 
 
 def apply_diff(text: str, diff: str, what: str) -> str:

@@ -316,14 +316,11 @@ def render_snippet(plan: FilePlan, template: str, context: dict[str, object]) ->
 
 
 def edit_snippet(plan: FilePlan, edit: Edit, context: dict[str, object]) -> str:
-    """The text an edit inserts: a diff is read as it is (C++ braces are not Jinja)."""
-    if edit.op in PATCH_OPS:
-        path = plan.template_dir / edit.template
-        try:
-            return path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UserError(f"{plan.path}/{edit.template}: cannot read ({exc.strerror})") from exc
-    return render_snippet(plan, edit.template, context)
+    """The text an edit inserts, rendered with the patch's context. A diff template
+    (``*.diff.j2``) renders like any other, flavour differences inside it, and its hunk
+    headers are then recounted from what rendered (:func:`hunks.recount`)."""
+    snippet = render_snippet(plan, edit.template, context)
+    return hunks.recount(snippet) if edit.op in PATCH_OPS else snippet
 
 
 def _apply_edit(text: str | None, edit: Edit, snippet: str) -> str:
@@ -418,7 +415,10 @@ def _render_text(
         snippet = edit_snippet(plan, edit, ctx)
         if not snippet.strip():
             continue  # an option turned this edit off
-        text = _apply_edit(text, edit, snippet)
+        try:
+            text = _apply_edit(text, edit, snippet)
+        except AnchorError as exc:  # which template's anchor or hunk no longer fits
+            raise AnchorError(f"{edit.template or edit.op}: {exc}") from exc
     return text
 
 
