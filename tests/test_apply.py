@@ -140,7 +140,8 @@ def test_failures_write_nothing(env: dict, tmp_path: Path, failure: str) -> None
         rev, match = "0123456789abcdef", "'0123456789abcdef' is not a revision of "
     elif failure == "missing-anchor":
         kw["templates_dir"] = write_templates(tmp_path / "bad", BAD_ANCHOR, "// payload\n")
-        expected, match = AnchorError, f"{QH}: copy.j2: function 'no_such_function_anywhere' not found"
+        missing = "function 'no_such_function_anywhere' not found"
+        expected, match = AnchorError, f"{QH}: copy.j2: {missing}"
     elif failure == "blob-mismatch":
         p = env["root"] / "pin.toml"
         p.write_text(p.read_text().replace(PIN_QH_BLOB, "1" * 40))

@@ -183,7 +183,8 @@ def test_vanished_anchor_falls_back_to_three_way_merge(
         return
     # The error names the file and the anchor that failed, not lines of a discarded merge.
     with pytest.raises(
-        rebase.MergeConflictError, match=rf"conflicts \({QH}: function 'qmv_quad_impl' not found"
+        rebase.MergeConflictError,
+        match=rf"conflicts \({QH}: copy.j2: function 'qmv_quad_impl' not found",
     ) as info:
         do_rebase(env, new, ParityStub(True), templates)
     assert "nothing was written" in str(info.value)
