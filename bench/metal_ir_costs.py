@@ -7,10 +7,13 @@ static loads of packed weights, and the floating-point words live at once; upstr
   python3 bench/metal_ir_costs.py report metal-ir.json
 
 A proxy, and the page says so: x86 clang -O2 over patchkit's Metal shim, not Apple's GPU
-compiler; live words are a lower bound on registers before any spill decision. A Mac's
-Metal compiler and its register report settle it (``patchkit mac-report``). One type of
-each width (float and float16_t: bfloat16_t's IR has float16_t's shape), group 64 for the
-affine kernels (the group size only changes a loop's trip count), unbatched.
+compiler; live words are a lower bound on registers before any spill decision. Two
+settings, since what stays in memory depends on them: clang's defaults, and every call of
+MLX's source inlined with loops of fixed trip count unrolled, as GPU compilers do
+(``ir.INLINE_ALL``). A Mac's Metal compiler and its register report settle it (``patchkit
+mac-report``). One type of each width (float and float16_t: bfloat16_t's IR has
+float16_t's shape), group 64 for the affine kernels (the group size only changes a loop's
+trip count), unbatched.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from patchkit.verify.emulate import ir  # noqa: E402
 from patchkit.verify.emulate.families import AFFINE, FP  # noqa: E402
 
 VECS = (1, 2, 5)
+# The proxy's two settings, by the name rows and page give them: whether every call is
+# inlined and fixed loops unrolled (ir.costs' ``inlined_unrolled``).
+PROXIES = {"clang -O2": False, "inlined, unrolled": True}
 
 
 def chosen(header: Any) -> list[ir.Instance]:
@@ -46,20 +52,29 @@ def chosen(header: Any) -> list[ir.Instance]:
 
 def run(out: Path) -> None:
     rows = []
-    for header in (AFFINE, FP):
-        upstream, types = emulate.pinned_sources(ROOT, header)
-        sources = emulate.sources(upstream, header)
-        for c in ir.costs(sources, header, types, chosen(header), VECS, wide=header is AFFINE):
-            rows.append({
-                "kernel": c.kernel, "instance": c.instance.label, "vecs": c.vecs,
-                "thread_arrays": list(c.arrays), "weight_loads": c.weight_loads,
-                "live_words": c.live_words,
-            })  # fmt: skip
+    for proxy, inlined_unrolled in PROXIES.items():
+        for header in (AFFINE, FP):
+            upstream, types = emulate.pinned_sources(ROOT, header)
+            sources = emulate.sources(upstream, header)
+            for c in ir.costs(
+                sources,
+                header,
+                types,
+                chosen(header),
+                VECS,
+                wide=header is AFFINE,
+                inlined_unrolled=inlined_unrolled,
+            ):
+                rows.append({
+                    "proxy": proxy, "kernel": c.kernel, "instance": c.instance.label,
+                    "vecs": c.vecs, "thread_arrays": list(c.arrays),
+                    "weight_loads": c.weight_loads, "live_words": c.live_words,
+                })  # fmt: skip
     version = subprocess.run(["clang++", "--version"], capture_output=True, text=True, check=True)
     report = {
         "command": "python3 bench/metal_ir_costs.py run " + " ".join(sys.argv[2:]),
         "compiler": version.stdout.splitlines()[0],
-        "flags": list(ir.compile_flags()),
+        "flags": {proxy: list(ir.compile_flags(on)) for proxy, on in PROXIES.items()},
         "host": f"{platform.system()} {platform.machine()}",
         "rows": rows,
     }
@@ -68,27 +83,37 @@ def run(out: Path) -> None:
 
 
 def page(report: dict[str, Any]) -> str:
-    """One row per kernel instance: live words at each V, thread arrays and weight loads at
-    the largest V, and upstream's qmv_wide beside it where there is one."""
-    by: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
-    for r in report["rows"]:
-        by.setdefault((r["instance"], r["kernel"]), {})[r["vecs"]] = r
-    top = max(VECS)
+    """Per proxy setting, one row per kernel instance: live words at each V, thread arrays
+    at V = 1 and the largest V, weight loads, and upstream's qmv_wide beside it."""
     lines = [
         "# The Metal PR's tile in optimized IR (a proxy for Apple's compiler)",
         "",
         f"- Command: `{report['command']}`",
-        f"- Compiler: {report['compiler']} `{' '.join(report['flags'])}` over the Metal shim,"
-        f" {report['host']}",
+        f"- Compiler: {report['compiler']} over the Metal shim, {report['host']}, in two"
+        " settings: clang's defaults, and every call of MLX's source inlined with the inline"
+        " and unroll thresholds raised (GPU compilers inline every call and unroll loops of"
+        " fixed trip count; which arrays stay in thread memory depends on both).",
         "- Live words: the most floating-point 32-bit words whose values are live at one"
         " point of the optimized kernel (half types count 1/2): a lower bound on registers"
         " before spilling. Thread arrays: float elements of each array left in thread"
         " memory. Weight loads: static integer loads (the packed weights).",
         "- What only a GPU settles: registers, spills and occupancy as Apple's compiler"
         " makes them, and the time (`patchkit mac-report` on a Mac).",
-        "",
-        *observations(by),
-        "",
+    ]
+    for proxy in PROXIES:
+        by: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+        for r in report["rows"]:
+            if r.get("proxy", "clang -O2") == proxy:
+                by.setdefault((r["instance"], r["kernel"]), {})[r["vecs"]] = r
+        lines += ["", f"## {proxy}: `{' '.join(report['flags'][proxy])}`", "", *observations(by)]
+        lines += ["", *table(by)]
+    return "\n".join(lines) + "\n"
+
+
+def table(by: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> list[str]:
+    """One setting's table."""
+    top = max(VECS)
+    lines = [
         "| kernel (M = 1 instance) | live words V = 1 / 2 / 5 | thread arrays V = 1; V = 5 |"
         " weight loads V = 1 / 2 / 5 | qmv_wide V = 2 / 5: live words; arrays at 5 |",
         "|---|---|---|---|---|",
@@ -105,7 +130,7 @@ def page(report: dict[str, Any]) -> str:
             wide_cell = " / ".join(f"{wide[v]['live_words']:g}" for v in VECS if v in wide)
             wide_cell += f"; {_arrays(wide[top])}"
         lines.append(f"| `{inst}` | {live} | {arrays} | {loads} | {wide_cell} |")
-    return "\n".join(lines)
+    return lines
 
 
 def _arrays(row: dict[str, Any]) -> str:
@@ -118,11 +143,14 @@ def observations(by: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> list[s
     patched = {i: at for (i, k), at in by.items() if k == "patched"}
     wide = {i: at for (i, k), at in by.items() if k == "qmv_wide"}
     beyond = [i for i, at in patched.items() if sum(at[top]["thread_arrays"]) > top * 4]
+    fast = [i for i in beyond if "_qmv_fast<" in i]
+    at_one = [i for i in beyond if sum(patched[i][1]["thread_arrays"]) > 4]
     worst = max(patched, key=lambda i: patched[i][top]["live_words"])
     out = [
         f"- Instances whose arrays in thread memory at V = {top} hold more than the {top} x 4"
         f" partial sums (input vectors kept in memory, not registers): {len(beyond)} of"
-        f" {len(patched)}.",
+        f" {len(patched)} ({len(fast)} of them `qmv_fast`); {len(at_one)} of these keep more"
+        " than 4 floats in memory at V = 1 too, where the kernel is upstream's.",
         f"- Most live words at V = {top}: {patched[worst][top]['live_words']:g} (`{worst}`).",
     ]
     if wide:

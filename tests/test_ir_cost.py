@@ -65,12 +65,15 @@ def test_the_metal_ir_page_is_of_the_current_kernels(affine) -> None:
     templates change, rerun `python3 bench/metal_ir_costs.py run`."""
     sources, types, todo = affine
     page = json.loads((ROOT / "docs" / "results" / "metal-ir.json").read_text())
-    rows = {(r["kernel"], r["instance"], r["vecs"]): r for r in page["rows"]}
-    costs = ir.costs(sources, AFFINE, types, [todo[1]], wide=True)
-    assert len(costs) == 5
-    for c in costs:
-        row = rows[(c.kernel, c.instance.label, c.vecs)]
-        got = (list(c.arrays), c.weight_loads, c.live_words)
-        assert got == (row["thread_arrays"], row["weight_loads"], row["live_words"]), (
-            f"{c.instance.label} at V = {c.vecs} ({c.kernel}): the page is stale"
+    rows = {(r["proxy"], r["kernel"], r["instance"], r["vecs"]): r for r in page["rows"]}
+    for proxy, inlined_unrolled in (("clang -O2", False), ("inlined, unrolled", True)):
+        costs = ir.costs(
+            sources, AFFINE, types, [todo[1]], wide=True, inlined_unrolled=inlined_unrolled
         )
+        assert len(costs) == 5
+        for c in costs:
+            row = rows[(proxy, c.kernel, c.instance.label, c.vecs)]
+            got = (list(c.arrays), c.weight_loads, c.live_words)
+            assert got == (row["thread_arrays"], row["weight_loads"], row["live_words"]), (
+                f"{c.instance.label} at V = {c.vecs} ({c.kernel}, {proxy}): the page is stale"
+            )

@@ -116,12 +116,24 @@ def translation_unit(
     )
 
 
-def compile_flags() -> tuple[str, ...]:
-    """clang's flags for :func:`compile_ir` on this host (fused multiply-add where x86)."""
-    return (*FLAGS, *build._fma_flags())
+# The cost proxy's second setting, closer to a GPU compiler, which inlines every call and
+# unrolls loops of fixed trip count: MLX's helpers (``qdot``, ``load_vector``) are plain
+# ``inline``, and x86 clang -O2 may keep ``qdot`` a call (the arrays whose address it takes
+# then stay in memory) and leave a 4-trip loop rolled (its array index then stays dynamic).
+# Every ``inline`` of MLX's source (after the shim) becomes always_inline, and the unroll
+# and inline thresholds are raised. Costs only: the V = 1 identity keeps clang's defaults.
+INLINE_ALL = "#define inline inline __attribute__((always_inline))"
+INLINED_UNROLLED_FLAGS = ("-mllvm", "-inline-threshold=2000", "-mllvm", "-unroll-threshold=2000")
 
 
-def compile_ir(unit: str) -> str:
+def compile_flags(inlined_unrolled: bool = False) -> tuple[str, ...]:
+    """clang's flags for :func:`compile_ir` on this host (fused multiply-add where x86);
+    ``inlined_unrolled``: the costs' second setting (see :data:`INLINE_ALL`)."""
+    extra = INLINED_UNROLLED_FLAGS if inlined_unrolled else ()
+    return (*FLAGS, *build._fma_flags(), *extra)
+
+
+def compile_ir(unit: str, inlined_unrolled: bool = False) -> str:
     """The optimized LLVM IR of ``unit`` (clang -O2)."""
     clang = shutil.which("clang++")
     if clang is None:
@@ -129,7 +141,7 @@ def compile_ir(unit: str) -> str:
     with tempfile.TemporaryDirectory(prefix="patchkit-ir.") as tmp:
         src = Path(tmp) / "ir.cpp"
         src.write_text(unit)
-        cmd = [clang, *compile_flags(), f"-I{build.HERE}", str(src), "-o", "-"]
+        cmd = [clang, *compile_flags(inlined_unrolled), f"-I{build.HERE}", str(src), "-o", "-"]
         return proc.run(cmd).stdout
 
 
@@ -281,11 +293,13 @@ def costs(
     todo: list[Instance],
     vecs: tuple[int, ...] = (1, 2, 5),
     wide: bool = False,
+    inlined_unrolled: bool = False,
 ) -> list[Cost]:
     """Each patched ``todo`` kernel at each of ``vecs`` (a proxy for a GPU compiler: x86
     clang over the shim), compiled together in one unit. With ``wide`` (affine only), also
     upstream's ``affine_qmv_wide`` at each V > 1 with the same type, group and bits: the
-    kernel the patch replaces, as its ``kernel``."""
+    kernel the patch replaces, as its ``kernel``. ``inlined_unrolled``: every call inlined
+    and unrolling thresholds raised (:data:`INLINE_ALL`)."""
     kernels = tuple(header.kernel(r) for r in M1_ROLES) + header.streamed_kernels
     cases = [(inst, v, "patched", _patched_at(inst, v)) for inst in todo for v in vecs]
     if wide:
@@ -305,11 +319,12 @@ def costs(
             '#include "metal_shim.h"',
             "#undef METAL_FUNC",
             "#define METAL_FUNC inline __attribute__((always_inline))",
+            *([INLINE_ALL] if inlined_unrolled else []),
             source,
             taken,
         ]
     )
-    out = compile_ir(unit)
+    out = compile_ir(unit, inlined_unrolled)
     found = []
     for i, (inst, v, kernel, _) in enumerate(cases):
         name = re.search(rf"^@pk_cost_{i} = .*?@(\S+?)[,\s]", out, re.M)
