@@ -1,7 +1,6 @@
 """One unittest module, one process per test method, several at a time; one summary.
 
-``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR] [--deadline-s S]
-[--json PATH]``
+``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR] [--deadline-s S]``
 
 Why: on CUDA, MLX compiles each ``qmm`` kernel with NVRTC at first use, serially and
 20 to 50 s apiece, so its ``test_quantized.py`` spends most of a serial run compiling.
