@@ -184,6 +184,14 @@ print("never")
 """
 
 
+def _default_sigint() -> None:
+    """In a child: Ctrl-C as a terminal delivers it. A shell's background job starts with
+    SIGINT ignored, and Python then installs no handler of its own."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("as_json", [True, False], ids=["json", "plain"])
 def test_ctrl_c_while_starting_is_one_line_and_json(tmp_path: Path, as_json: bool) -> None:
     import subprocess
@@ -191,7 +199,8 @@ def test_ctrl_c_while_starting_is_one_line_and_json(tmp_path: Path, as_json: boo
 
     args = ["status", "--json"] if as_json else ["status"]
     r = subprocess.run([sys.executable, "-c", _EARLY_SIGINT, str(tmp_path), *args],
-                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+                       capture_output=True, text=True, timeout=60, check=False,
+                       preexec_fn=_default_sigint)  # fmt: skip
     assert r.returncode == 130 and "never" not in r.stdout, r.stderr
     assert r.stderr.strip() == "patchkit: error: interrupted while starting; nothing was written"
     if as_json:
@@ -211,7 +220,7 @@ def test_importing_patchkit_as_a_library_leaves_ctrl_c_alone() -> None:
     code = ("import signal, patchkit; "
             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True).stdout  # fmt: skip
+                         timeout=60, check=True, preexec_fn=_default_sigint).stdout  # fmt: skip
     assert out.strip() == "True"
     import patchkit
 
