@@ -107,15 +107,19 @@ def test_ids(module: str) -> list[str]:
     return list(flat(unittest.defaultTestLoader.loadTestsFromName(module)))
 
 
-def longest_first(ids: list[str], cache_root: Path | None) -> list[str]:
-    """``ids`` ordered by the last run's wall time under ``cache_root``, longest first;
-    methods stopped unfinished or never timed come first, in unittest's order."""
+def read_durations(cache_root: Path | None) -> dict[str, float | None]:
+    """The wall times kept under ``cache_root`` ({} when none, or a torn or foreign file)."""
     try:
         known = json.loads((cache_root / DURATIONS).read_text()) if cache_root else {}
     except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def longest_first(ids: list[str], cache_root: Path | None) -> list[str]:
+    """``ids`` ordered by the last run's wall time under ``cache_root``, longest first;
+    methods stopped unfinished or never timed come first, in unittest's order."""
+    known = read_durations(cache_root)
 
     def seconds(test_id: str) -> float:
         value = known.get(test_id.rsplit(".", 1)[-1])
@@ -128,11 +132,7 @@ def keep_durations(runs: list[MethodRun], cache_root: Path) -> None:
     """Write each method's wall time (null: stopped unfinished) for the next run's order;
     methods this run did not reach keep what an earlier run measured."""
     path = cache_root / DURATIONS
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    known = known if isinstance(known, dict) else {}
+    known = read_durations(cache_root)
     for run in runs:
         if run.returncode is not None:
             known[run.method] = round(run.seconds, 1)
