@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.carry import hunks, render
-from patchkit.errors import AnchorError
+from patchkit.errors import AnchorError, UserError
 
 UPSTREAM = "int f() {\n  int a = 1;\n  int b = 2;\n  return a + b;\n}\n"
 # The hunk header's counts are the upstream flavour's; the overlay's branch has one line more.
@@ -62,7 +62,7 @@ def test_a_hunk_that_no_longer_fits_names_its_template(tmp_path: Path) -> None:
 
 def test_a_template_error_names_file_and_line(tmp_path: Path) -> None:
     plan = _plan(tmp_path, TEMPLATE.replace("{% endif %}", "{% endfor %}"))
-    with pytest.raises(Exception, match=r"f\.diff\.j2:10"):
+    with pytest.raises(UserError, match=r"f\.diff\.j2:10"):
         render.render_file(plan, UPSTREAM, render.RenderOptions())
 
 
