@@ -326,38 +326,44 @@ def _pr_test_methods(backends: tuple[str, ...]) -> dict[str, ast.FunctionDef]:
 PR_NAMES = {"range": range, "mx": types.SimpleNamespace(float16="float16", bfloat16="bfloat16")}
 
 
-def _assigned(fn: ast.FunctionDef, name: str) -> object:
-    """The value of the first plain assignment to ``name`` in ``fn``."""
+def _assigned(fn: ast.FunctionDef, name: str, **names: object) -> object:
+    """The value of the first plain assignment to ``name`` in ``fn``, with ``names`` bound."""
     node = next(
         n.value
         for n in ast.walk(fn)
         if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [name]
     )
-    return eval(ast.unparse(node), dict(PR_NAMES))
+    return eval(ast.unparse(node), {**PR_NAMES, **names})
 
 
 def test_pr_cuda_test_reaches_the_tensor_core_route() -> None:
     """The CUDA PR's own test runs calls that the patched routing sends to qmv's tensor
-    cores at every M = 1..16 it checks: both dtypes, 4- and 8-bit affine weights and the
-    fp modes, a ragged shape, batched and broadcast weights. The Metal PR renders no such
-    method."""
+    cores at every M = 2..16 it checks (past 16 where no qmm takes K): both dtypes, 4- and
+    8-bit affine weights and the fp modes, a ragged shape, a K no qmm takes, batched and
+    broadcast weights. The Metal PR renders no such method."""
     a100 = dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8)
     assert PR_CUDA_METHOD not in _pr_test_methods(("metal",))
     for backends in (("cuda",), ("metal", "cuda")):
         fn = _pr_test_methods(backends)[PR_CUDA_METHOD]
-        shapes, ms = _assigned(fn, "shapes"), list(_assigned(fn, "Ms"))
-        modes, dtypes = _assigned(fn, "modes"), _assigned(fn, "dtypes")
-        assert ms == list(range(1, 17))
+        shapes, modes, dtypes = (_assigned(fn, v) for v in ("shapes", "modes", "dtypes"))
         assert sorted(dtypes) == ["bfloat16", "float16"]
         assert {m for m, _, _ in modes} == {"affine", "mxfp4", "nvfp4", "mxfp8"}
         assert {b for m, b, _ in modes if m == "affine"} == {4, 8}
         checked = set()
-        for (mode, bits, _), (n, k, b), dtype, m in itertools.product(modes, shapes, dtypes, ms):
+        for (mode, bits, gs), (n, k, b), dtype in itertools.product(modes, shapes, dtypes):
+            if k % gs:
+                continue  # the test skips these (K a multiple of the group size)
             batch = b if b else 3
-            if m * batch > 16:
-                continue  # the test skips these (qmm)
-            path = dispatch.patched_kernel_path(a100, mode, bits, k, n, m, batch, dtype=dtype)
-            assert path == "qmv_mma", (mode, bits, n, k, b, dtype, m)
-            checked.add((m, b))
-        assert {m for m, _ in checked} == set(ms)
-        assert {b for _, b in checked} == {0, 1, 3}
+            max_m = _assigned(fn, "max_m", K=k, batch=batch)
+            assert max_m * batch <= 16 or dispatch.cuda_no_qmm(k, gs)
+            for m in range(1, max_m + 1):
+                path = dispatch.patched_kernel_path(
+                    a100, mode, bits, k, n, m, batch, group_size=gs, dtype=dtype
+                )
+                assert path == "qmv_mma", (mode, bits, n, k, b, dtype, m)
+                checked.add((m, b, dispatch.cuda_no_qmm(k, gs)))
+        assert {m for m, _, _ in checked} == set(range(1, 21))
+        assert {b for _, b, _ in checked} == {0, 1, 3}
+        assert {m for m, _, no_qmm in checked if m > 16} and all(
+            no_qmm for m, _, no_qmm in checked if m > 16
+        )

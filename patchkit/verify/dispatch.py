@@ -126,6 +126,13 @@ def cuda_m1_qmv_on_sm90(M: int, B: int, K: int, N: int) -> bool:
     return M == 1 and B == 1 and N <= 16384 and K <= 16384
 
 
+def cuda_no_qmm(K: int, group_size: int) -> bool:
+    """Neither ``supports_qmm_sm80`` nor ``supports_qmm_naive`` takes a transposed call
+    whose K is not a multiple of ``max(64, group_size)`` (nor ``qmm_sm90``, K % 64 != 0):
+    ``QuantizedMatmul::eval_gpu`` falls through to qmv at every M."""
+    return K % max(64, group_size) != 0
+
+
 def kernel_path(
     dev: DeviceInfo, mode: str, bits: int, K: int, N: int, M: int, B: int, group_size: int = 0
 ) -> str:
@@ -135,8 +142,9 @@ def kernel_path(
     - Metal ``dispatch_qmv``: qmv_quad, then ``M >= 2 && use_qmv_wide`` -> qmv_wide,
       otherwise the per-vector qmv (qmv_fast when aligned) with a grid of M.
     - CUDA: where ``qmm_sm90`` applies (:func:`cuda_qmm_sm90`; ``group_size`` 0 says it
-      does not), everything but M = B = 1 goes there; otherwise M * B < 8 -> qmv (one warp
-      per row, order of M = 1), else qmm.
+      does not), everything but M = B = 1 goes there; where no qmm takes K
+      (:func:`cuda_no_qmm`), qmv serves every M; otherwise M * B < 8 -> qmv (one warp per
+      row, order of M = 1), else qmm.
     - CPU: one code path, reported as "cpu".
     """
     fp = mode != "affine"
@@ -146,7 +154,9 @@ def kernel_path(
     if dev.backend == "cuda":
         if cuda_qmm_sm90(dev, mode, bits, K, N, group_size):
             return "qmv" if cuda_m1_qmv_on_sm90(M, B, K, N) else "qmm_sm90"
-        return prefix + "qmv" if M * B < CUDA_QMV_MAX_ROWS else "qmm"
+        if cuda_no_qmm(K, group_size) or M * B < CUDA_QMV_MAX_ROWS:
+            return prefix + "qmv"
+        return "qmm"
     if batch_limit(K, N, dev) <= M:
         return "qmm_splitk" if B == 1 else "qmm"
     if uses_qmv_quad(K, bits):
@@ -200,8 +210,9 @@ def patched_kernel_path(
       M = 1 path's flavour (``qmv_fast_streamed`` / ``qmv_streamed``).
     - CUDA: where ``supports_qmv_mma`` holds (:func:`cuda_qmv_mma`), ``M * B <= 16`` goes
       to ``qmv``, which runs on tensor cores there (``qmv_mma``: each weight read once for
-      up to 16 vectors, every row as its vector alone). Other calls that reach ``qmv``
-      run upstream's kernel, one vector per block (also exact).
+      up to 16 vectors, every row as its vector alone), as does every M stock already
+      sends to ``qmv`` (in tiles of 16). Other calls that reach ``qmv`` run upstream's
+      kernel, one vector per block (also exact).
       The overlay's switches: ``cuda_exact`` (``MLX_CUDA_QMV_EXACT=1``) also sends affine
       ``2 <= M <= 16`` to ``qmv`` where the M = 1 call of those rows runs ``qmv`` (``B < 8``;
       where ``qmm_sm90`` applies, ``B == 1`` with N, K <= 16384), where stock runs ``qmm``;
@@ -215,7 +226,7 @@ def patched_kernel_path(
         return ("fp_" if mode != "affine" else "") + fast
     if dev.backend == "cuda":
         mma = cuda_qmv_mma(dev, mode, bits, dtype, K, cuda_shared_weights)
-        if mma and M * B <= CUDA_QMV_MMA_MAX_ROWS:
+        if mma and (M * B <= CUDA_QMV_MMA_MAX_ROWS or stock in ("qmv", "fp_qmv")):
             return "qmv_mma"
         if cuda_qmm_sm90(dev, mode, bits, K, N, group_size):
             m1_runs_qmv = cuda_m1_qmv_on_sm90(1, B, K, N)
