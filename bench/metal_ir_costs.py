@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,7 @@ def run(out: Path) -> None:
                 })  # fmt: skip
     version = subprocess.run(["clang++", "--version"], capture_output=True, text=True, check=True)
     report = {
-        "command": "python3 bench/metal_ir_costs.py run " + " ".join(sys.argv[2:]),
+        "command": "python3 bench/metal_ir_costs.py run " + shlex.join(sys.argv[2:]),
         "compiler": version.stdout.splitlines()[0],
         "flags": {proxy: list(ir.compile_flags(on)) for proxy, on in PROXIES.items()},
         "host": f"{platform.system()} {platform.machine()}",

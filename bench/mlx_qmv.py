@@ -158,7 +158,7 @@ def run(a: argparse.Namespace) -> None:
         row["floor_us"] = first["bytes"] / copy * 1e6
         rows.append(row)
     report = {
-        "command": "python3 bench/mlx_qmv.py run " + " ".join(sys.argv[2:]),
+        "command": "python3 bench/mlx_qmv.py run " + shlex.join(sys.argv[2:]),
         "dtype": a.dtype,
         "group_size": a.group_size,
         "rounds": a.rounds,

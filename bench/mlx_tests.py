@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -78,14 +79,19 @@ def methods_of(test_file: Path) -> list[str]:
 
 
 def series() -> dict[str, str] | None:
-    """The patch series the checkout holds (what the patched arm must have been built from)."""
+    """The patch series the checkout holds and the id of the PR tests it renders (what the
+    patched arm must have been built from, and the test file both arms must have run)."""
     try:
         from patchkit.carry import mlx_build, pin
     except ImportError:
         return None
     root = Path(__file__).resolve().parent.parent
     short = pin.load(root / pin.PIN_FILE).short
-    return {"series": f"patches/{short}", "series_sha256": mlx_build.series_id(root, short)}
+    return {
+        "series": f"patches/{short}",
+        "series_sha256": mlx_build.series_id(root, short),
+        "pr_files_sha256": mlx_build.pr_files_id(root),
+    }
 
 
 def write(report: dict[str, Any], path: str) -> None:
@@ -170,7 +176,7 @@ def main() -> None:
     rep = sub.add_parser("report")
     rep.add_argument("json")
     a = parser.parse_args()
-    command = "python3 bench/mlx_tests.py " + " ".join(sys.argv[1:])
+    command = "python3 bench/mlx_tests.py " + shlex.join(sys.argv[1:])
     if a.cmd == "report":
         print(page(json.loads(Path(a.json).read_text())))
         return

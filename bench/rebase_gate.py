@@ -92,7 +92,7 @@ def run(to: str, out: Path) -> None:
         "python": platform.python_version(),
     }
     report = {
-        "command": "python3 bench/rebase_gate.py run " + " ".join(sys.argv[2:]),
+        "command": "python3 bench/rebase_gate.py run " + shlex.join(sys.argv[2:]),
         "to": to,
         "setup": "patchkit " + " ".join(setup),
         "host": host,

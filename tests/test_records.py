@@ -31,7 +31,9 @@ def test_record_is_of_the_current_patch_series(record: Path) -> None:
         f"{record.name} is of another patch: rebuild it with "
         f"`patchkit build --backend {rec['backend']}`"
     )
-    if rec.get("tests") is not None:  # and its tests are the PR's tests as they render now
+    # and the tests it ran (a build's, or both arms' of bench/mlx_tests.py) are the PR's
+    # tests as they render now
+    if rec.get("tests") is not None or rec.get("arms") is not None:
         assert rec["patch"].get("pr_files_sha256") == mlx_build.pr_files_id(ROOT), (
             f"{record.name} ran other PR tests than templates/ renders now: rebuild it with "
             f"`patchkit build --backend {rec['backend']}`"
