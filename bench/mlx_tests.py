@@ -120,8 +120,8 @@ def page(report: dict[str, Any]) -> str:
         "process per method, both arms at the same time"
         + (f": {report['how']}" if report.get("how") else "."),
         "",
-        *(f"- {name}: {ok} methods passed, {bad} failed ({sub} failing subtests), {left} not "
-          "run to the end"
+        *(f"- {name}: {ok} methods passed or skipped, {bad} failed ({sub} failing subtests), "
+          f"{left} not run to the end"
           for name, (ok, bad, sub, left) in (("PR", counts["pr"]), ("stock", counts["stock"]))),
         f"- Failing subtests of the PR's build that fail on stock too: "
         f"{report['pr_failing_also_on_stock']}; failing only on the PR's build: {len(only)}"

@@ -838,7 +838,7 @@ def tests_fact(data: dict) -> list[str]:
 
     def verdicts(arm: str) -> str:
         v = [m["verdict"] for m in arms[arm].values()]
-        return (f"{v.count('ok')} methods passed, {v.count('FAILED')} failed, "
+        return (f"{v.count('ok')} methods passed or skipped, {v.count('FAILED')} failed, "
                 f"{v.count('UNFINISHED')} not run to the end")  # fmt: skip
 
     also, only = data["pr_failing_also_on_stock"], data["pr_failing_only_on_pr"]
