@@ -86,12 +86,7 @@ def series() -> dict[str, str] | None:
     except ImportError:
         return None
     root = Path(__file__).resolve().parent.parent
-    short = pin.load(root / pin.PIN_FILE).short
-    return {
-        "series": f"patches/{short}",
-        "series_sha256": mlx_build.series_id(root, short),
-        "pr_files_sha256": mlx_build.pr_files_id(root),
-    }
+    return mlx_build.patch_ids(root, pin.load(root / pin.PIN_FILE).short)
 
 
 def write(report: dict[str, Any], path: str) -> None:

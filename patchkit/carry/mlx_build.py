@@ -781,6 +781,16 @@ def pr_files_id(root: Path) -> str:
     return digest.hexdigest()
 
 
+def patch_ids(root: Path, short: str) -> dict[str, str]:
+    """What a record names its patch by: the series, its sha256 and the PR tests' id
+    (``tests/test_records.py`` checks them against the checkout)."""
+    return {
+        "series": f"patches/{short}",
+        "series_sha256": series_id(root, short),
+        "pr_files_sha256": pr_files_id(root),
+    }
+
+
 # Lines that frame a failure without saying what it was (pip's and setuptools' wrappers).
 _FRAME = re.compile(
     r"^(hint:|note:|\[end of output\]|\u00d7|╰─>|│|error: (subprocess-exited-with-error|"
@@ -1096,12 +1106,7 @@ def record(
     rec: dict[str, Any] = {
         "backend": build.backend,
         "mlx_commit": build.mlx_commit,
-        "patch": {
-            "commit": build.patch_commit,
-            "series": f"patches/{short}",
-            "series_sha256": series_id(root, short),
-            "pr_files_sha256": pr_files_id(root),
-        },
+        "patch": {"commit": build.patch_commit, **patch_ids(root, short)},
         "built": True,
         "compiled": COMPILED_NOTE[build.backend],
         "mlx_version": parity.get("mlx_version"),
