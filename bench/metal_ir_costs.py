@@ -104,7 +104,7 @@ def page(report: dict[str, Any]) -> str:
     for proxy in PROXIES:
         by: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
         for r in report["rows"]:
-            if r.get("proxy", "clang -O2") == proxy:
+            if r["proxy"] == proxy:
                 by.setdefault((r["instance"], r["kernel"]), {})[r["vecs"]] = r
         lines += ["", f"## {proxy}: `{' '.join(report['flags'][proxy])}`", "", *observations(by)]
         lines += ["", *table(by)]
