@@ -1,12 +1,18 @@
 """The pin's and the patched qmv.cu, compiled and run side by side on one CUDA GPU.
 
-  build (here: nvcc, the pinned tree)  python3 bench/cuda_qmv.py build --out .device/qmv
+  build (here: nvcc, the pinned tree)  python3 bench/cuda_qmv.py build --out .device/qmv \
+                                           [--variant NAME=TILES,K_WARPS,UNROLL ...]
   run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
                                            --json results.json [--deadline SECONDS] [--quick]
+  compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
+                                           --json variants.json
 ``build`` renders the patched qmv.cu from the templates and compiles both arms with MLX's
 own nvcc flags and include directories (patchkit.verify.harness.cuda says how); ``run``
 checks every row of the patched calls at M = 1..16 (and 17, 33) bit for bit against the
-patched M = 1 call of the same vector, and times both arms with cold weights.
+patched M = 1 call of the same vector, and times both arms with cold weights. ``--variant``
+adds libraries of the patched file with other launch constants (``variants/NAME.so``; any
+other build's ``patched.so`` copied there is compared too), and ``compare`` checks the rows
+of each and times them all beside stock's kernel.
 See docs/results/cuda-kernel.md.
 """
 
@@ -26,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from patchkit.verify.harness import cuda
 
 
-def build(out: Path, arch: str) -> None:
-    """Extract the pinned tree, render the patched qmv.cu, compile both libraries."""
+def build(out: Path, arch: str, variants: list[str]) -> None:
+    """Extract the pinned tree, render the patched qmv.cu, compile both libraries (and one
+    per ``NAME=TILES,K_WARPS,UNROLL`` variant)."""
     from patchkit.carry import mlx_deps, pin, render, source
     from patchkit.util import git
 
@@ -45,7 +52,14 @@ def build(out: Path, arch: str) -> None:
     patched = out / "qmv_patched.cu"
     patched.write_text(render.render_file(plan, read(cuda.QMV_PATH), render.RenderOptions()))
     flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root.resolve(), deps)
-    libs = cuda.build({"stock": root / cuda.QMV_PATH, "patched": patched}, out, flags, arch)
+    sources = {"stock": root / cuda.QMV_PATH, "patched": patched}
+    for spec in variants:
+        name, _, values = spec.partition("=")
+        source = out / f"qmv_{name}.cu"
+        numbers = [int(v) for v in values.split(",")]
+        source.write_text(cuda.with_launch_constants(patched.read_text(), numbers))
+        sources[f"variants/{name}"] = source
+    libs = cuda.build(sources, out, flags, arch)
     print("\n".join(str(p) for p in libs.values()))
 
 
@@ -55,6 +69,13 @@ def main() -> int:
     b = sub.add_parser("build")
     b.add_argument("--out", type=Path, default=Path(".device/qmv"))
     b.add_argument("--arch", default="90a")
+    b.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=T,KW,U",
+        help="also the patched file with launch constants tiles, k_warps, unroll",
+    )
     r = sub.add_parser("run")
     r.add_argument("--libs", type=Path, default=Path(".device/qmv"))
     r.add_argument("--json", type=Path, required=True)
@@ -65,13 +86,33 @@ def main() -> int:
     r.add_argument("--groups", type=int, nargs="*", default=[64], choices=cuda.GROUPS)
     rep = sub.add_parser("report")
     rep.add_argument("results", type=Path)
+    c = sub.add_parser("compare")
+    c.add_argument("--libs", type=Path, default=Path(".device/qmv"))
+    c.add_argument("--json", type=Path, required=True)
+    c.add_argument("--deadline", type=float, default=480.0, help="seconds from start")
+    crep = sub.add_parser("compare-report")
+    crep.add_argument("results", type=Path)
     args = ap.parse_args()
     if args.cmd == "build":
-        build(args.out, args.arch)
+        build(args.out, args.arch, args.variant)
         return 0
     if args.cmd == "report":
         print(cuda.report(json.loads(args.results.read_text())), end="")
         return 0
+    if args.cmd == "compare-report":
+        print(cuda.compare_report(json.loads(args.results.read_text())), end="")
+        return 0
+    if args.cmd == "compare":
+        payload = cuda.compare(args.libs, args.json, time.time() + args.deadline)
+        return (
+            1
+            if any(
+                p["differing"] + p["odd_neighbours_differing"]
+                for r in payload["results"]
+                for p in r["parity"].values()
+            )
+            else 0
+        )
     shapes = cuda.SHAPES[:: len(cuda.SHAPES) - 1] if args.quick else cuda.SHAPES
     configs = [
         cuda.Config(K, N, bits, g, dt)

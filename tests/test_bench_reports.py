@@ -126,6 +126,21 @@ def test_harness_report_counts_rows_and_bandwidth() -> None:
     assert f"2 of {sum(cuda.MS)} differ" in bad
 
 
+def test_variant_report_names_each_variants_rows_and_times() -> None:
+    """compare-report gives every variant its own count of differing rows and a column of
+    microseconds beside stock's; one variant's differing row is not hidden by another's."""
+    one = _harness_result(4e-6, 5e-6)
+    result = {
+        "config": one["config"],
+        "weight_bytes": one["weight_bytes"],
+        "parity": {"A": one["parity"], "B": {**one["parity"], "differing": 1}},
+        "seconds": {"1": {"stock": 5e-6, "A": 4e-6, "B": 4.5e-6}},
+    }
+    text = cuda.compare_report({"variants": ["A", "B"], "results": [result]})
+    assert "A 0 differ, B 1 differ" in text
+    assert "| 4 | 4096x4096 | 1 | 5.0 | 4.0 | 4.5 |" in text
+
+
 def _split_output(failing: dict[str, list[str]], passing: list[str]) -> list[str]:
     """What ``patchkit.util.split_unittest`` prints for methods that pass or fail."""
     lines = []

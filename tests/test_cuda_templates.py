@@ -80,18 +80,25 @@ def test_upstream_code_is_left_as_it_is(renders: dict) -> None:
 
 
 def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
-    """What makes row i independent of M, read from the kernel: vectors are MMA rows (x of
-    vectors past M is zero, never a branch around an MMA), the K steps a warp takes depend
-    on k alone, and the warps' partials are summed in warp order."""
+    """What makes row i independent of M, read from the kernel: vectors are MMA columns
+    (x of vectors past M is zero, never a branch around their MMA; the second MMA, for
+    vectors 8 to 15, runs whenever the block has any), the K steps a warp takes depend on
+    k alone, and the warps' partials are summed in warp order."""
     text = renders[QMV, "upstream"]
     kernel = cxx.find_function(text, "qmv_mma_kernel").text(text)
     flat = " ".join(kernel.split())
-    assert "bool x_real[2] = {col < vecs, col + 8 < vecs};" in flat
+    assert "bool x_real[2] = {g < vecs, g + 8 < vecs};" in flat
+    assert "bool two = vecs > 8;" in flat
     assert "if (in_k && x_real[h]) {" in flat
+    assert (
+        "qmv_mma_fma<T>(acc[t][0], a, xs[0][2 * j], xs[0][2 * j + 1]); if (two) "
+        "{ qmv_mma_fma<T>(acc[t][1], a, xs[1][2 * j], xs[1][2 * j + 1]); }"
+    ) in flat
+    assert flat.count("qmv_mma_fma<T>(") == 2
     assert "for (int s0 = warp; s0 < steps; s0 += k_warps * unroll) {" in flat
     assert "int steps = cuda::ceil_div(k, step_k);" in flat
-    assert "float sum = partial[0][t][i][src];" in flat
-    assert "for (int p = 1; p < k_warps; ++p) { sum += partial[p][t][i][src]; }" in flat
+    assert "float sum = partial[0][t][h][i][src];" in flat
+    assert "for (int p = 1; p < k_warps; ++p) { sum += partial[p][t][h][i][src]; }" in flat
     # m enters only through the number of real vectors and the pointers.
     assert [ln for ln in kernel.splitlines() if re.search(r"\bm\b", ln)] == [
         "    int m,",
@@ -100,7 +107,23 @@ def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
         "  out += (static_cast<int64_t>(l) * m + v0) * n;",
     ]
     launch = cxx.find_function(text, "qmv_mma").text(text)
-    assert "constexpr int tiles = 2;" in launch and "constexpr int k_warps = 8;" in launch
+    assert "constexpr int tiles = 1;" in launch and "constexpr int k_warps = 8;" in launch
+
+
+def test_launch_constants_are_set_one_each(renders: dict) -> None:
+    """bench/cuda_qmv.py's variants change qmv_mma()'s three constants and nothing else."""
+    text = renders[QMV, "upstream"]
+    variant = cuda.with_launch_constants(text, (2, 4, 8))
+    changed = [
+        (a, b) for a, b in zip(text.splitlines(), variant.splitlines(), strict=True) if a != b
+    ]
+    assert changed == [
+        ("  constexpr int tiles = 1;", "  constexpr int tiles = 2;"),
+        ("  constexpr int k_warps = 8;", "  constexpr int k_warps = 4;"),
+        ("  constexpr int unroll = 4;", "  constexpr int unroll = 8;"),
+    ]
+    with pytest.raises(ValueError, match="tiles"):
+        cuda.with_launch_constants(text.replace("constexpr int tiles = 1;", ""), (1, 8, 4))
 
 
 def test_wrapper_asks_each_arm_for_its_kernel() -> None:

@@ -147,6 +147,7 @@ def build(
     procs = {}
     for arm, qmv in qmv_sources.items():
         wrapper = out_dir / f"{arm}_wrapper.cu"
+        wrapper.parent.mkdir(parents=True, exist_ok=True)  # variants/NAME
         wrapper.write_text(wrapper_source(arm))
         cmd = nvcc_command(wrapper, qmv.resolve(), out_dir / f"{arm}.so", flags, arch)
         procs[arm] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -328,8 +329,10 @@ def graph_time(fn: Callable[[int], None], copies: int, calls: int, repeats: int 
     return sorted(times)[len(times) // 2]
 
 
-def timing(libs: dict[str, Lib], cfg: Config, inp: dict[str, Any]) -> dict[str, Any]:
-    """Seconds per call of each arm at every M in ``MS`` (stock: its own launch of M
+def timing(
+    libs: dict[str, Lib], cfg: Config, inp: dict[str, Any], ms: Sequence[int] = MS
+) -> dict[str, Any]:
+    """Seconds per call of each arm at every M in ``ms`` (stock: its own launch of M
     vectors, one per block; MLX itself sends M >= 8 to qmm, which only the MLX-level
     benchmark shows)."""
     torch = _torch()
@@ -337,7 +340,7 @@ def timing(libs: dict[str, Lib], cfg: Config, inp: dict[str, Any]) -> dict[str, 
     out = torch.empty(inp["x"].shape[0], cfg.N, device="cuda", dtype=inp["x"].dtype)
     calls = max(copies, 64)
     result: dict[str, Any] = {}
-    for m in MS:
+    for m in ms:
         row = {}
         for arm, lib in libs.items():
             row[arm] = graph_time(
@@ -447,4 +450,79 @@ def report(data: dict[str, Any]) -> str:
             f"{bw['patched']:.0%} | {bw['stock']:.0%} | "
             f"{err['patched']:.1e} / {err['stock']:.1e} | " + " | ".join(cells) + " |"
         )
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------ launch-constant variants
+
+# The tensor-core kernel's launch constants, as qmv_mma() declares them: weight-row tiles
+# of 16 per block, warps over K, steps in flight per warp.
+LAUNCH_CONSTANTS = ("tiles", "k_warps", "unroll")
+COMPARE_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))
+COMPARE_MS = (1, 2, 4, 8, 9, 12, 16)
+
+
+def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
+    """The rendered qmv.cu with qmv_mma()'s launch constants set to ``values``
+    (``tiles, k_warps, unroll``); every row stays M-independent whatever they are."""
+    out = qmv_source
+    for name, value in zip(LAUNCH_CONSTANTS, values, strict=True):
+        out, n = re.subn(rf"(constexpr int {name} = )\d+;", rf"\g<1>{value};", out)
+        if n != 1:
+            raise ValueError(f"qmv.cu declares `constexpr int {name}` {n} times, not once")
+    return out
+
+
+def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
+    """Every library under ``lib_dir/variants/NAME.so`` beside ``stock.so``: rows of each
+    (bit for bit against its own M = 1 call, with its controls) and time at
+    ``COMPARE_MS`` on ``COMPARE_SHAPES``, bfloat16, group 64, 4 and 8 bits."""
+    names = sorted(p.stem for p in (lib_dir / "variants").glob("*.so"))
+    libs = {"stock": Lib(lib_dir / "stock.so")}
+    libs.update({n: Lib(lib_dir / "variants" / f"{n}.so") for n in names})
+    payload: dict[str, Any] = {"host": host_info(), "variants": names, "results": []}
+    for bits, (K, N) in itertools.product((4, 8), COMPARE_SHAPES):
+        if time.time() > deadline:
+            payload["stopped_at"] = [K, N, bits]
+            break
+        cfg = Config(K, N, bits, 64, "bfloat16")
+        copies = max(2, min(256, COLD_BYTES // weight_bytes(cfg)))
+        inp = make_inputs(cfg, max(MS), copies, 0)
+        rec: dict[str, Any] = {"config": asdict(cfg), "weight_bytes": weight_bytes(cfg)}
+        rec["parity"] = {n: parity({"stock": libs["stock"], "patched": libs[n]}, cfg, inp)
+                         for n in names}  # fmt: skip
+        rec["seconds"] = timing(libs, cfg, inp, COMPARE_MS)
+        payload["results"].append(rec)
+        out.write_text(json.dumps(payload, indent=1))
+    out.write_text(json.dumps(payload, indent=1))
+    return payload
+
+
+def compare_report(data: dict[str, Any]) -> str:
+    """Markdown: per layer and M, microseconds of stock and of each variant; rows checked."""
+    names = data["variants"]
+    res = data["results"]
+    bad = {n: sum(r["parity"][n]["differing"] + r["parity"][n]["odd_neighbours_differing"]
+                  for r in res) for n in names}  # fmt: skip
+    rows = sum(r["parity"][names[0]]["rows"] for r in res) if res and names else 0
+    ctrl = all(
+        r["parity"][n]["control_flipped_bit"] == 1 and r["parity"][n]["control_reference"] > 0
+        for r in res
+        for n in names
+    )
+    out = [
+        "Rows of each variant at M = 1..16, 17, 33 vs its own M = 1 call of the same vector "
+        f"({rows} per variant): "
+        + ", ".join(f"{n} {bad[n]} differ" for n in names)
+        + f"; controls {'differ in every config' if ctrl else 'FAILED to differ'}.",
+        "",
+        "| bits | K x N | M | stock µs | " + " | ".join(f"{n} µs" for n in names) + " |",
+        "|---|---|---|---|" + "---|" * len(names),
+    ]
+    for r in res:
+        c = r["config"]
+        for m, t in r["seconds"].items():
+            cells = " | ".join(f"{t[n] * 1e6:.1f}" for n in names)
+            out.append(f"| {c['bits']} | {c['K']}x{c['N']} | {m} | {t['stock'] * 1e6:.1f} | "
+                       f"{cells} |")  # fmt: skip
     return "\n".join(out) + "\n"

@@ -5,11 +5,11 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,9 @@
-//   @@ -248,6 +251,292 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +556,32 @@ void qmv(
-//   @@ -403,6 +717,43 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +771,17 @@ void qmv(
-//   @@ -451,6 +813,7 @@ void qmv(
+//   @@ -248,6 +251,307 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +571,32 @@ void qmv(
+//   @@ -403,6 +732,43 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +786,17 @@ void qmv(
+//   @@ -451,6 +828,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -267,17 +267,11 @@ __global__ void gather_qmv_kernel(
 // qmv on tensor cores: one block reads each weight once for up to 16 vectors,
 // and every row is bit-identical to the same vector alone (M = 1).
 //
-// The vectors are the 16 rows of an m16n8k16 MMA, 8 weight rows its columns. A
-// row of the result goes through the same instructions whatever M is: its
-// vector is one row of the MMA (the other rows are other vectors or zeros, and
-// an MMA's output row depends on its own input row only), the K order of the
-// MMAs is fixed by k alone, and the warps' partial sums are added in a fixed
-// order. M only decides how many rows of the tile are real.
-//
-// Each thread dequantizes 16 bytes of one weight row per step (128-bit loads),
-// the four threads of an MMA column cover 4 * 128 / bits of K, and the k_warps
-// warps of a block take interleaved steps of K, so the loads of a layer are
-// spread over enough warps to keep the memory busy.
+// 16 weight rows are the rows of an m16n8k16 MMA and 8 vectors its columns (a
+// second MMA on the same weights takes vectors 8 to 15). An output element
+// depends on its own column only, the K order of the MMAs is fixed by k alone,
+// and the warps' partial sums are added in a fixed order, so what M changes is
+// which columns are real, never the operations applied to one vector.
 template <typename T, typename Q>
 constexpr bool qmv_mma_types = (cuda::std::is_same_v<T, cutlass::half_t> ||
                                 cuda::std::is_same_v<T, cutlass::bfloat16_t>) &&
@@ -342,12 +336,12 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
   __trap();
 #else
   constexpr int bits = cute::sizeof_bits_v<Q>;
-  // Weights a thread dequantizes per step: one 16-byte load.
+  // Weights a thread dequantizes per row and step: one 16-byte load.
   constexpr int seg = 128 / bits;
   // Groups in a step (nvfp4's groups of 16 are shorter than a step).
   constexpr int seg_groups = cuda::std::max(1, seg / group_size);
   constexpr int group_elems = seg / seg_groups;
-  // K of one step of a warp: the four threads of an MMA column.
+  // K of one step of a warp: the four threads of an MMA row.
   constexpr int step_k = 4 * seg;
   using T2 = cuda::std::conditional_t<
       cuda::std::is_same_v<T, cutlass::half_t>,
@@ -356,13 +350,16 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
 
   int lane = threadIdx.x % WARP_SIZE;
   int warp = threadIdx.x / WARP_SIZE;
-  int col = lane / 4; // MMA row (vector) and column (weight row) of this thread
+  // Weight rows g and g + 8 of each tile, vectors g and g + 8.
+  int g = lane / 4;
   int quad = lane % 4; // which quarter of a step's K it reads
 
-  int n0 = blockIdx.x * tiles * 8;
+  int n0 = blockIdx.x * tiles * 16;
   int v0 = blockIdx.y * 16;
   int l = blockIdx.z;
   int vecs = cuda::std::min(16, m - v0);
+  // Vectors 8 to 15 take a second MMA per step (uniform over the block).
+  bool two = vecs > 8;
   x += (static_cast<int64_t>(l) * m + v0) * k;
   out += (static_cast<int64_t>(l) * m + v0) * n;
   int w_batch = broadcast_w ? 0 : l;
@@ -375,40 +372,43 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
     biases += static_cast<int64_t>(w_batch) * n * groups_per_row;
   }
 
-  // The two vectors whose x this thread feeds to the MMA: col and col + 8.
-  const T* x_rows[2] = {x + static_cast<int64_t>(col) * k, x + (col + 8) * k};
-  bool x_real[2] = {col < vecs, col + 8 < vecs};
+  const T* x_rows[2] = {
+      x + static_cast<int64_t>(g) * k, x + static_cast<int64_t>(g + 8) * k};
+  bool x_real[2] = {g < vecs, g + 8 < vecs};
 
-  float acc[tiles][4] = {};
+  float acc[tiles][2][4] = {};
   int steps = cuda::ceil_div(k, step_k);
   // A warp takes steps warp, warp + k_warps, ... in order, unroll of them per
   // iteration: their weights are all loaded before the first is used.
   for (int s0 = warp; s0 < steps; s0 += k_warps * unroll) {
-    uint4 raw[unroll][tiles];
-    S scale[unroll][tiles][seg_groups];
-    T bias[unroll][tiles][seg_groups];
+    uint4 raw[unroll][tiles][2];
+    S scale[unroll][tiles][2][seg_groups];
+    T bias[unroll][tiles][2][seg_groups];
 #pragma unroll
     for (int u = 0; u < unroll; ++u) {
       int k0 = (s0 + u * k_warps) * step_k + quad * seg;
 #pragma unroll
       for (int t = 0; t < tiles; ++t) {
-        int row = n0 + t * 8 + col;
-        raw[u][t] = make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int g = 0; g < seg_groups; ++g) {
-          scale[u][t][g] = S{};
-          bias[u][t][g] = T{0};
-        }
-        if (k0 < k && row < n) {
-          raw[u][t] = *reinterpret_cast<const uint4*>(
-              w_bytes + row * row_bytes + k0 * bits / 8);
-          int64_t g0 =
-              static_cast<int64_t>(row) * groups_per_row + k0 / group_size;
+        for (int h = 0; h < 2; ++h) {
+          int row = n0 + t * 16 + h * 8 + g;
+          raw[u][t][h] = make_uint4(0, 0, 0, 0);
 #pragma unroll
-          for (int g = 0; g < seg_groups; ++g) {
-            scale[u][t][g] = scales[g0 + g];
-            if constexpr (has_bias) {
-              bias[u][t][g] = biases[g0 + g];
+          for (int j = 0; j < seg_groups; ++j) {
+            scale[u][t][h][j] = S{};
+            bias[u][t][h][j] = T{0};
+          }
+          if (k0 < k && row < n) {
+            raw[u][t][h] = *reinterpret_cast<const uint4*>(
+                w_bytes + row * row_bytes + k0 * bits / 8);
+            int64_t g0 =
+                static_cast<int64_t>(row) * groups_per_row + k0 / group_size;
+#pragma unroll
+            for (int j = 0; j < seg_groups; ++j) {
+              scale[u][t][h][j] = scales[g0 + j];
+              if constexpr (has_bias) {
+                bias[u][t][h][j] = biases[g0 + j];
+              }
             }
           }
         }
@@ -423,7 +423,8 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
       int k0 = (s0 + u * k_warps) * step_k + quad * seg;
       bool in_k = k0 < k;
 
-      // x of both vectors for this step, as packed pairs (zeros past M or K).
+      // x of vectors g and g + 8 at this thread's K, as packed pairs (zeros
+      // past M or K).
       uint32_t xs[2][seg / 2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -442,75 +443,89 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
 
 #pragma unroll
       for (int t = 0; t < tiles; ++t) {
-        // Dequantize as the other qmv kernels do, w * scale + bias in T, one
-        // fma per pair of weights.
-        auto w_vec =
-            *reinterpret_cast<const cutlass::Array<Q, seg>*>(&raw[u][t]);
-        cutlass::NumericArrayConverter<T, Q, seg> converter;
-        cutlass::Array<T, seg> w_dq = converter(w_vec);
-        auto* w2 = reinterpret_cast<T2*>(&w_dq);
+        // w * scale + bias in T, one fma per pair of weights.
+        uint32_t wp[2][seg / 2];
 #pragma unroll
-        for (int g = 0; g < seg_groups; ++g) {
-          T2 s2 = qmv_mma_pair(T(scale[u][t][g]));
-          T2 b2 = qmv_mma_pair(bias[u][t][g]);
+        for (int h = 0; h < 2; ++h) {
+          auto w_vec =
+              *reinterpret_cast<const cutlass::Array<Q, seg>*>(&raw[u][t][h]);
+          cutlass::NumericArrayConverter<T, Q, seg> converter;
+          cutlass::Array<T, seg> w_dq = converter(w_vec);
+          auto* w2 = reinterpret_cast<T2*>(&w_dq);
 #pragma unroll
-          for (int i = 0; i < group_elems / 2; ++i) {
-            T2& pair = w2[g * group_elems / 2 + i];
-            if constexpr (has_bias) {
-              pair = __hfma2(pair, s2, b2);
-            } else {
-              pair = __hmul2(pair, s2);
+          for (int j = 0; j < seg_groups; ++j) {
+            T2 s2 = qmv_mma_pair(T(scale[u][t][h][j]));
+            T2 b2 = qmv_mma_pair(bias[u][t][h][j]);
+#pragma unroll
+            for (int i = 0; i < group_elems / 2; ++i) {
+              T2& pair = w2[j * group_elems / 2 + i];
+              if constexpr (has_bias) {
+                pair = __hfma2(pair, s2, b2);
+              } else {
+                pair = __hmul2(pair, s2);
+              }
             }
           }
+#pragma unroll
+          for (int i = 0; i < seg / 2; ++i) {
+            wp[h][i] = reinterpret_cast<const uint32_t*>(&w_dq)[i];
+          }
         }
-        auto* wp = reinterpret_cast<const uint32_t*>(&w_dq);
 
         // MMA j takes k0 + 4j .. k0 + 4j + 3 of every thread: pairs 2j, 2j + 1.
 #pragma unroll
         for (int j = 0; j < seg / 4; ++j) {
           uint32_t a[4] = {
-              xs[0][2 * j], xs[1][2 * j], xs[0][2 * j + 1], xs[1][2 * j + 1]};
-          qmv_mma_fma<T>(acc[t], a, wp[2 * j], wp[2 * j + 1]);
+              wp[0][2 * j], wp[1][2 * j], wp[0][2 * j + 1], wp[1][2 * j + 1]};
+          qmv_mma_fma<T>(acc[t][0], a, xs[0][2 * j], xs[0][2 * j + 1]);
+          if (two) {
+            qmv_mma_fma<T>(acc[t][1], a, xs[1][2 * j], xs[1][2 * j + 1]);
+          }
         }
       }
     }
   }
 
   // The warps' partial sums, added in warp order.
-  __shared__ float partial[k_warps][tiles][4][WARP_SIZE];
+  __shared__ float partial[k_warps][tiles][2][4][WARP_SIZE];
 #pragma unroll
   for (int t = 0; t < tiles; ++t) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      partial[warp][t][i][lane] = acc[t][i];
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        partial[warp][t][h][i][lane] = acc[t][h][i];
+      }
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < tiles * 4 * WARP_SIZE;
+  for (int e = threadIdx.x; e < tiles * 2 * 4 * WARP_SIZE;
        e += k_warps * WARP_SIZE) {
-    int t = e / (4 * WARP_SIZE);
+    int t = e / (2 * 4 * WARP_SIZE);
+    int h = (e / (4 * WARP_SIZE)) % 2;
     int i = (e / WARP_SIZE) % 4;
     int src = e % WARP_SIZE;
-    float sum = partial[0][t][i][src];
+    // Accumulator i of lane src in MMA h: weight row src / 4 (+ 8 for i >= 2)
+    // of tile t, vector 8 * h + 2 * (src % 4) + i % 2.
+    int vec = 8 * h + 2 * (src % 4) + i % 2;
+    int row = n0 + t * 16 + src / 4 + 8 * (i / 2);
+    if (vec >= vecs || row >= n) {
+      continue;
+    }
+    float sum = partial[0][t][h][i][src];
 #pragma unroll
     for (int p = 1; p < k_warps; ++p) {
-      sum += partial[p][t][i][src];
+      sum += partial[p][t][h][i][src];
     }
-    // Accumulator i of lane src: vector src / 4 (+ 8 for i >= 2), weight row
-    // 2 * (src % 4) + i % 2 of tile t.
-    int vec = src / 4 + 8 * (i / 2);
-    int row = n0 + t * 8 + 2 * (src % 4) + i % 2;
-    if (vec < vecs && row < n) {
-      if constexpr (
-          cuda::std::is_same_v<Q, cutlass::float_e2m1_t> &&
-          cuda::std::is_same_v<S, cutlass::float_e4m3_t>) {
-        // Only nvfp4 supports global scale.
-        if (global_scale) {
-          sum *= (*global_scale / (F8E4M3_MAX * F4E2M1_MAX));
-        }
+    if constexpr (
+        cuda::std::is_same_v<Q, cutlass::float_e2m1_t> &&
+        cuda::std::is_same_v<S, cutlass::float_e4m3_t>) {
+      // Only nvfp4 supports global scale.
+      if (global_scale) {
+        sum *= (*global_scale / (F8E4M3_MAX * F4E2M1_MAX));
       }
-      out[static_cast<int64_t>(vec) * n + row] = static_cast<T>(sum);
     }
+    out[static_cast<int64_t>(vec) * n + row] = static_cast<T>(sum);
   }
 #endif
 }
@@ -535,11 +550,11 @@ void qmv_mma(
     int l,
     bool broadcast_w,
     F&& launch_kernel) {
-  constexpr int tiles = 2;
+  constexpr int tiles = 1;
   constexpr int k_warps = 8;
   constexpr int unroll = 4;
   dim3 num_blocks{
-      uint32_t(cuda::ceil_div(n, tiles * 8)),
+      uint32_t(cuda::ceil_div(n, tiles * 16)),
       uint32_t(cuda::ceil_div(m, 16)),
       uint32_t(l)};
   dim3 block_dims{k_warps * WARP_SIZE};
