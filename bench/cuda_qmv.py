@@ -12,7 +12,8 @@ checks every row of the patched calls at M = 1..16 (and 17, 33) bit for bit agai
 patched M = 1 call of the same vector, and times both arms with cold weights. ``--variant``
 adds libraries of the patched file with other launch constants (``variants/NAME.so``; any
 other build's ``patched.so`` copied there is compared too), and ``compare`` checks the rows
-of each and times them all beside stock's kernel.
+of each (against its own M = 1, and against the M = 1 of a variant with the same warps
+over K, which sums every vector in the same order) and times them all beside stock's kernel.
 See docs/results/cuda-kernel.md.
 """
 
@@ -53,12 +54,16 @@ def build(out: Path, arch: str, variants: list[str]) -> None:
     patched.write_text(render.render_file(plan, read(cuda.QMV_PATH), render.RenderOptions()))
     flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root.resolve(), deps)
     sources = {"stock": root / cuda.QMV_PATH, "patched": patched}
+    constants = {}
     for spec in variants:
         name, _, values = spec.partition("=")
         source = out / f"qmv_{name}.cu"
-        numbers = [int(v) for v in values.split(",")]
-        source.write_text(cuda.with_launch_constants(patched.read_text(), numbers))
+        constants[name] = [int(v) for v in values.split(",")]
+        source.write_text(cuda.with_launch_constants(patched.read_text(), constants[name]))
         sources[f"variants/{name}"] = source
+    if constants:
+        (out / "variants").mkdir(parents=True, exist_ok=True)
+        (out / "variants" / cuda.VARIANT_CONSTANTS).write_text(json.dumps(constants, indent=1))
     libs = cuda.build(sources, out, flags, arch)
     print("\n".join(str(p) for p in libs.values()))
 
@@ -104,15 +109,12 @@ def main() -> int:
         return 0
     if args.cmd == "compare":
         payload = cuda.compare(args.libs, args.json, time.time() + args.deadline)
-        return (
-            1
-            if any(
-                p["differing"] + p["odd_neighbours_differing"]
-                for r in payload["results"]
-                for p in r["parity"].values()
-            )
-            else 0
-        )
+        bad = sum(
+            p["differing"] + p["odd_neighbours_differing"]
+            for r in payload["results"]
+            for p in r["parity"].values()
+        ) + sum(a["differing"] for r in payload["results"] for a in r["across"].values())
+        return 1 if bad else 0
     shapes = cuda.SHAPES[:: len(cuda.SHAPES) - 1] if args.quick else cuda.SHAPES
     configs = [
         cuda.Config(K, N, bits, g, dt)

@@ -141,6 +141,30 @@ def test_variant_report_names_each_variants_rows_and_times() -> None:
     assert "| 4 | 4096x4096 | 1 | 5.0 | 4.0 | 4.5 |" in text
 
 
+def test_variants_that_sum_in_one_order_are_held_to_one_reference() -> None:
+    """Only k_warps decides a vector's order: variants sharing it are checked against the
+    first of their group; another k_warps starts its own group."""
+    refs = cuda.same_order_references(
+        {"a": [1, 8, 4], "b": [2, 8, 2], "c": [2, 4, 4], "d": [4, 4, 1]}
+    )
+    assert refs == {"b": "a", "d": "c"}
+    assert cuda.same_order_references({"only": [1, 8, 4]}) == {}
+
+
+def test_variant_report_counts_rows_across_variants() -> None:
+    """A differing row between variants of one order shows in the report's first lines."""
+    one = _harness_result(4e-6, 5e-6)
+    result = {
+        "config": one["config"],
+        "parity": {"a": one["parity"], "b": one["parity"]},
+        "across": {"b": {"rows": 186, "differing": 3}},
+        "seconds": {"1": {"stock": 5e-6, "a": 4e-6, "b": 4e-6}},
+    }
+    text = cuda.compare_report({"variants": ["a", "b"], "references": {"b": "a"},
+                                "results": [result]})  # fmt: skip
+    assert "b against a's M = 1: 3 of 186 differ." in text
+
+
 def _split_output(failing: dict[str, list[str]], passing: list[str]) -> list[str]:
     """What ``patchkit.util.split_unittest`` prints for methods that pass or fail."""
     lines = []

@@ -473,14 +473,56 @@ def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
     return out
 
 
+VARIANT_CONSTANTS = "constants.json"  # under variants/: {name: [tiles, k_warps, unroll]}
+
+
+def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]:
+    """{variant: the variant its rows must equal}: variants that share ``k_warps`` sum each
+    vector in one order (``tiles`` and ``unroll`` change which rows a block holds and how
+    many steps are loaded ahead, not the order), so each is held to the first of its
+    group by name. A group of one, or a library of unknown constants, has no reference."""
+    refs: dict[str, str] = {}
+    for name in sorted(constants):
+        k_warps = constants[name][1]
+        first = next(n for n in sorted(constants) if constants[n][1] == k_warps)
+        if first != name:
+            refs[name] = first
+    return refs
+
+
+def rows_against(ref: Lib, lib: Lib, cfg: Config, inp: dict[str, Any]) -> dict[str, int]:
+    """Rows of ``lib`` at every M in ``MS`` that differ, bit for bit, from ``ref``'s M = 1
+    call of the same vector."""
+    torch = _torch()
+    max_m, dt = inp["x"].shape[0], inp["x"].dtype
+    single = torch.empty(max_m, cfg.N, device="cuda", dtype=dt)
+    for i in range(max_m):
+        call(ref, cfg, inp, inp["x"][i : i + 1], single[i : i + 1])
+    rows = differing = 0
+    for m in MS:
+        got = torch.full((m, cfg.N), float("nan"), device="cuda", dtype=dt)
+        call(lib, cfg, inp, inp["x"][:m], got)
+        torch.cuda.synchronize()
+        rows += m
+        differing += rows_differing(got, single[:m])
+    return {"rows": rows, "differing": differing}
+
+
 def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
     """Every library under ``lib_dir/variants/NAME.so`` beside ``stock.so``: rows of each
-    (bit for bit against its own M = 1 call, with its controls) and time at
+    (bit for bit against its own M = 1 call, with its controls, and against the M = 1 call
+    of the variant that sums in the same order, :func:`same_order_references`) and time at
     ``COMPARE_MS`` on ``COMPARE_SHAPES``, bfloat16, group 64, 4 and 8 bits."""
     names = sorted(p.stem for p in (lib_dir / "variants").glob("*.so"))
     libs = {"stock": Lib(lib_dir / "stock.so")}
     libs.update({n: Lib(lib_dir / "variants" / f"{n}.so") for n in names})
-    payload: dict[str, Any] = {"host": host_info(), "variants": names, "results": []}
+    known = lib_dir / "variants" / VARIANT_CONSTANTS
+    constants = json.loads(known.read_text()) if known.is_file() else {}
+    refs = same_order_references({n: c for n, c in constants.items() if n in names})
+    payload: dict[str, Any] = {
+        "host": host_info(), "variants": names, "constants": constants, "references": refs,
+        "results": [],
+    }  # fmt: skip
     for bits, (K, N) in itertools.product((4, 8), COMPARE_SHAPES):
         if time.time() > deadline:
             payload["stopped_at"] = [K, N, bits]
@@ -491,6 +533,7 @@ def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
         rec: dict[str, Any] = {"config": asdict(cfg), "weight_bytes": weight_bytes(cfg)}
         rec["parity"] = {n: parity({"stock": libs["stock"], "patched": libs[n]}, cfg, inp)
                          for n in names}  # fmt: skip
+        rec["across"] = {n: rows_against(libs[r], libs[n], cfg, inp) for n, r in refs.items()}
         rec["seconds"] = timing(libs, cfg, inp, COMPARE_MS)
         payload["results"].append(rec)
         out.write_text(json.dumps(payload, indent=1))
@@ -516,6 +559,7 @@ def compare_report(data: dict[str, Any]) -> str:
         + ", ".join(f"{n} {bad[n]} differ" for n in names)
         + f"; controls {'differ in every config' if ctrl else 'FAILED to differ'}.",
         "",
+        *across_lines(data),
         "| bits | K x N | M | stock µs | " + " | ".join(f"{n} µs" for n in names) + " |",
         "|---|---|---|---|" + "---|" * len(names),
     ]
@@ -526,3 +570,16 @@ def compare_report(data: dict[str, Any]) -> str:
             out.append(f"| {c['bits']} | {c['K']}x{c['N']} | {m} | {t['stock'] * 1e6:.1f} | "
                        f"{cells} |")  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def across_lines(data: dict[str, Any]) -> list[str]:
+    """The report's lines on rows across variants that sum in one order (none: no line)."""
+    refs = data.get("references") or {}
+    if not refs:
+        return []
+    parts = []
+    for name, ref in sorted(refs.items()):
+        checked = [r["across"][name] for r in data["results"] if name in r.get("across", {})]
+        bad, rows = sum(c["differing"] for c in checked), sum(c["rows"] for c in checked)
+        parts.append(f"{name} against {ref}'s M = 1: {bad} of {rows} differ")
+    return ["Rows across variants with the same warps over K: " + "; ".join(parts) + ".", ""]
