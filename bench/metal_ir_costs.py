@@ -97,7 +97,9 @@ def page(report: dict[str, Any]) -> str:
         "- Live words: the most floating-point 32-bit words whose values are live at one"
         " point of the optimized kernel (half types count 1/2): a lower bound on registers"
         " before spilling. Thread arrays: float elements of each array left in thread"
-        " memory. Weight loads: static integer loads (the packed weights).",
+        " memory. Weight loads: static loads whose address derives from the kernel's"
+        " packed-weight argument `w` (the shim's half types load as 16-bit integers, so"
+        " integer loads alone would count x, scales and biases too).",
         "- What only a GPU settles: registers, spills and occupancy as Apple's compiler"
         " makes them, and the time (`patchkit mac-report` on a Mac).",
     ]
@@ -154,6 +156,17 @@ def observations(by: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> list[s
         " than 4 floats in memory at V = 1 too, where the kernel is upstream's.",
         f"- Most live words at V = {top}: {patched[worst][top]['live_words']:g} (`{worst}`).",
     ]
+    grown = [i for i, at in patched.items() if at[top]["weight_loads"] > at[1]["weight_loads"]]
+    families = sorted({i.split("<")[0] for i in patched})
+    per_family = ", ".join(
+        f"`{f}` {sum(i.split('<')[0] == f for i in grown)} of"
+        f" {sum(i.split('<')[0] == f for i in patched)}"
+        for f in families
+    )
+    out.append(
+        f"- Instances with more weight loads at V = {top} than at V = 1 (the V copies of a"
+        f" block's loads not merged into one): {len(grown)} of {len(patched)}; {per_family}."
+    )
     if wide:
         w = max(wide, key=lambda i: wide[i][top]["live_words"])
         in_memory = sum(bool(at[top]["thread_arrays"]) for at in wide.values())

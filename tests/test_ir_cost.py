@@ -46,6 +46,19 @@ def test_the_tile_keeps_only_its_results_in_memory_and_reads_weights_once(affine
         assert by_v[1].weight_loads > 0
 
 
+def test_half_kernels_read_each_weight_once_though_x_loads_are_integer_loads(affine) -> None:
+    """float16_t's x, scales and biases are 16-bit integer loads under the shim: counted by
+    type, loads grow with V (each vector loads its own x); counted from the weights
+    argument, they do not in affine qmv_fast (control: the by-type count does grow)."""
+    sources, types, _ = affine
+    inst = ir.Instance("affine_qmv_fast", ("float16_t", "64", "4", "false"))
+    by_v = {c.vecs: c for c in ir.costs(sources, AFFINE, types, [inst])}
+    assert by_v[1].weight_loads > 0
+    assert by_v[5].weight_loads == by_v[2].weight_loads == by_v[1].weight_loads
+    by_type = {v: sum(n for t, n in c.loads.items() if t.startswith("i")) for v, c in by_v.items()}
+    assert by_type[5] > by_type[1]
+
+
 def test_a_runtime_bound_on_the_v_loops_leaves_the_inputs_in_memory(affine) -> None:
     sources, types, todo = affine
     # Mutation: the load and multiply-add loops stop at the tile's real vectors (n_vecs,
@@ -78,3 +91,26 @@ def test_the_metal_ir_page_is_of_the_current_kernels(affine) -> None:
             assert got == (row["thread_arrays"], row["weight_loads"], row["live_words"]), (
                 f"{c.instance.label} at V = {c.vecs} ({c.kernel}, {proxy}): the page is stale"
             )
+
+
+WEIGHTS_IR = """\
+define void @k(i32* noundef %0, %struct.narrow_float* noundef %1) {
+  %3 = getelementptr inbounds i32, i32* %0, i64 4
+  %4 = bitcast i32* %3 to i16*
+  %5 = load i16, i16* %4, align 2
+  %6 = getelementptr inbounds %struct.narrow_float, %struct.narrow_float* %1, i64 0, i32 0
+  %7 = load i16, i16* %6, align 2
+  %8 = phi i16* [ %4, %2 ], [ %6, %9 ]
+  %10 = load i16, i16* %8, align 2
+  ret void
+}
+"""
+
+
+def test_weight_loads_are_the_loads_from_the_weight_argument() -> None:
+    """A load counts as a weight load when its address derives from the weights
+    parameter (through getelementptr, bitcast and phi), whatever its type: a 16-bit load of
+    a half scale from the next parameter is not one (control)."""
+    assert ir.loads_from_argument(WEIGHTS_IR, 0) == 2  # %5, and %10 through the phi
+    assert ir.loads_from_argument(WEIGHTS_IR, 1) == 2  # %7, and %10 again
+    assert ir.loads_from_argument(WEIGHTS_IR, 2) == 0

@@ -276,11 +276,57 @@ class Cost:
     loads: dict[str, int]  # static loads per IR type ("float", "i8", "i16", "i32", ...)
     live_words: float  # peak floating-point words live at once (liveness.peak_live_words)
     kernel: str = "patched"  # or "qmv_wide": upstream's batched kernel at the same V
+    weight_loads: int = 0  # static loads from the packed weights (loads_from_argument)
 
-    @property
-    def weight_loads(self) -> int:
-        """Integer loads: the packed weights (x, scales and biases are floating point)."""
-        return sum(n for t, n in self.loads.items() if re.fullmatch(r"i\d+", t))
+
+_DEF = re.compile(r"^\s*(%[\w.]+) = (.*)$", re.M)
+_LOAD_ADDRESS = re.compile(r"= load [^,]+, (?:[^,%]*\*|ptr) (%[\w.]+)")
+_NAME = re.compile(r"%[\w.]+")
+
+
+def _sources_of(definition: str) -> list[str]:
+    """The pointers a pointer defined by ``definition`` is derived from: the base of a
+    getelementptr, the operand of a cast, every incoming value of a phi or select."""
+    op = definition.split(" ", 1)[0]
+    if op == "getelementptr":
+        # getelementptr [inbounds] TYPE, PTRTYPE %base, indices...
+        return _NAME.findall(definition.split(",", 2)[1])[-1:]  # after the type's name
+    if op in ("bitcast", "addrspacecast"):
+        return _NAME.findall(definition.split(" to ", 1)[0])[-1:]
+    if op == "phi":
+        return re.findall(r"\[ (%[\w.]+), ", definition)
+    if op == "select":
+        return re.findall(r"(?:\*|ptr) (%[\w.]+)", definition)
+    return []
+
+
+def loads_from_argument(body: str, index: int) -> int:
+    """Static loads in one function's IR whose address derives from its parameter
+    ``index`` (0-based; clang names unnamed parameters ``%0``, ``%1``, ...), through
+    getelementptr, casts, phi and select. Why not every integer load: the shim's half
+    types are structs of 16-bit integers, so their x, scale and bias loads are integer
+    loads too; the packed weights are the one argument that holds only weights."""
+    defs = {m.group(1): m.group(2) for m in _DEF.finditer(body)}
+    target = f"%{index}"
+    memo: dict[str, bool] = {}
+
+    def reaches(name: str) -> bool:
+        seen, todo = set(), [name]
+        while todo:
+            cur = todo.pop()
+            if cur == target or memo.get(cur):
+                return True
+            if cur in seen:
+                continue
+            seen.add(cur)
+            todo += _sources_of(defs.get(cur, ""))
+        return False
+
+    count = 0
+    for address in _LOAD_ADDRESS.findall(body):
+        memo[address] = memo.get(address) or reaches(address)
+        count += memo[address]
+    return count
 
 
 WIDE_K_LANES = "8"  # the k_lanes every affine_qmv_wide instantiation of the pin uses
@@ -338,7 +384,9 @@ def costs(
         loads: dict[str, int] = {}
         for t in re.findall(r"= load (\S+?),", text):
             loads[t] = loads.get(t, 0) + 1
-        found.append(Cost(inst, v, arrays, loads, liveness.peak_live_words(text), kernel))
+        # The packed weights are every kernel's first parameter (w).
+        weights = loads_from_argument(text, 0)
+        found.append(Cost(inst, v, arrays, loads, liveness.peak_live_words(text), kernel, weights))
     return found
 
 
