@@ -439,8 +439,16 @@ def mac_report_cmd(out: Path | None, no_jit: bool, dry_run: bool, as_json: bool)
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The pin's fp_quantized.h, with fp4.h/fp8.h beside it (default: the wheel's).",
 )
+@click.option(
+    "--costs",
+    is_flag=True,
+    help="Instead: what clang's optimized IR makes of each patched kernel at V = 1, 2, 5 "
+    "(thread arrays, weight loads, live words; a proxy for Apple's compiler).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: Any) -> None:
+def emulate_cmd(
+    kernel: str | None, as_json: bool, header: Path | None, costs: bool, **opts: Any
+) -> None:
     """Prove the Metal change on the CPU: M = 1 kernels unchanged, batched rows = M = 1.
 
     First every M = 1 kernel instance, compiled from upstream's and the patched
@@ -464,6 +472,16 @@ def emulate_cmd(kernel: str | None, as_json: bool, header: Path | None, **opts: 
     if kernel and opts["M"] < 2:
         raise UserError("-M must be at least 2: the check compares M rows with M = 1")
     root = find_root(Path.cwd())
+    if costs:
+        if kernel or given:
+            raise UserError("--costs reads every patched kernel: drop --kernel and its case")
+        from patchkit.verify.emulate import costs as ir_costs
+
+        with progress(as_json) as say:
+            say("compiling every patched kernel at V = 1, 2, 5 to optimized IR (clang)")
+            report = {"command": "patchkit emulate --costs", **ir_costs.collect(root)}
+        emit(as_json, report, ir_costs.page(report))
+        return
     with progress(as_json) as say:
         if kernel:
             payload, human, ok = cli_support.one_case(root, header, kernel, opts, say)

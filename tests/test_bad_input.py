@@ -162,6 +162,7 @@ def test_vanished_local_source_uses_the_cache(
     [
         (["-K", "0", "-M", "0", "--bits", "7", "--group-size", "48"], "describe one case"),
         (["--kernel", "streamed", "-K", "512", "-N", "64", "-M", "1"], "at least 2"),
+        (["--costs", "--kernel", "streamed", "-K", "512", "-N", "64"], "--costs reads every"),
     ],
 )
 def test_emulate_refuses_options_that_do_not_apply(

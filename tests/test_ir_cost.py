@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from support_emulate import mutate
-from support_scripts import load_script
 
 from patchkit.verify import emulate
 from patchkit.verify.emulate import build, ir
+from patchkit.verify.emulate.costs import PROXIES
 from patchkit.verify.emulate.families import AFFINE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def test_the_metal_ir_page_is_of_the_current_kernels(affine) -> None:
     sources, types, todo = affine
     page = json.loads((ROOT / "docs" / "results" / "metal-ir.json").read_text())
     rows = {(r["proxy"], r["kernel"], r["instance"], r["vecs"]): r for r in page["rows"]}
-    for proxy, inlined_unrolled in load_script("bench/metal_ir_costs.py").PROXIES.items():
+    for proxy, inlined_unrolled in PROXIES.items():
         costs = ir.costs(
             sources, AFFINE, types, [todo[1]], wide=True, inlined_unrolled=inlined_unrolled
         )
