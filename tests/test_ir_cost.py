@@ -20,7 +20,7 @@ from support_emulate import mutate
 from patchkit.verify import emulate
 from patchkit.verify.emulate import build, ir
 from patchkit.verify.emulate.costs import PROXIES
-from patchkit.verify.emulate.families import AFFINE
+from patchkit.verify.emulate.families import AFFINE, FP
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_PER_SIMDGROUP = 4  # qmv_fast_impl's output rows per simdgroup
@@ -57,6 +57,17 @@ def test_half_kernels_read_each_weight_once_though_x_loads_are_integer_loads(aff
     assert by_v[5].weight_loads == by_v[2].weight_loads == by_v[1].weight_loads
     by_type = {v: sum(n for t, n in c.loads.items() if t.startswith("i")) for v, c in by_v.items()}
     assert by_type[5] > by_type[1]
+
+
+def test_fp_fast_kernels_share_weight_loads_once_inlined() -> None:
+    """fp qmv_fast, every call inlined: as many weight loads at V = 5 as at V = 1. It
+    needs errno-free math (ir.COST_FLAGS): the shim's half conversions call ldexpf, which
+    with errno may write memory between two copies of the same load."""
+    upstream, types = emulate.pinned_sources(ROOT, FP)
+    inst = ir.Instance("fp_qmv_fast", ("float16_t", "32", "4", "false"))
+    costs = ir.costs(emulate.sources(upstream, FP), FP, types, [inst], inlined_unrolled=True)
+    by_v = {c.vecs: c.weight_loads for c in costs}
+    assert by_v[1] > 0 and by_v[5] == by_v[2] == by_v[1]
 
 
 def test_a_runtime_bound_on_the_v_loops_leaves_the_inputs_in_memory(affine) -> None:

@@ -64,7 +64,7 @@ def collect(root: Path) -> dict[str, Any]:
     version = subprocess.run(["clang++", "--version"], capture_output=True, text=True, check=True)
     return {
         "compiler": version.stdout.splitlines()[0],
-        "flags": {proxy: list(ir.compile_flags(on)) for proxy, on in PROXIES.items()},
+        "flags": {proxy: list(ir.compile_flags(on, costs=True)) for proxy, on in PROXIES.items()},
         "host": f"{platform.system()} {platform.machine()}",
         "rows": rows,
     }

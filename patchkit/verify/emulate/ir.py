@@ -126,14 +126,21 @@ INLINE_ALL = "#define inline inline __attribute__((always_inline))"
 INLINED_UNROLLED_FLAGS = ("-mllvm", "-inline-threshold=2000", "-mllvm", "-unroll-threshold=2000")
 
 
-def compile_flags(inlined_unrolled: bool = False) -> tuple[str, ...]:
+# The costs' math has no errno, as on Apple's platforms (clang's default there) and on a
+# GPU: with errno, each libm call of the shim's half conversions (ldexpf) may write memory,
+# and no load after it can be merged with the same load before it.
+COST_FLAGS = ("-fno-math-errno",)
+
+
+def compile_flags(inlined_unrolled: bool = False, costs: bool = False) -> tuple[str, ...]:
     """clang's flags for :func:`compile_ir` on this host (fused multiply-add where x86);
-    ``inlined_unrolled``: the costs' second setting (see :data:`INLINE_ALL`)."""
+    ``inlined_unrolled``: the costs' second setting (see :data:`INLINE_ALL`); ``costs``:
+    with :data:`COST_FLAGS`."""
     extra = INLINED_UNROLLED_FLAGS if inlined_unrolled else ()
-    return (*FLAGS, *build._fma_flags(), *extra)
+    return (*FLAGS, *build._fma_flags(), *(COST_FLAGS if costs else ()), *extra)
 
 
-def compile_ir(unit: str, inlined_unrolled: bool = False) -> str:
+def compile_ir(unit: str, inlined_unrolled: bool = False, costs: bool = False) -> str:
     """The optimized LLVM IR of ``unit`` (clang -O2)."""
     clang = shutil.which("clang++")
     if clang is None:
@@ -141,7 +148,8 @@ def compile_ir(unit: str, inlined_unrolled: bool = False) -> str:
     with tempfile.TemporaryDirectory(prefix="patchkit-ir.") as tmp:
         src = Path(tmp) / "ir.cpp"
         src.write_text(unit)
-        cmd = [clang, *compile_flags(inlined_unrolled), f"-I{build.HERE}", str(src), "-o", "-"]
+        flags = compile_flags(inlined_unrolled, costs)
+        cmd = [clang, *flags, f"-I{build.HERE}", str(src), "-o", "-"]
         return proc.run(cmd).stdout
 
 
@@ -370,7 +378,7 @@ def costs(
             taken,
         ]
     )
-    out = compile_ir(unit, inlined_unrolled)
+    out = compile_ir(unit, inlined_unrolled, costs=True)
     found = []
     for i, (inst, v, kernel, _) in enumerate(cases):
         name = re.search(rf"^@pk_cost_{i} = .*?@(\S+?)[,\s]", out, re.M)
