@@ -114,7 +114,8 @@ def main() -> int:
             for r in payload["results"]
             for p in r["parity"].values()
         ) + sum(a["differing"] for r in payload["results"] for a in r["across"].values())
-        return 1 if bad else 0
+        blind = any(not c["differing"] for r in payload["results"] for c in r["control"].values())
+        return 1 if bad or blind else 0
     shapes = cuda.SHAPES[:: len(cuda.SHAPES) - 1] if args.quick else cuda.SHAPES
     configs = [
         cuda.Config(K, N, bits, g, dt)

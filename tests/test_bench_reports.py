@@ -158,11 +158,15 @@ def test_variant_report_counts_rows_across_variants() -> None:
         "config": one["config"],
         "parity": {"a": one["parity"], "b": one["parity"]},
         "across": {"b": {"rows": 186, "differing": 3}},
+        "control": {"a": {"rows": 186, "differing": 0}},
         "seconds": {"1": {"stock": 5e-6, "a": 4e-6, "b": 4e-6}},
     }
-    text = cuda.compare_report({"variants": ["a", "b"], "references": {"b": "a"},
-                                "results": [result]})  # fmt: skip
-    assert "b against a's M = 1: 3 of 186 differ." in text
+    data = {"variants": ["a", "b"], "references": {"b": "a"}, "controls": {"a": "c"},
+            "results": [result]}  # fmt: skip
+    text = cuda.compare_report(data)
+    assert "b against a's M = 1: 3 of 186 differ;" in text
+    # a control that finds no difference says the check is blind
+    assert "c (other warps over K) against a's M = 1: 0 of 186 differ: NONE" in text
 
 
 def _split_output(failing: dict[str, list[str]], passing: list[str]) -> list[str]:

@@ -518,10 +518,17 @@ def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
     libs.update({n: Lib(lib_dir / "variants" / f"{n}.so") for n in names})
     known = lib_dir / "variants" / VARIANT_CONSTANTS
     constants = json.loads(known.read_text()) if known.is_file() else {}
-    refs = same_order_references({n: c for n, c in constants.items() if n in names})
+    known_names = {n: c for n, c in constants.items() if n in names}
+    refs = same_order_references(known_names)
+    # Control: a variant of another k_warps (another order) must differ from a reference.
+    controls = {
+        ref: next(n for n in sorted(known_names) if known_names[n][1] != known_names[ref][1])
+        for ref in sorted(set(refs.values()))
+        if any(c[1] != known_names[ref][1] for c in known_names.values())
+    }
     payload: dict[str, Any] = {
         "host": host_info(), "variants": names, "constants": constants, "references": refs,
-        "results": [],
+        "controls": controls, "results": [],
     }  # fmt: skip
     for bits, (K, N) in itertools.product((4, 8), COMPARE_SHAPES):
         if time.time() > deadline:
@@ -534,6 +541,7 @@ def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
         rec["parity"] = {n: parity({"stock": libs["stock"], "patched": libs[n]}, cfg, inp)
                          for n in names}  # fmt: skip
         rec["across"] = {n: rows_against(libs[r], libs[n], cfg, inp) for n, r in refs.items()}
+        rec["control"] = {r: rows_against(libs[r], libs[o], cfg, inp) for r, o in controls.items()}
         rec["seconds"] = timing(libs, cfg, inp, COMPARE_MS)
         payload["results"].append(rec)
         out.write_text(json.dumps(payload, indent=1))
@@ -582,4 +590,10 @@ def across_lines(data: dict[str, Any]) -> list[str]:
         checked = [r["across"][name] for r in data["results"] if name in r.get("across", {})]
         bad, rows = sum(c["differing"] for c in checked), sum(c["rows"] for c in checked)
         parts.append(f"{name} against {ref}'s M = 1: {bad} of {rows} differ")
+    for ref, other in sorted((data.get("controls") or {}).items()):
+        checked = [r["control"][ref] for r in data["results"] if ref in r.get("control", {})]
+        bad, rows = sum(c["differing"] for c in checked), sum(c["rows"] for c in checked)
+        verdict = "differ, as they must" if bad else "differ: NONE, the check cannot see order"
+        parts.append(f"control, {other} (other warps over K) against {ref}'s M = 1: {bad} of"
+                     f" {rows} {verdict}")  # fmt: skip
     return ["Rows across variants with the same warps over K: " + "; ".join(parts) + ".", ""]
