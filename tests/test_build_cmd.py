@@ -632,6 +632,20 @@ def test_setup_py_gets_the_builds_version() -> None:
         mlx_build.set_version("setup()\n", "1")
 
 
+def test_the_records_command_repeats_the_options_that_shape_it(
+    project: dict[str, Path],
+) -> None:
+    """The record's command is one a rerun can type: the test window and site packages
+    it ran with (not the compile jobs, which only change how long it took)."""
+    _fill_stamps(project["deps"], CPU_STAMPS)
+    plan = mlx_build.plan(
+        project["root"], backend="cpu", deps_dir=project["deps"], jobs=16, test_timeout=450
+    )
+    report = {"rows_compared": 8, "rows_differing": 0, "mlx_version": plan.version, "rows": []}
+    rec = mlx_build.record(plan, project["root"], None, report, {"build": 1.0})
+    assert rec["command"] == "patchkit build --backend cpu --offline --test-timeout=450"
+
+
 def test_the_record_replaces_the_previous_one(project: dict[str, Path], tmp_path: Path) -> None:
     _fill_stamps(project["deps"], CPU_STAMPS)
     plan = mlx_build.plan(project["root"], backend="cpu", deps_dir=project["deps"])

@@ -180,6 +180,8 @@ class BuildPlan:
     cmake_min: str = "3.25"  # MLX's cmake_minimum_required
     # Why interprocedural optimization is off (this compiler cannot link -flto), or "".
     no_lto: str = ""
+    # The options a rerun repeats to get the same record (the record's "command").
+    options: tuple[str, ...] = ()
 
     @property
     def wheel_requirement(self) -> str:
@@ -387,9 +389,16 @@ def plan(
                   *(["--deadline-s", str(test_timeout)] if test_timeout else [])],
                  where.worktree / "python" / "tests", python_env, ok_codes=(0, 1))
         )  # fmt: skip
+    options = (
+        *(["--offline"] if offline else []),
+        *(["--system-site-packages"] if system_site_packages else []),
+        *(f"--cmake-arg={a}" for a in cmake_args),
+        *([] if run_tests else ["--no-test"]),
+        *([f"--test-timeout={test_timeout}"] if run_tests and test_timeout else []),
+    )
     return BuildPlan(
         backend, p.commit, head, clone, where, deps, steps, version=version, offline=offline,
-        python=python, cmake_min=_cmake_min(read), no_lto=no_lto,
+        python=python, cmake_min=_cmake_min(read), no_lto=no_lto, options=options,
     )  # fmt: skip
 
 
@@ -1121,9 +1130,7 @@ def record(
         "wall_s": {k: round(v, 1) for k, v in walls.items()},
         "machine": _machine(build.backend),
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "command": "patchkit build --backend "
-        + build.backend
-        + (" --offline" if build.offline else ""),
+        "command": shlex.join(["patchkit", "build", "--backend", build.backend, *build.options]),
     }
     if parity_default is not None:
         rec["parity_default"] = {**parity_summary(parity_default), "route_env": {}}
