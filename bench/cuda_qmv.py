@@ -12,8 +12,10 @@ checks every row of the patched calls at M = 1..16 (and 17, 33) bit for bit agai
 patched M = 1 call of the same vector, and times both arms with cold weights. ``--variant``
 adds libraries of the patched file with other launch constants (``variants/NAME.so``; any
 other build's ``patched.so`` copied there is compared too), and ``compare`` checks the rows
-of each (against its own M = 1, and against the M = 1 of a variant with the same warps
-over K, which sums every vector in the same order) and times them all beside stock's kernel.
+of each and of the shipped file (against its own M = 1, and against the M = 1 of the
+shipped kernel or another variant with the same warps over K, which sums every vector in
+the same order; a variant of other warps is the control that must differ) and times them
+all beside stock's kernel.
 See docs/results/cuda-kernel.md.
 """
 
@@ -61,9 +63,9 @@ def build(out: Path, arch: str, variants: list[str]) -> None:
         constants[name] = [int(v) for v in values.split(",")]
         source.write_text(cuda.with_launch_constants(patched.read_text(), constants[name]))
         sources[f"variants/{name}"] = source
-    if constants:
-        (out / "variants").mkdir(parents=True, exist_ok=True)
-        (out / "variants" / cuda.VARIANT_CONSTANTS).write_text(json.dumps(constants, indent=1))
+    constants[cuda.SHIPPED] = cuda.launch_constants(patched.read_text())
+    (out / "variants").mkdir(parents=True, exist_ok=True)
+    (out / "variants" / cuda.VARIANT_CONSTANTS).write_text(json.dumps(constants, indent=1))
     libs = cuda.build(sources, out, flags, arch)
     print("\n".join(str(p) for p in libs.values()))
 

@@ -149,6 +149,10 @@ def test_variants_that_sum_in_one_order_are_held_to_one_reference() -> None:
     )
     assert refs == {"b": "a", "d": "c"}
     assert cuda.same_order_references({"only": [1, 8, 4]}) == {}
+    # the shipped kernel is the reference of its group, whatever the names
+    assert cuda.same_order_references({"a": [2, 8, 2], cuda.SHIPPED: [1, 8, 4]}) == {
+        "a": cuda.SHIPPED
+    }
 
 
 def test_variant_report_counts_rows_across_variants() -> None:

@@ -113,7 +113,9 @@ def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
 def test_launch_constants_are_set_one_each(renders: dict) -> None:
     """bench/cuda_qmv.py's variants change qmv_mma()'s three constants and nothing else."""
     text = renders[QMV, "upstream"]
+    assert cuda.launch_constants(text) == [1, 8, 4]
     variant = cuda.with_launch_constants(text, (2, 4, 8))
+    assert cuda.launch_constants(variant) == [2, 4, 8]
     changed = [
         (a, b) for a, b in zip(text.splitlines(), variant.splitlines(), strict=True) if a != b
     ]

@@ -474,17 +474,27 @@ def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
 
 
 VARIANT_CONSTANTS = "constants.json"  # under variants/: {name: [tiles, k_warps, unroll]}
+SHIPPED = "shipped"  # the patched file as rendered (patched.so), in compare's variants
+
+
+def launch_constants(qmv_source: str) -> list[int]:
+    """qmv_mma()'s ``tiles, k_warps, unroll`` as the rendered qmv.cu declares them."""
+    found = [re.findall(rf"constexpr int {name} = (\d+);", qmv_source) for name in LAUNCH_CONSTANTS]
+    if any(len(f) != 1 for f in found):
+        raise ValueError("qmv.cu does not declare each launch constant once")
+    return [int(f[0]) for f in found]
 
 
 def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]:
     """{variant: the variant its rows must equal}: variants that share ``k_warps`` sum each
     vector in one order (``tiles`` and ``unroll`` change which rows a block holds and how
     many steps are loaded ahead, not the order), so each is held to the first of its
-    group by name. A group of one, or a library of unknown constants, has no reference."""
+    group (the shipped kernel, else by name). A group of one, or a library of unknown
+    constants, has no reference."""
+    order = sorted(constants, key=lambda n: (n != SHIPPED, n))  # the shipped kernel first
     refs: dict[str, str] = {}
-    for name in sorted(constants):
-        k_warps = constants[name][1]
-        first = next(n for n in sorted(constants) if constants[n][1] == k_warps)
+    for name in order:
+        first = next(n for n in order if constants[n][1] == constants[name][1])
         if first != name:
             refs[name] = first
     return refs
@@ -509,13 +519,17 @@ def rows_against(ref: Lib, lib: Lib, cfg: Config, inp: dict[str, Any]) -> dict[s
 
 
 def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
-    """Every library under ``lib_dir/variants/NAME.so`` beside ``stock.so``: rows of each
+    """Every library under ``lib_dir/variants/NAME.so`` and the shipped ``patched.so``,
+    beside ``stock.so``: rows of each
     (bit for bit against its own M = 1 call, with its controls, and against the M = 1 call
     of the variant that sums in the same order, :func:`same_order_references`) and time at
     ``COMPARE_MS`` on ``COMPARE_SHAPES``, bfloat16, group 64, 4 and 8 bits."""
-    names = sorted(p.stem for p in (lib_dir / "variants").glob("*.so"))
+    paths = {p.stem: p for p in (lib_dir / "variants").glob("*.so")}
+    if (lib_dir / "patched.so").is_file():
+        paths[SHIPPED] = lib_dir / "patched.so"
+    names = sorted(paths)
     libs = {"stock": Lib(lib_dir / "stock.so")}
-    libs.update({n: Lib(lib_dir / "variants" / f"{n}.so") for n in names})
+    libs.update({n: Lib(paths[n]) for n in names})
     known = lib_dir / "variants" / VARIANT_CONSTANTS
     constants = json.loads(known.read_text()) if known.is_file() else {}
     known_names = {n: c for n, c in constants.items() if n in names}
