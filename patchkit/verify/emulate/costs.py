@@ -42,11 +42,13 @@ def chosen(header: Any) -> list[ir.Instance]:
 def collect(root: Path) -> dict[str, Any]:
     """Every chosen instance in both settings, as the page's JSON (no command: the caller
     says how it was run)."""
+    inputs = {}  # header -> (the patched sources, the pin's types): read once, both settings
+    for header in (AFFINE, FP):
+        upstream, types = emulate.pinned_sources(root, header)
+        inputs[header] = (emulate.sources(upstream, header), types)
     rows = []
     for proxy, inlined_unrolled in PROXIES.items():
-        for header in (AFFINE, FP):
-            upstream, types = emulate.pinned_sources(root, header)
-            sources = emulate.sources(upstream, header)
+        for header, (sources, types) in inputs.items():
             for c in ir.costs(
                 sources,
                 header,

@@ -239,6 +239,33 @@ def rows_differing(got: Any, ref: Any) -> int:
     return int((a != ref.view(torch.int16)).any(dim=1).sum().item())
 
 
+def single_rows(lib: Lib, cfg: Config, inp: dict[str, Any]) -> Any:
+    """Every vector of ``inp["x"]`` through its own M = 1 call of ``lib``: the rows the
+    batched calls are held to."""
+    torch = _torch()
+    x = inp["x"]
+    single = torch.empty(x.shape[0], cfg.N, device="cuda", dtype=x.dtype)
+    for i in range(x.shape[0]):
+        call(lib, cfg, inp, x[i : i + 1], single[i : i + 1])
+    return single
+
+
+def rows_against(single: Any, lib: Lib, cfg: Config, inp: dict[str, Any]) -> dict[str, Any]:
+    """Rows of ``lib``'s call at every M in ``MS`` (output buffers filled with NaN first)
+    that differ, bit for bit, from ``single`` (:func:`single_rows`), per M and in all."""
+    torch = _torch()
+    result: dict[str, Any] = {"rows": 0, "differing": 0, "per_m": {}}
+    for m in MS:
+        got = torch.full((m, cfg.N), float("nan"), device="cuda", dtype=inp["x"].dtype)
+        call(lib, cfg, inp, inp["x"][:m], got)
+        torch.cuda.synchronize()
+        bad = rows_differing(got, single[:m])
+        result["per_m"][str(m)] = bad
+        result["rows"] += m
+        result["differing"] += bad
+    return result
+
+
 def parity(libs: dict[str, Lib], cfg: Config, inp: dict[str, Any]) -> dict[str, Any]:
     """Rows of every patched call of M in ``MS`` vs the patched M = 1 call of the same
     vector, bit for bit, and row 0 of M = 16 beside neighbours of any value.
@@ -252,20 +279,9 @@ def parity(libs: dict[str, Lib], cfg: Config, inp: dict[str, Any]) -> dict[str, 
     torch = _torch()
     max_m = inp["x"].shape[0]
     dt = inp["x"].dtype
-    single = torch.empty(max_m, cfg.N, device="cuda", dtype=dt)
-    stock = torch.empty(max_m, cfg.N, device="cuda", dtype=dt)
-    for i in range(max_m):
-        call(libs["patched"], cfg, inp, inp["x"][i : i + 1], single[i : i + 1])
-        call(libs["stock"], cfg, inp, inp["x"][i : i + 1], stock[i : i + 1])
-    result: dict[str, Any] = {"rows": 0, "differing": 0, "per_m": {}}
-    for m in MS:
-        got = torch.full((m, cfg.N), float("nan"), device="cuda", dtype=dt)
-        call(libs["patched"], cfg, inp, inp["x"][:m], got)
-        torch.cuda.synchronize()
-        bad = rows_differing(got, single[:m])
-        result["per_m"][str(m)] = bad
-        result["rows"] += m
-        result["differing"] += bad
+    single = single_rows(libs["patched"], cfg, inp)
+    stock = single_rows(libs["stock"], cfg, inp)
+    result: dict[str, Any] = rows_against(single, libs["patched"], cfg, inp)
     # Neighbours of any value (huge, infinite, NaN) leave row 0 as it is alone.
     odd = inp["x"][:16].clone()
     odd[1:4] = 6.0e4
@@ -500,24 +516,6 @@ def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]
     return refs
 
 
-def rows_against(ref: Lib, lib: Lib, cfg: Config, inp: dict[str, Any]) -> dict[str, int]:
-    """Rows of ``lib`` at every M in ``MS`` that differ, bit for bit, from ``ref``'s M = 1
-    call of the same vector."""
-    torch = _torch()
-    max_m, dt = inp["x"].shape[0], inp["x"].dtype
-    single = torch.empty(max_m, cfg.N, device="cuda", dtype=dt)
-    for i in range(max_m):
-        call(ref, cfg, inp, inp["x"][i : i + 1], single[i : i + 1])
-    rows = differing = 0
-    for m in MS:
-        got = torch.full((m, cfg.N), float("nan"), device="cuda", dtype=dt)
-        call(lib, cfg, inp, inp["x"][:m], got)
-        torch.cuda.synchronize()
-        rows += m
-        differing += rows_differing(got, single[:m])
-    return {"rows": rows, "differing": differing}
-
-
 def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
     """Every library under ``lib_dir/variants/NAME.so`` and the shipped ``patched.so``,
     beside ``stock.so``: rows of each
@@ -554,8 +552,10 @@ def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
         rec: dict[str, Any] = {"config": asdict(cfg), "weight_bytes": weight_bytes(cfg)}
         rec["parity"] = {n: parity({"stock": libs["stock"], "patched": libs[n]}, cfg, inp)
                          for n in names}  # fmt: skip
-        rec["across"] = {n: rows_against(libs[r], libs[n], cfg, inp) for n, r in refs.items()}
-        rec["control"] = {r: rows_against(libs[r], libs[o], cfg, inp) for r, o in controls.items()}
+        singles = {r: single_rows(libs[r], cfg, inp) for r in {*refs.values(), *controls}}
+        rec["across"] = {n: rows_against(singles[r], libs[n], cfg, inp) for n, r in refs.items()}
+        rec["control"] = {r: rows_against(singles[r], libs[o], cfg, inp)
+                          for r, o in controls.items()}  # fmt: skip
         rec["seconds"] = timing(libs, cfg, inp, COMPARE_MS)
         payload["results"].append(rec)
         out.write_text(json.dumps(payload, indent=1))
