@@ -161,3 +161,83 @@ def test_a_rerun_starts_the_longest_method_first(tmp_path: Path) -> None:
     # A method stopped unfinished is ordered before every timed one.
     (tmp_path / "ptx" / "durations.json").write_text('{"test_a_quick": null, "test_b_slow": 9}')
     assert started() == ["test_a_quick", "test_b_slow"]
+
+
+SHARDED = """
+import os, unittest
+from pathlib import Path
+
+def mark(name):
+    with open("ran.txt", "a") as f:
+        f.write(name + "\\n")
+
+class TestShards(unittest.TestCase):
+    def test_grid(self):
+        mark("grid-setup")
+        for i in range(10):
+            with self.subTest(i=i):
+                mark(f"grid-{i}")
+                for j in range(2):
+                    with self.subTest(i=i, j=j):
+                        mark(f"grid-{i}-{j}")
+                self.assertNotEqual(i, 7)
+
+    def test_plain(self):
+        mark("plain")
+
+    @unittest.skip("not here")
+    def test_skipped(self):
+        with self.subTest(k=0):
+            mark("skipped")
+
+    def test_uneven(self):
+        cache = os.environ.get("MLX_PTX_CACHE_DIR", "")
+        for i in range(3 + {uneven} * cache.endswith(".1")):
+            with self.subTest(i=i):
+                pass
+"""
+
+
+def _sharded(tmp_path: Path, uneven: int) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_shards.py").write_text(SHARDED.replace("{uneven}", str(uneven)))
+    (tmp_path / "ran.txt").unlink(missing_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "patchkit.util.split_unittest", "test_shards", "--jobs", "4",
+         "--shards", "3", "--cache-root", str(tmp_path / "ptx")],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
+def test_shards_run_every_subtest_once_and_count_each_method_once(tmp_path: Path) -> None:
+    done = _sharded(tmp_path, uneven=0)
+    lines = done.stdout.splitlines()
+    ran = (tmp_path / "ran.txt").read_text().splitlines()
+    # Every top-level subtest, with its nested ones, ran in exactly one shard; the code
+    # outside subtests twice in each of the three (the count, then the run); a method
+    # without subtests once, unsharded.
+    wanted = [f"grid-{i}" for i in range(10)] + [f"grid-{i}-{j}" for i in range(10) for j in (0, 1)]
+    assert sorted(n for n in ran if n.startswith("grid-") and n != "grid-setup") == sorted(wanted)
+    assert ran.count("grid-setup") == 6 and ran.count("plain") == 1 and "skipped" not in ran
+    assert sum(ln.startswith("== test_shards.TestShards.test_grid [") for ln in lines) == 3
+    # The one failing subtest is one failure of one method; four methods ran, one skipped.
+    assert done.returncode == 1 and lines[-1] == "FAILED (failures=1, skipped=1)", done.stdout
+    counts = mlx_build.unittest_counts(lines)
+    assert (counts["ran"], counts["passed"], counts["failed"], counts["skipped"]) == (4, 2, 1, 1)
+    results = mlx_build.method_results(lines)
+    assert results["per_test"]["test_grid"] == "failed"
+    assert [s.split(") ", 1)[1] for s in results["failing_subtests"]["test_grid"]] == ["(i=7)"]
+    assert results["per_test"]["test_uneven"] == "passed"
+    # Each shard its own JIT cache; the method's time is kept once, for the next order.
+    assert json.loads((tmp_path / "ptx" / "durations.json").read_text()).keys() == {
+        "test_grid", "test_plain", "test_skipped", "test_uneven",
+    }  # fmt: skip
+
+
+def test_shards_that_disagree_on_the_subtests_are_an_error(tmp_path: Path) -> None:
+    # Shard 1 of test_uneven enters two more subtests than the others: which ran is unknown.
+    done = _sharded(tmp_path, uneven=2)
+    lines = done.stdout.splitlines()
+    errors = [ln for ln in lines if ln.startswith("ERROR: test_uneven")]
+    assert len(errors) == 1 and "shards entered [3, 5] subtests" in errors[0], done.stdout
+    assert mlx_build.method_results(lines)["per_test"]["test_uneven"] == "failed"

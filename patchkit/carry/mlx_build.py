@@ -378,15 +378,22 @@ def plan(
     # Metal: one GPU that every process would share; elsewhere the methods run side by side
     # (on CUDA most of a test's time is MLX compiling its qmm kernels, one core each).
     test_jobs = 1 if backend == "metal" else jobs or os.cpu_count() or 1
+    # CUDA: a method's subtests also split, each shard compiling its own kernels; a
+    # quarter of the slots keeps the quick methods' extra process starts cheap.
+    shards = max(1, test_jobs // 4) if backend == "cuda" else 1
     if run_tests:
         steps.append(
             Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included, "
-                 f"one process per test method, {test_jobs} at a time"
+                 f"one process per test method"
+                 + (f" (a method with subtests: {shards}, each with a contiguous share "
+                    "of them)" if shards > 1 else "")
+                 + f", {test_jobs} at a time"
                  + (f", for at most {test_timeout} s" if test_timeout else "")
                  + (JIT_NOTE.format(where.ptx_cache(version)) if backend == "cuda" else ""),
                  [vpy, "-m", "patchkit.util.split_unittest", TEST_FILE, "--jobs", str(test_jobs),
                   *(["--cache-root", str(where.ptx_cache(version))] if backend == "cuda" else []),
-                  *(["--deadline-s", str(test_timeout)] if test_timeout else [])],
+                  *(["--deadline-s", str(test_timeout)] if test_timeout else []),
+                  *(["--shards", str(shards)] if shards > 1 else [])],
                  where.worktree / "python" / "tests", python_env, ok_codes=(0, 1))
         )  # fmt: skip
     options = (
@@ -410,7 +417,7 @@ NO_LTO_NOTE = (
 )
 JIT_NOTE = (
     "; MLX compiles its qmm kernels at first use (NVRTC, tens of seconds each), into one "
-    "folder per method under {}, so a first run takes long and a second starts warm"
+    "folder per process under {}, so a first run takes long and a second starts warm"
 )
 _LTO_PROBE = "int twice(int x) { return 2 * x; }\n"
 

@@ -1,10 +1,15 @@
 """One unittest module, one process per test method, several at a time; one summary.
 
-``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR] [--deadline-s S]``
+``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR] [--deadline-s S]
+[--shards N]``
 
 Why: on CUDA, MLX compiles each ``qmm`` kernel with NVRTC at first use, serially and
 20 to 50 s apiece, so its ``test_quantized.py`` spends most of a serial run compiling.
-Separate processes compile side by side on the host's cores. Each method gets its own
+Separate processes compile side by side on the host's cores. With ``--shards N``, a
+method with ``subTest`` blocks runs as N processes, each taking one contiguous Nth of its
+subtests (:mod:`patchkit.util.subtest_shard`), so one method's compiles run side by side
+too; its shards are summed into one verdict, and shards that disagree on how many
+subtests the method has are an ``ERROR``. Each process gets its own
 ``MLX_PTX_CACHE_DIR`` under ``--cache-root`` (a rerun starts warm, and no two processes
 write one cache file). A method whose process dies (a signal, no summary) is an
 ``ERROR`` naming how it ended, where a single process would have taken the whole
@@ -25,6 +30,7 @@ indented, under a line naming it. Exit 0 when every method passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -32,6 +38,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import unittest
 from collections.abc import Iterable, Iterator
@@ -40,12 +47,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from patchkit.util import subtest_shard
+
 RAN = re.compile(r"^Ran (\d+) tests? in")
 TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
 # One per failing test or subtest: "FAIL: test_qmv (test_quantized.TestQuantized.test_qmv) ..."
 PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
 UNFINISHED = re.compile(r"^UNFINISHED: (\w+) \(([\w.]+)\)")
-HEADER = re.compile(r"^== ([\w.]+): (\w+) in ([\d.]+)s$")
+HEADER = re.compile(r"^== ([\w.]+)(?: \[(\d+)/(\d+)\])?: (\w+) in ([\d.]+)s$")
+SHARD = re.compile(r"^SHARD (\d+)/(\d+): ran \[(\d+), (\w+)\) of (\d+) counted; (\d+) entered$")
 TAIL_KEYS = ("failures", "errors", "skipped", "expected failures", "unexpected successes")
 DURATIONS = "durations.json"  # under --cache-root: {method: seconds, or null if unfinished}
 
@@ -64,10 +74,20 @@ class MethodRun:
     returncode: int | None  # None: stopped at the deadline, or never started
     seconds: float
     lines: list[str]
+    shard: tuple[int, int] | None = None  # (K, N): shard K of N of the method's subtests
 
     @property
     def method(self) -> str:
         return self.test_id.rsplit(".", 1)[-1]
+
+    @property
+    def label(self) -> str:
+        """The test id, and which shard (``mod.Class.test_x [2/4]``)."""
+        return self.test_id + (f" [{self.shard[0]}/{self.shard[1]}]" if self.shard else "")
+
+    def entered(self) -> int | None:
+        """How many top-level subtests a shard's run entered (None: not a shard, or no line)."""
+        return next((int(m.group(6)) for ln in self.lines if (m := SHARD.match(ln))), None)
 
     def verdict(self) -> str:
         """``ok``, ``FAILED`` or ``UNFINISHED``: the word on the method's ``==`` line."""
@@ -129,33 +149,72 @@ def longest_first(ids: list[str], cache_root: Path | None) -> list[str]:
 
 
 def keep_durations(runs: list[MethodRun], cache_root: Path) -> None:
-    """Write each method's wall time (null: stopped unfinished) for the next run's order;
-    methods this run did not reach keep what an earlier run measured."""
+    """Write each method's wall time (its slowest shard; null: stopped unfinished) for the
+    next run's order; methods this run did not reach keep what an earlier run measured."""
     path = cache_root / DURATIONS
     known = read_durations(cache_root)
-    for run in runs:
-        if run.returncode is not None:
-            known[run.method] = round(run.seconds, 1)
-        elif run.seconds > 0:  # started and stopped: at least that long, order it first
-            known[run.method] = None
+    for method, group in by_method(runs).items():
+        if any(run.returncode is None and run.seconds > 0 for run in group):
+            known[method] = None  # started and stopped: at least that long, order it first
+        elif all(run.returncode is not None for run in group):
+            known[method] = round(max(run.seconds for run in group), 1)
     cache_root.mkdir(parents=True, exist_ok=True)
     part = path.with_name(f".{DURATIONS}.{os.getpid()}")
     part.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
     part.replace(path)  # atomic: a concurrent reader sees the old or the new file
 
 
-def run_method(test_id: str, cache_root: Path | None, deadline: float | None) -> MethodRun:
-    """``python -m unittest -v TEST_ID`` in the current folder, with its own JIT cache,
-    stopped (with its children) at ``deadline`` (a ``time.monotonic()`` value)."""
+def by_method(runs: Iterable[MethodRun]) -> dict[str, list[MethodRun]]:
+    """The runs of each method (its shards, or its one run), in the order first seen."""
+    groups: dict[str, list[MethodRun]] = {}
+    for run in runs:
+        groups.setdefault(run.method, []).append(run)
+    return groups
+
+
+def with_subtests(test_id: str) -> bool:
+    """Whether the (imported) method has ``with self.subTest(...)`` blocks to shard."""
+    module, cls, method = test_id.rsplit(".", 2)
+    try:
+        source = inspect.getsource(getattr(getattr(sys.modules[module], cls), method))
+    except (KeyError, AttributeError, OSError, TypeError):
+        return False
+    return subtest_shard.has_subtests(textwrap.dedent(source))
+
+
+def tasks(ids: list[str], shards: int) -> list[tuple[str, tuple[int, int] | None]]:
+    """What to start: each method once, or as ``shards`` shards if it has subtests."""
+    out: list[tuple[str, tuple[int, int] | None]] = []
+    for test_id in ids:
+        if shards > 1 and with_subtests(test_id):
+            out += [(test_id, (k, shards)) for k in range(shards)]
+        else:
+            out.append((test_id, None))
+    return out
+
+
+def run_method(
+    test_id: str, shard: tuple[int, int] | None, cache_root: Path | None, deadline: float | None
+) -> MethodRun:
+    """``python -m unittest -v TEST_ID`` (or one shard of its subtests) in the current
+    folder, with its own JIT cache, stopped (with its children) at ``deadline`` (a
+    ``time.monotonic()`` value)."""
     env = dict(os.environ)
     if cache_root is not None:
-        env["MLX_PTX_CACHE_DIR"] = str(cache_root / test_id.rsplit(".", 1)[-1])
+        name = test_id.rsplit(".", 1)[-1] + (f".{shard[0]}" if shard else "")
+        env["MLX_PTX_CACHE_DIR"] = str(cache_root / name)
     start = time.monotonic()
     if deadline is not None and start >= deadline:
-        return MethodRun(test_id, None, 0.0, [])
+        return MethodRun(test_id, None, 0.0, [], shard)
+    argv = (
+        [sys.executable, "-m", "patchkit.util.subtest_shard", test_id, "--shard",
+         f"{shard[0]}/{shard[1]}"]
+        if shard
+        else [sys.executable, "-m", "unittest", "-v", test_id]
+    )  # fmt: skip
     with subprocess.Popen(
-        [sys.executable, "-m", "unittest", "-v", test_id], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
     ) as child:  # fmt: skip
         try:
             out, _ = child.communicate(timeout=None if deadline is None else deadline - start)
@@ -164,24 +223,48 @@ def run_method(test_id: str, cache_root: Path | None, deadline: float | None) ->
             os.killpg(child.pid, signal.SIGKILL)
             out, _ = child.communicate()
             code = None
-    return MethodRun(test_id, code, time.monotonic() - start, out.splitlines())
+    return MethodRun(test_id, code, time.monotonic() - start, out.splitlines(), shard)
+
+
+def shard_problems(group: list[MethodRun]) -> list[str]:
+    """An ERROR when a method's finished shards entered different numbers of subtests:
+    then which subtests ran is not known."""
+    entered = {run.entered() for run in group if run.shard and run.returncode is not None}
+    if len(entered) > 1:
+        run = group[0]
+        seen = sorted(entered, key=lambda e: -1 if e is None else e)
+        return [f"ERROR: {run.method} ({run.test_id}) (shards entered {seen} subtests)"]
+    return []
 
 
 def summary(runs: list[MethodRun], seconds: float) -> list[str]:
-    """unittest's closing lines for all runs as one: problems, ``Ran``, the tail."""
+    """unittest's closing lines for all runs as one: problems, ``Ran``, the tail. A sharded
+    method counts once: its problems are the distinct ones of its shards, its skips the
+    most any shard reported."""
     totals = dict.fromkeys(TAIL_KEYS, 0)
     problems: list[str] = []
-    ran = 0
-    for run in runs:
-        if run.returncode is None:
+    ran = unfinished = 0
+    for group in by_method(runs).values():
+        run = group[0]
+        finished = [r for r in group if r.returncode is not None]
+        if len(finished) < len(group):
+            unfinished += 1
             problems.append(f"UNFINISHED: {run.method} ({run.test_id}) (the deadline came first)")
             continue
-        problems += run.problems()
-        tail = run.tail()
-        ran += next((int(m.group(1)) for ln in run.lines if (m := RAN.match(ln))), 1)
-        for key, value in ({"errors": 1} if tail is None else tail).items():
+        found = list(dict.fromkeys(p for r in finished for p in r.problems()))
+        found += shard_problems(group)
+        problems += found
+        ran += max(next((int(m.group(1)) for ln in r.lines if (m := RAN.match(ln))), 1)
+                   for r in finished)  # fmt: skip
+        tails = [r.tail() for r in finished]
+        if run.shard:  # the counts of distinct problems, not of shards that repeat one
+            totals["failures"] += sum(p.startswith("FAIL:") for p in found)
+            totals["errors"] += sum(p.startswith("ERROR:") for p in found)
+            for key in TAIL_KEYS[2:]:
+                totals[key] += max((t or {}).get(key, 0) for t in tails)
+            continue
+        for key, value in ({"errors": 1} if tails[0] is None else tails[0]).items():
             totals[key] = totals.get(key, 0) + value
-    unfinished = sum(run.returncode is None for run in runs)
     ok = not problems and totals["failures"] == totals["errors"] == 0
     counts = ", ".join(f"{k}={v}" for k, v in {**totals, "unfinished": unfinished}.items() if v)
     tail = ("OK" if ok else "FAILED") + (f" ({counts})" if counts else "")
@@ -190,17 +273,36 @@ def summary(runs: list[MethodRun], seconds: float) -> list[str]:
 
 def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
     """Per method, from this module's own output: verdict, seconds and the headers of its
-    failing subtests. What a record keeps, and how two runs' logs are compared."""
+    failing subtests. What a record keeps, and how two runs' logs are compared. A sharded
+    method's verdict is its worst shard's (FAILED, then UNFINISHED), its time the longest."""
     methods: dict[str, dict[str, Any]] = {}
     current: dict[str, Any] | None = None
+    rank = {"ok": 0, "UNFINISHED": 1, "FAILED": 2}
     for ln in lines:
         if m := HEADER.match(ln):
-            current = {"verdict": m.group(2), "seconds": float(m.group(3)), "problems": []}
-            methods[m.group(1).rsplit(".", 1)[-1]] = current
+            name = m.group(1).rsplit(".", 1)[-1]
+            seen = methods.get(name)
+            verdict, seconds = m.group(4), float(m.group(5))
+            if seen is None:
+                current = methods[name] = {"verdict": verdict, "seconds": seconds, "problems": []}
+            else:
+                current = seen
+                if rank.get(verdict, 2) > rank.get(seen["verdict"], 2):
+                    seen["verdict"] = verdict
+                seen["seconds"] = max(seen["seconds"] or 0.0, seconds)
         elif ln.startswith("    ") and current is not None and PROBLEM.match(ln[4:]):
-            current["problems"].append(ln[4:].strip())
+            if ln[4:].strip() not in current["problems"]:
+                current["problems"].append(ln[4:].strip())
+        elif (m := PROBLEM.match(ln)) and (seen := methods.get(m.group(2).rsplit(".", 1)[-1])):
+            # The summary's own problems: also those of no single shard (they disagree).
+            seen["verdict"] = "FAILED"
+            if ln.strip() not in seen["problems"]:
+                seen["problems"].append(ln.strip())
         elif m := UNFINISHED.match(ln):
-            methods[m.group(1)] = {"verdict": "UNFINISHED", "seconds": None, "problems": []}
+            blank = {"verdict": "ok", "seconds": None, "problems": []}
+            seen = methods.setdefault(m.group(1), blank)
+            if seen["verdict"] != "FAILED":
+                seen["verdict"] = "UNFINISHED"
         elif not ln.startswith("    "):
             current = None
     return methods
@@ -212,23 +314,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cache-root", type=Path, help="one MLX_PTX_CACHE_DIR per method here")
     parser.add_argument("--deadline-s", type=float, help="stop what still runs after this long")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="run each method with subtests as this many processes")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.shards < 1:
+        parser.error("--shards must be at least 1")
     sys.path.insert(0, os.getcwd())
     ids = test_ids(args.module)
     order = longest_first(ids, args.cache_root)
-    print(f"{len(ids)} test methods of {args.module}, {args.jobs} at a time", flush=True)
+    work = tasks(order, args.shards)
+    print(f"{len(ids)} test methods of {args.module} in {len(work)} processes, "
+          f"{args.jobs} at a time", flush=True)  # fmt: skip
     start = time.monotonic()
     deadline = None if args.deadline_s is None else start + args.deadline_s
     runs: list[MethodRun] = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_method, i, args.cache_root, deadline) for i in order]
+        futures = [pool.submit(run_method, i, k, args.cache_root, deadline) for i, k in work]
         for future in as_completed(futures):
             run = future.result()
             runs.append(run)
             if run.returncode is not None:
-                print(f"== {run.test_id}: {run.verdict()} in {run.seconds:.1f}s", flush=True)
+                print(f"== {run.label}: {run.verdict()} in {run.seconds:.1f}s", flush=True)
                 print("\n".join("    " + ln for ln in run.lines), flush=True)
-    runs.sort(key=lambda r: ids.index(r.test_id))
+    runs.sort(key=lambda r: (ids.index(r.test_id), r.shard or (0, 1)))
     if args.cache_root is not None:
         keep_durations(runs, args.cache_root)
     lines = summary(runs, time.monotonic() - start)

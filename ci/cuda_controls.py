@@ -1,0 +1,218 @@
+"""Controls for the CUDA checks: the patched qmv with a defect switched in, which the checks
+must see. On a GPU host, after ``patchkit build --backend cuda`` of this checkout.
+
+  python3 ci/cuda_controls.py --out DIR [BUILD OPTIONS ...]   # e.g. --offline -j 16
+  python3 ci/cuda_controls.py --report DIR/cuda-controls.json  # the page again
+
+A parity or test verdict of 0 differing rows is worth only as much as a defect it would
+have caught. This script copies the checkout's tracked files to a temporary folder, applies
+``ci/controls/cuda-qmv.diff`` to the kernel template there (a run-time switch,
+``PATCHKIT_CONTROL``, off by default), and runs ``patchkit apply`` and ``patchkit build
+--backend cuda --no-test`` from that copy: the same cached worktree, so only ``qmv.cu``
+recompiles. Then, on that build, ``python -m patchkit.verify.mlx_parity`` (the default route)
+and the PR's test ``test_qmv_tensor_cores_match_single_vector`` run once per switch:
+
+- ``none``: the control build as shipped: 0 rows differ, the test passes;
+- ``split-launch``: the vectors' two halves in two launches, the second without graph
+  dependencies on the inputs or the output (the defect an earlier CUDA PR had): rows must
+  differ in the lazy-graph check and only there (eager calls wait for evaluated inputs);
+- ``order-by-m``: half the warps over K whenever M > 1, another summation order: rows must
+  differ eagerly, and the PR's test must fail.
+
+``DIR/cuda-controls.{json,md}`` hold the result; the exit status is 0 when every control
+came out as it must. Afterwards the checkout's own patch is applied again, and the build
+holds the control until ``patchkit build`` runs again (an incremental rebuild).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from patchkit.carry import mlx_build, pin  # noqa: E402
+from patchkit.errors import UserError  # noqa: E402
+
+CONTROL_DIFF = ROOT / "ci" / "controls" / "cuda-qmv.diff"
+PR_TEST = "test_quantized.TestQuantized.test_qmv_tensor_cores_match_single_vector"
+SWITCHES = ("none", "split-launch", "order-by-m")
+# What each switch must show: (eager rows differ, lazy-graph-only rows differ, test fails).
+EXPECTED = {
+    "none": (False, False, False),
+    "split-launch": (False, True, None),  # the test's verdict on a race is not asserted
+    "order-by-m": (True, None, True),
+}
+
+
+def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> int:
+    print("+", " ".join(argv), flush=True)
+    return subprocess.run(argv, cwd=cwd, env=env, check=False).returncode
+
+
+def copy_checkout(dest: Path) -> None:
+    """The checkout's tracked files (as they are on disk) into ``dest``."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        source = ROOT / os.fsdecode(name)
+        if source.is_file():
+            (dest / source.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / source.relative_to(ROOT))
+
+
+def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict[str, Any]:
+    """Parity and the PR's test on the control build with one switch."""
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    env.pop("MLX_CUDA_QMV_EXACT", None)
+    if switch != "none":
+        env["PATCHKIT_CONTROL"] = switch
+    report = work / f"parity-{switch}.json"
+    started = time.monotonic()
+    if switch == "none" and layout.parity_default_json.exists():
+        # The control build's own parity step ran just now on this route, switch off.
+        shutil.copy2(layout.parity_default_json, report)
+        code = 0 if json.loads(report.read_text()).get("identical") else 1
+    else:
+        code = run([str(layout.python), "-m", "patchkit.verify.mlx_parity", "--patched",
+                    "--out", str(report)], work, env)  # fmt: skip
+    parity = json.loads(report.read_text()) if report.exists() else {}
+    by_m = [m for r in parity.get("rows", []) for m in r.get("by_m", [])]
+    graph_only = sum(m.get("graph_only_differing", 0) for m in by_m)
+    test = run([str(layout.python), "-m", "unittest", "-f", PR_TEST],
+               layout.worktree / "python" / "tests", env)  # fmt: skip
+    return {
+        "switch": switch,
+        "parity_exit": code,
+        "rows_compared": parity.get("rows_compared"),
+        "rows_differing": parity.get("rows_differing"),
+        "graph_only_differing": graph_only,
+        "eager_differing": (parity.get("rows_differing") or 0) - graph_only,
+        "differing_by_path": parity.get("rows_differing_by_path"),
+        "pr_test_failed": test != 0,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def verdict(result: dict[str, Any]) -> bool:
+    """Whether one switch came out as :data:`EXPECTED` says."""
+    eager, graph, fails = EXPECTED[result["switch"]]
+    seen = (result["eager_differing"] > 0, result["graph_only_differing"] > 0,
+            result["pr_test_failed"])  # fmt: skip
+    return result["rows_compared"] is not None and all(
+        want is None or want == got for want, got in zip((eager, graph, fails), seen, strict=True)
+    )
+
+
+def page(record: dict[str, Any]) -> str:
+    """The markdown page of one run of this script."""
+    words = {True: "yes", False: "no", None: "(not asserted)"}
+    lines = [
+        "# Controls of the CUDA checks: defects switched into the patched qmv",
+        "",
+        f"- Patch commit `{record['patch_commit'][:12]}` (series sha256 "
+        f"`{record['series_sha256'][:16]}`) with `ci/controls/cuda-qmv.diff` (sha256 "
+        f"`{record['control_sha256'][:16]}`), MLX {record['mlx_version']}",
+        f"- Machine: {record['machine']}",
+        f"- Every control as it must be: **{'yes' if record['ok'] else 'NO'}**",
+        "",
+        "| switch | rows compared | differ eagerly | differ only in the lazy graph | PR test "
+        "fails | as it must |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in record["results"]:
+        want = EXPECTED[r["switch"]]
+        lines.append(
+            f"| `{r['switch']}` | {r['rows_compared']} | {r['eager_differing']} (must: "
+            f"{words[want[0]]}) | {r['graph_only_differing']} (must: {words[want[1]]}) | "
+            f"{words[r['pr_test_failed']]} (must: {words[want[2]]}) | "
+            f"{'yes' if r['ok'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        f"Command: `{record['command']}`. Raw: [cuda-controls.json](cuda-controls.json).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, help="write cuda-controls.{json,md} here")
+    ap.add_argument("--report", type=Path, help="only write the page of this JSON again")
+    args, build_args = ap.parse_known_args(argv)
+    if args.report:
+        record = json.loads(args.report.read_text())
+        args.report.with_suffix(".md").write_text(page(record))
+        return 0 if record["ok"] else 1
+    if args.out is None:
+        ap.error("--out DIR is required (or --report JSON)")
+    short = pin.load(ROOT / pin.PIN_FILE).short
+    try:  # the checkout's own patch must be the one applied (and built) now
+        base = mlx_build.plan(ROOT, backend="cuda", run_tests=False)
+    except UserError as exc:
+        print(f"cuda_controls: {exc}", file=sys.stderr)
+        return 2
+    base_patch = mlx_build.patch_ids(ROOT, short)
+    with tempfile.TemporaryDirectory(prefix="cuda-controls-") as tmp:
+        copy, work = Path(tmp) / "checkout", Path(tmp) / "work"
+        copy.mkdir()
+        work.mkdir()
+        copy_checkout(copy)
+        py = sys.executable
+        steps = [
+            (["git", "apply", str(CONTROL_DIFF)], copy),
+            ([py, "-m", "patchkit", "apply", "--pin", short], copy),
+            ([py, "-m", "patchkit", "build", "--backend", "cuda", "--no-test",
+              "--record-dir", str(work), *build_args], copy),
+        ]  # fmt: skip
+        for step, cwd in steps:
+            if run(step, cwd) != 0:
+                print(f"cuda_controls: `{' '.join(step)}` failed", file=sys.stderr)
+                run([py, "-m", "patchkit", "apply", "--pin", short], ROOT)
+                return 2
+        layout = mlx_build.layout("cuda", short)
+        results = [check(layout, copy, s, work) for s in SWITCHES]
+        build = json.loads((work / "build-cuda.json").read_text())
+    for r in results:
+        r["ok"] = verdict(r)
+    record = {
+        "patch_commit": base.patch_commit,
+        **base_patch,
+        "control_sha256": hashlib.sha256(CONTROL_DIFF.read_bytes()).hexdigest(),
+        "mlx_version": build.get("mlx_version"),
+        "machine": machine(build),
+        "command": "python3 ci/cuda_controls.py --out DIR " + " ".join(build_args),
+        "results": results,
+        "ok": all(r["ok"] for r in results),
+    }
+    run([sys.executable, "-m", "patchkit", "apply", "--pin", short], ROOT)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cuda-controls.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / "cuda-controls.md").write_text(page(record))
+    print(page(record))
+    return 0 if record["ok"] else 1
+
+
+def machine(build: dict[str, Any]) -> str:
+    """The build record's machine, in words."""
+    m = build.get("machine") or {}
+    cpus = f"{m['cpus']} CPUs" if m.get("cpus") else ""
+    words = [m.get("system") or platform.system(), m.get("machine") or platform.machine()]
+    return ", ".join(filter(None, [" ".join(filter(None, words)), cpus, m.get("gpu")]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
