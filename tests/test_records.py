@@ -8,6 +8,7 @@ Control: a series with one byte changed has another id.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -70,3 +71,26 @@ def test_speed_page_is_of_the_recorded_cuda_build() -> None:
     assert runs and {r["mlx"]["pr"] for r in runs} == {wheel}, (
         f"cuda.json timed another build than {wheel}: rerun bench/mlx_qmv.py on it"
     )
+
+
+def test_controls_page_is_of_the_recorded_cuda_build_and_control() -> None:
+    """``docs/results/cuda-controls.json`` (ci/cuda_controls.py) switched its defects into
+    the patch the CUDA build record is of, with the control diff as it is now, and every
+    control came out as it must."""
+    controls, build = RESULTS / "cuda-controls.json", RESULTS / "build-cuda.json"
+    if not controls.exists() or not build.exists():
+        pytest.skip("no CUDA controls page or build record committed")
+    rec, built = json.loads(controls.read_text()), json.loads(build.read_text())
+    assert (
+        rec["series_sha256"]
+        == built["patch"]["series_sha256"]
+        == mlx_build.series_id(ROOT, pin.load(ROOT / pin.PIN_FILE).short)
+    ), "cuda-controls.json is of another patch: rerun ci/cuda_controls.py"
+    assert rec["patch_commit"].startswith(built["patch"]["commit"][:12])
+    diff = ROOT / "ci" / "controls" / "cuda-qmv.diff"
+    assert rec["control_sha256"] == hashlib.sha256(diff.read_bytes()).hexdigest(), (
+        "the control diff changed since cuda-controls.json: rerun ci/cuda_controls.py"
+    )
+    assert rec["ok"] and {r["switch"] for r in rec["results"]} == {
+        "none", "split-launch", "order-by-m",
+    }  # fmt: skip
