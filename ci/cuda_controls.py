@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -83,13 +84,8 @@ def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict
         env["PATCHKIT_CONTROL"] = switch
     report = work / f"parity-{switch}.json"
     started = time.monotonic()
-    if switch == "none" and layout.parity_default_json.exists():
-        # The control build's own parity step ran just now on this route, switch off.
-        shutil.copy2(layout.parity_default_json, report)
-        code = 0 if json.loads(report.read_text()).get("identical") else 1
-    else:
-        code = run([str(layout.python), "-m", "patchkit.verify.mlx_parity", "--patched",
-                    "--out", str(report)], work, env)  # fmt: skip
+    code = run([str(layout.python), "-m", "patchkit.verify.mlx_parity", "--patched",
+                "--out", str(report)], work, env)  # fmt: skip
     parity = json.loads(report.read_text()) if report.exists() else {}
     by_m = [m for r in parity.get("rows", []) for m in r.get("by_m", [])]
     graph_only = sum(m.get("graph_only_differing", 0) for m in by_m)
@@ -108,12 +104,19 @@ def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict
     }
 
 
+def cmake_args(build_args: list[str]) -> tuple[str, ...]:
+    """The ``--cmake-arg`` values among the build options (they name the build folder)."""
+    found = [a.split("=", 1)[1] for a in build_args if a.startswith("--cmake-arg=")]
+    found += [b for a, b in itertools.pairwise(build_args) if a == "--cmake-arg"]
+    return tuple(found)
+
+
 def verdict(result: dict[str, Any]) -> bool:
     """Whether one switch came out as :data:`EXPECTED` says."""
     eager, graph, fails = EXPECTED[result["switch"]]
     seen = (result["eager_differing"] > 0, result["graph_only_differing"] > 0,
             result["pr_test_failed"])  # fmt: skip
-    return result["rows_compared"] is not None and all(
+    return (result["rows_compared"] or 0) > 0 and all(
         want is None or want == got for want, got in zip((eager, graph, fails), seen, strict=True)
     )
 
@@ -164,31 +167,42 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--out DIR is required (or --report JSON)")
     short = pin.load(ROOT / pin.PIN_FILE).short
     try:  # the checkout's own patch must be the one applied (and built) now
-        base = mlx_build.plan(ROOT, backend="cuda", run_tests=False)
+        base = mlx_build.plan(ROOT, backend="cuda", run_tests=False,
+                              cmake_args=cmake_args(build_args))  # fmt: skip
     except UserError as exc:
         print(f"cuda_controls: {exc}", file=sys.stderr)
         return 2
     base_patch = mlx_build.patch_ids(ROOT, short)
-    with tempfile.TemporaryDirectory(prefix="cuda-controls-") as tmp:
-        copy, work = Path(tmp) / "checkout", Path(tmp) / "work"
-        copy.mkdir()
-        work.mkdir()
-        copy_checkout(copy)
-        py = sys.executable
-        steps = [
-            (["git", "apply", str(CONTROL_DIFF)], copy),
-            ([py, "-m", "patchkit", "apply", "--pin", short], copy),
-            ([py, "-m", "patchkit", "build", "--backend", "cuda", "--no-test",
-              "--record-dir", str(work), *build_args], copy),
-        ]  # fmt: skip
-        for step, cwd in steps:
-            if run(step, cwd) != 0:
-                print(f"cuda_controls: `{' '.join(step)}` failed", file=sys.stderr)
-                run([py, "-m", "patchkit", "apply", "--pin", short], ROOT)
-                return 2
-        layout = mlx_build.layout("cuda", short)
-        results = [check(layout, copy, s, work) for s in SWITCHES]
-        build = json.loads((work / "build-cuda.json").read_text())
+    py = sys.executable
+    restore = [py, "-m", "patchkit", "apply", "--pin", short]
+    try:
+        with tempfile.TemporaryDirectory(prefix="cuda-controls-") as tmp:
+            copy, work = Path(tmp) / "checkout", Path(tmp) / "work"
+            copy.mkdir()
+            work.mkdir()
+            copy_checkout(copy)
+            steps = [
+                # --directory-less apply in a folder of its own: no enclosing work tree
+                (["git", "init", "-q"], copy),
+                (["git", "apply", str(CONTROL_DIFF)], copy),
+                ([py, "-m", "patchkit", "apply", "--pin", short], copy),
+                ([py, "-m", "patchkit", "build", "--backend", "cuda", "--no-test",
+                  "--record-dir", str(work), *build_args], copy),
+            ]  # fmt: skip
+            for step, cwd in steps:
+                if run(step, cwd) != 0:
+                    print(f"cuda_controls: `{' '.join(step)}` failed", file=sys.stderr)
+                    return 2
+            build = json.loads((work / "build-cuda.json").read_text())
+            layout = base.layout  # the build just made: same pin, backend and CMake args
+            results = [check(layout, copy, s, work) for s in SWITCHES]
+    finally:  # the checkout's own patch, applied again whatever happened above
+        restored = run(restore, ROOT) == 0
+        if not restored:
+            print("cuda_controls: re-applying this checkout's patch failed; run "
+                  f"`patchkit apply --pin {short}`", file=sys.stderr)  # fmt: skip
+    if not restored:
+        return 2
     for r in results:
         r["ok"] = verdict(r)
     record = {
@@ -201,7 +215,6 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "ok": all(r["ok"] for r in results),
     }
-    run([sys.executable, "-m", "patchkit", "apply", "--pin", short], ROOT)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cuda-controls.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "cuda-controls.md").write_text(page(record))

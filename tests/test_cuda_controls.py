@@ -75,3 +75,9 @@ def test_the_page_says_whether_every_control_held(tmp_path: Path) -> None:
     text = controls.page(record)
     assert "Every control as it must be: **NO**" in text
     assert "| `split-launch` | 100 | 0 (must: (not asserted)) | 0 (must: yes) |" in text
+
+
+def test_the_build_folder_follows_the_cmake_args_given() -> None:
+    args = ["--offline", "--cmake-arg=-DA=1", "-j", "16", "--cmake-arg", "-DB=2"]
+    assert _controls().cmake_args(args) == ("-DA=1", "-DB=2")
+    assert _controls().cmake_args(["--offline"]) == ()

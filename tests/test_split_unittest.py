@@ -241,3 +241,88 @@ def test_shards_that_disagree_on_the_subtests_are_an_error(tmp_path: Path) -> No
     errors = [ln for ln in lines if ln.startswith("ERROR: test_uneven")]
     assert len(errors) == 1 and "shards entered [3, 5] subtests" in errors[0], done.stdout
     assert mlx_build.method_results(lines)["per_test"]["test_uneven"] == "failed"
+
+
+EDGES = """
+import os, unittest
+
+def annotated(x: int) -> None:
+    pass
+
+class TestA(unittest.TestCase):
+    def test_x(self):
+        # A set of strings: its order follows the hash seed of the process.
+        for name in {"alpha", "beta", "gamma", "delta", "epsilon", "zeta"}:
+            with self.subTest(name=name):
+                self.assertNotEqual(name, "gamma")
+
+    def test_annotations_are_objects(self):
+        for k in range(2):
+            with self.subTest(k=k):
+                self.assertIs(annotated.__annotations__["x"], int)
+
+    def test_other_params(self):
+        # Same count in every shard, other parameters in shard 1: which ran is unknown.
+        shard_one = os.environ.get("MLX_PTX_CACHE_DIR", "").endswith(".1")
+        for k in range(3):
+            with self.subTest(k=k + 10 * shard_one):
+                pass
+
+@unittest.skip("whole class")
+class TestB(unittest.TestCase):
+    def test_x(self):
+        for k in range(3):
+            with self.subTest(k=k):
+                os.abort()
+"""
+
+
+def test_shards_agree_on_order_and_keep_classes_apart(tmp_path: Path) -> None:
+    (tmp_path / "test_edges.py").write_text(EDGES)
+    for _ in range(3):  # the set's order must not decide which shard runs "gamma"
+        done = subprocess.run(
+            [sys.executable, "-m", "patchkit.util.split_unittest", "test_edges", "--jobs", "4",
+             "--shards", "3", "--cache-root", str(tmp_path / "ptx")],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+            text=True, check=False, timeout=120,
+        )  # fmt: skip
+        lines = done.stdout.splitlines()
+        problems = [ln for ln in lines if ln.startswith(("FAIL:", "ERROR:"))]
+        assert sorted(problems) == [
+            "ERROR: test_other_params (test_edges.TestA.test_other_params) (shards entered 3 "
+            "other subtests)",
+            "FAIL: test_x (test_edges.TestA.test_x) (name='gamma')",
+        ], done.stdout
+        # Four methods in two classes; the skipped class is not sharded (no abort).
+        assert len(problems) == 2 and lines[-1] == "FAILED (failures=1, errors=1, skipped=1)"
+        assert not any("TestB.test_x [" in ln for ln in lines)
+
+
+SKIPS = """
+import unittest
+
+class TestSkips(unittest.TestCase):
+    def test_skips_itself(self):
+        self.skipTest("not on this device")
+        for k in range(4):
+            with self.subTest(k=k):
+                pass
+
+    def test_skips_subtests(self):
+        for k in range(6):
+            with self.subTest(k=k):
+                if k % 2:
+                    self.skipTest("odd")
+"""
+
+
+def test_a_sharded_method_that_skips_itself_is_one_skip(tmp_path: Path) -> None:
+    (tmp_path / "test_skips.py").write_text(SKIPS)
+    done = subprocess.run(
+        [sys.executable, "-m", "patchkit.util.split_unittest", "test_skips", "--jobs", "4",
+         "--shards", "3"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, check=False, timeout=120,
+    )  # fmt: skip
+    # One method skipped in every shard counts once; three skipped subtests, three.
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "OK (skipped=4)", done.stdout

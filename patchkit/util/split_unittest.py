@@ -55,7 +55,10 @@ TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
 PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
 UNFINISHED = re.compile(r"^UNFINISHED: (\w+) \(([\w.]+)\)")
 HEADER = re.compile(r"^== ([\w.]+)(?: \[(\d+)/(\d+)\])?: (\w+) in ([\d.]+)s$")
-SHARD = re.compile(r"^SHARD (\d+)/(\d+): ran \[(\d+), (\w+)\) of (\d+) counted; (\d+) entered$")
+SHARD = re.compile(
+    r"^SHARD (\d+)/(\d+): ran \[(\d+), (\w+)\) of (\d+) counted; (\d+) entered \((\w+)\)"
+    r"(; the method skipped)?$"
+)
 TAIL_KEYS = ("failures", "errors", "skipped", "expected failures", "unexpected successes")
 DURATIONS = "durations.json"  # under --cache-root: {method: seconds, or null if unfinished}
 
@@ -85,9 +88,15 @@ class MethodRun:
         """The test id, and which shard (``mod.Class.test_x [2/4]``)."""
         return self.test_id + (f" [{self.shard[0]}/{self.shard[1]}]" if self.shard else "")
 
-    def entered(self) -> int | None:
-        """How many top-level subtests a shard's run entered (None: not a shard, or no line)."""
-        return next((int(m.group(6)) for ln in self.lines if (m := SHARD.match(ln))), None)
+    def skipped_whole(self) -> bool:
+        """Whether a shard's run skipped the method outside its subtests."""
+        return any((m := SHARD.match(ln)) and m.group(8) for ln in self.lines)
+
+    def entered(self) -> tuple[int, str] | None:
+        """How many top-level subtests a shard's run entered, and the digest of their
+        parameters in order (None: not a shard, or no line)."""
+        return next(((int(m.group(6)), m.group(7)) for ln in self.lines
+                     if (m := SHARD.match(ln))), None)  # fmt: skip
 
     def verdict(self) -> str:
         """``ok``, ``FAILED`` or ``UNFINISHED``: the word on the method's ``==`` line."""
@@ -153,7 +162,8 @@ def keep_durations(runs: list[MethodRun], cache_root: Path) -> None:
     next run's order; methods this run did not reach keep what an earlier run measured."""
     path = cache_root / DURATIONS
     known = read_durations(cache_root)
-    for method, group in by_method(runs).items():
+    for group in by_method(runs).values():
+        method = group[0].method
         if any(run.returncode is None and run.seconds > 0 for run in group):
             known[method] = None  # started and stopped: at least that long, order it first
         elif all(run.returncode is not None for run in group):
@@ -165,10 +175,10 @@ def keep_durations(runs: list[MethodRun], cache_root: Path) -> None:
 
 
 def by_method(runs: Iterable[MethodRun]) -> dict[str, list[MethodRun]]:
-    """The runs of each method (its shards, or its one run), in the order first seen."""
+    """The runs of each test id (its shards, or its one run), in the order first seen."""
     groups: dict[str, list[MethodRun]] = {}
     for run in runs:
-        groups.setdefault(run.method, []).append(run)
+        groups.setdefault(run.test_id, []).append(run)
     return groups
 
 
@@ -182,11 +192,19 @@ def with_subtests(test_id: str) -> bool:
     return subtest_shard.has_subtests(textwrap.dedent(source))
 
 
+def skipped(test_id: str) -> bool:
+    """Whether a skip decorator on the (imported) method or its class skips it."""
+    module, cls, method = test_id.rsplit(".", 2)
+    owner = getattr(sys.modules.get(module), cls, None)
+    return bool(getattr(owner, "__unittest_skip__", False)
+                or getattr(getattr(owner, method, None), "__unittest_skip__", False))  # fmt: skip
+
+
 def tasks(ids: list[str], shards: int) -> list[tuple[str, tuple[int, int] | None]]:
     """What to start: each method once, or as ``shards`` shards if it has subtests."""
     out: list[tuple[str, tuple[int, int] | None]] = []
     for test_id in ids:
-        if shards > 1 and with_subtests(test_id):
+        if shards > 1 and with_subtests(test_id) and not skipped(test_id):
             out += [(test_id, (k, shards)) for k in range(shards)]
         else:
             out.append((test_id, None))
@@ -203,6 +221,8 @@ def run_method(
     if cache_root is not None:
         name = test_id.rsplit(".", 1)[-1] + (f".{shard[0]}" if shard else "")
         env["MLX_PTX_CACHE_DIR"] = str(cache_root / name)
+    if shard:  # one iteration order of sets and dicts of strings in every shard
+        env["PYTHONHASHSEED"] = "0"
     start = time.monotonic()
     if deadline is not None and start >= deadline:
         return MethodRun(test_id, None, 0.0, [], shard)
@@ -232,26 +252,30 @@ def shard_problems(group: list[MethodRun]) -> list[str]:
     entered = {run.entered() for run in group if run.shard and run.returncode is not None}
     if len(entered) > 1:
         run = group[0]
-        seen = sorted(entered, key=lambda e: -1 if e is None else e)
-        return [f"ERROR: {run.method} ({run.test_id}) (shards entered {seen} subtests)"]
+        counts = sorted({-1 if e is None else e[0] for e in entered})
+        what = f"{counts} subtests" if len(counts) > 1 else f"{counts[0]} other subtests"
+        return [f"ERROR: {run.method} ({run.test_id}) (shards entered {what})"]
     return []
 
 
 def summary(runs: list[MethodRun], seconds: float) -> list[str]:
     """unittest's closing lines for all runs as one: problems, ``Ran``, the tail. A sharded
-    method counts once: its problems are the distinct ones of its shards, its skips the
-    most any shard reported."""
+    method counts once: its problems are the distinct ones of its shards, its skipped
+    subtests their sum (a method a decorator skips is never sharded)."""
     totals = dict.fromkeys(TAIL_KEYS, 0)
     problems: list[str] = []
     ran = unfinished = 0
     for group in by_method(runs).values():
         run = group[0]
         finished = [r for r in group if r.returncode is not None]
-        if len(finished) < len(group):
-            unfinished += 1
-            problems.append(f"UNFINISHED: {run.method} ({run.test_id}) (the deadline came first)")
-            continue
         found = list(dict.fromkeys(p for r in finished for p in r.problems()))
+        if len(finished) < len(group):  # what its finished shards found still counts
+            unfinished += 1
+            problems += found
+            problems.append(f"UNFINISHED: {run.method} ({run.test_id}) (the deadline came first)")
+            totals["failures"] += sum(p.startswith("FAIL:") for p in found)
+            totals["errors"] += sum(p.startswith("ERROR:") for p in found)
+            continue
         found += shard_problems(group)
         problems += found
         ran += max(next((int(m.group(1)) for ln in r.lines if (m := RAN.match(ln))), 1)
@@ -260,8 +284,10 @@ def summary(runs: list[MethodRun], seconds: float) -> list[str]:
         if run.shard:  # the counts of distinct problems, not of shards that repeat one
             totals["failures"] += sum(p.startswith("FAIL:") for p in found)
             totals["errors"] += sum(p.startswith("ERROR:") for p in found)
-            for key in TAIL_KEYS[2:]:
-                totals[key] += max((t or {}).get(key, 0) for t in tails)
+            for key in TAIL_KEYS[2:]:  # skipped subtests: each in one shard
+                totals[key] += sum((t or {}).get(key, 0) for t in tails)
+            if any(r.skipped_whole() for r in finished):  # every shard skipped it: once
+                totals["skipped"] -= sum((t or {}).get("skipped", 0) for t in tails) - 1
             continue
         for key, value in ({"errors": 1} if tails[0] is None else tails[0]).items():
             totals[key] = totals.get(key, 0) + value

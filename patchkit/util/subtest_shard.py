@@ -14,35 +14,50 @@ counts the top-level subtests (T); shard K then runs those numbered ``[K*T//N,
 (K+1)*T//N)``, the last shard also any past T (a count cut short by an error still
 covers everything), and a subtest nested in a running one runs with it. The method's
 code outside subtests runs in every shard. The output is ``python -m unittest -v``'s,
-after one line ``SHARD K/N: ran [LO, HI) of T counted; E entered`` that the parent
-(:mod:`patchkit.util.split_unittest`) checks: every shard must enter the same E.
-Inputs a test draws from a global random state differ from an unsharded run's.
+after one line ``SHARD K/N: ran [LO, HI) of T counted; E entered (DIGEST)`` that the
+parent (:mod:`patchkit.util.split_unittest`) checks: every shard must enter the same E
+subtests with the same parameters in the same order (the digest; the parent fixes
+``PYTHONHASHSEED`` so that a set's order is one). A method unittest would skip is not
+counted. Inputs a test draws from a global random state differ from an unsharded run's;
+a subtest body that ends its loop (``break``, ``return``) or defines what later code
+reads makes the shards disagree: an error, never a silent skip.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import importlib.util
 import sys
 import types
 import unittest
 from typing import Any
+from unittest.case import _SubTest
 
 SHARD_NAME = "__patchkit_shard__"
-SHARD_LINE = "SHARD {k}/{n}: ran [{lo}, {hi}) of {total} counted; {entered} entered"
+WHOLE_SKIP = "; the method skipped"  # a skip outside subtests: one skipped test, not N
+SHARD_LINE = "SHARD {k}/{n}: ran [{lo}, {hi}) of {total} counted; {entered} entered ({digest})"
 
 
 class Counter:
-    """Numbers the top-level subtests as they are entered and says which to run."""
+    """Numbers the top-level subtests as they are entered and says which to run; keeps a
+    digest of their parameters in order, so shards can check they met the same ones."""
 
     def __init__(self) -> None:
         self.lo, self.hi = 0, 0  # run [lo, hi); hi = -1: no upper bound
         self.index = 0
         self.depth = 0
+        self.digest = hashlib.sha256()
 
     def reset(self, lo: int, hi: int) -> None:
         self.lo, self.hi, self.index, self.depth = lo, hi, 0, 0
+        self.digest = hashlib.sha256()
+
+    def seen(self, msg: Any, params: dict[str, Any]) -> None:
+        """A ``subTest`` is entered with these parameters (top-level ones count)."""
+        if not self.depth:
+            self.digest.update(repr((msg, sorted(params.items(), key=str))).encode() + b"\0")
 
     def enter(self) -> bool:
         if self.depth:  # inside a running subtest: run with it
@@ -98,21 +113,41 @@ def load_module(name: str, counter: Counter) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     module.__dict__[SHARD_NAME] = counter
     sys.modules[name] = module
-    exec(compile(tree, spec.origin, "exec"), module.__dict__)
+    # dont_inherit: not this module's ``from __future__ import annotations``
+    exec(compile(tree, spec.origin, "exec", dont_inherit=True), module.__dict__)
+    subtest = unittest.TestCase.subTest
+
+    def recorded(case: unittest.TestCase, *msg: Any, **params: Any) -> Any:
+        counter.seen(msg, params)
+        return subtest(case, *msg, **params)
+
+    unittest.TestCase.subTest = recorded  # type: ignore[method-assign]
     return module
+
+
+def skipped(case: unittest.TestCase) -> bool:
+    """Whether unittest would skip the method (a skip decorator on it or its class)."""
+    method = getattr(case, case._testMethodName)
+    return bool(getattr(type(case), "__unittest_skip__", False)
+                or getattr(method, "__unittest_skip__", False))  # fmt: skip
 
 
 def count_subtests(case: unittest.TestCase, counter: Counter) -> int:
     """The method's top-level subtests, entered with every body skipped; an error in the
     method's own code stops the count where it happened."""
     counter.reset(0, 0)
+    if skipped(case):
+        return 0
     try:
         type(case).setUpClass()
-        case.setUp()
         try:
-            getattr(case, case._testMethodName)()
+            case.setUp()
+            try:
+                getattr(case, case._testMethodName)()
+            finally:
+                case.tearDown()
         finally:
-            case.tearDown()
+            case.doCleanups()
             type(case).tearDownClass()
     except Exception:  # the count so far; the last shard runs the rest
         pass
@@ -132,7 +167,8 @@ def run(test_id: str, k: int, n: int) -> int:
     )
     print(
         SHARD_LINE.format(k=k, n=n, lo=lo, hi="end" if hi < 0 else hi, total=total,
-                          entered=counter.index),
+                          entered=counter.index, digest=counter.digest.hexdigest()[:16])
+        + (WHOLE_SKIP if any(not isinstance(t, _SubTest) for t, _ in result.skipped) else ""),
         file=sys.stderr, flush=True,
     )  # fmt: skip
     return 0 if result.wasSuccessful() else 1
