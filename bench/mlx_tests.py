@@ -3,7 +3,8 @@ by side: which methods pass, which subtests fail on each, and whether the patche
 failures are stock's own.
 
   python3 bench/mlx_tests.py run --stock PYTHON[:SITE] --patched PYTHON[:SITE] \\
-      --tests MLX_TREE/python/tests --json mlx_tests.json [--jobs N] [--deadline-s S]
+      --tests MLX_TREE/python/tests --json mlx_tests.json [--jobs N] [--deadline-s S] \\
+      [--shards N]
   python3 bench/mlx_tests.py compare --stock STOCK.log --patched PATCHED.log \\
       --stock-mlx VERSION --patched-mlx VERSION --json mlx_tests.json
   python3 bench/mlx_tests.py report mlx_tests.json
@@ -38,8 +39,11 @@ from patchkit.util.split_unittest import parse_output
 MODULE = "test_quantized"
 
 
-def run_arms(specs: dict[str, str], tests: Path, jobs: int, deadline: float | None) -> dict:
-    """Both arms at once, ``jobs`` processes each; their outputs as lists of lines."""
+def run_arms(
+    specs: dict[str, str], tests: Path, jobs: int, deadline: float | None, shards: int = 1
+) -> dict:
+    """Both arms at once, ``jobs`` processes each (a method with subtests as ``shards``
+    of them); their outputs as lists of lines."""
     root = Path(__file__).resolve().parent.parent
     procs, caches = {}, tempfile.mkdtemp(prefix="mlx-tests-")
     for name, spec in specs.items():
@@ -51,6 +55,8 @@ def run_arms(specs: dict[str, str], tests: Path, jobs: int, deadline: float | No
                 "--cache-root", os.path.join(caches, name)]  # fmt: skip
         if deadline:
             argv += ["--deadline-s", str(deadline)]
+        if shards > 1:
+            argv += ["--shards", str(shards)]
         procs[name] = subprocess.Popen(argv, cwd=tests, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)  # fmt: skip
     return {name: p.communicate()[0].splitlines() for name, p in procs.items()}
@@ -159,6 +165,8 @@ def main() -> None:
     r.add_argument("--json", required=True)
     r.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     r.add_argument("--deadline-s", type=float)
+    r.add_argument("--shards", type=int, default=1,
+                   help="a method with subtests as this many processes")  # fmt: skip
     c = sub.add_parser("compare")
     c.add_argument("--stock", required=True, type=Path, help="split_unittest's output, stock")
     c.add_argument("--patched", required=True, type=Path, help="the same, patched build")
@@ -177,7 +185,7 @@ def main() -> None:
         return
     if a.cmd == "run":
         specs = {"stock": a.stock, "pr": a.patched}
-        outputs = run_arms(specs, a.tests, a.jobs, a.deadline_s)
+        outputs = run_arms(specs, a.tests, a.jobs, a.deadline_s, a.shards)
         mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in specs.items()}
         hw: dict[str, Any] | None = hardware()
         tests, how = a.tests / f"{MODULE}.py", None

@@ -7,6 +7,8 @@ against the arithmetic it stands for (ratio to stock, floor over time, rows chec
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from support_scripts import load_script
@@ -231,3 +233,19 @@ def test_the_readme_set_up_runs_every_toolchain_of_the_gate() -> None:
     args = bench.setup_args()
     choice = args[args.index("--toolchain") + 1] if "--toolchain" in args else "gcc"
     assert set(cli_support._toolchains(choice)) == set(build.GATE)
+
+
+def test_mlx_tests_arms_split_subtests_when_asked(tmp_path: Path) -> None:
+    """bench/mlx_tests.py passes --shards on to both arms' split_unittest runs."""
+    mlx_tests = load_script("bench/mlx_tests.py")
+    (tmp_path / "test_quantized.py").write_text(
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+        "        for k in range(4):\n            with self.subTest(k=k):\n"
+        "                self.assertLess(k, 3)\n"
+    )
+    outputs = mlx_tests.run_arms(
+        {"stock": sys.executable, "pr": sys.executable}, tmp_path, 2, None, shards=2
+    )
+    for lines in outputs.values():
+        assert sum(ln.startswith("== test_quantized.T.test_a [") for ln in lines) == 2
+        assert lines[-1] == "FAILED (failures=1)"
