@@ -326,3 +326,21 @@ def test_a_sharded_method_that_skips_itself_is_one_skip(tmp_path: Path) -> None:
     )  # fmt: skip
     # One method skipped in every shard counts once; three skipped subtests, three.
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "OK (skipped=4)", done.stdout
+
+
+def test_on_a_fresh_host_the_sharded_methods_start_first(tmp_path: Path) -> None:
+    module = "import unittest\n\nclass T(unittest.TestCase):\n    def test_a_plain(self):\n" \
+        "        pass\n\n    def test_b_grid(self):\n        for k in range(2):\n" \
+        "            with self.subTest(k=k):\n                pass\n"  # fmt: skip
+    (tmp_path / "test_fresh.py").write_text(module)
+    done = subprocess.run(
+        [sys.executable, "-m", "patchkit.util.split_unittest", "test_fresh", "--jobs", "1",
+         "--shards", "2"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, check=False, timeout=60,
+    )  # fmt: skip
+    started = [ln.split(":")[0] for ln in done.stdout.splitlines() if ln.startswith("== ")]
+    # One at a time, so ends = starts: both shards of the grid, then the plain method
+    # (unittest's order, the control, would start test_a_plain first).
+    assert started == ["== test_fresh.T.test_b_grid [0/2]", "== test_fresh.T.test_b_grid [1/2]",
+                       "== test_fresh.T.test_a_plain"], done.stdout  # fmt: skip
