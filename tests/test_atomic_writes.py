@@ -75,6 +75,8 @@ class Faults:
 def test_kill_at_every_write_step_leaves_old_or_new(
     env: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # One date for every run below: a run after midnight UTC writes another pin history.
+    monkeypatch.setattr(pin, "today", lambda: "2026-01-01")
     apply.apply(env["old"], root=env["root"], templates_dir=env["templates"], release="0.32.1")
     new = _untouched_commit(env)
     pristine = tmp_path / "pristine"

@@ -20,7 +20,8 @@ subtests with the same parameters in the same order (the digest; the parent fixe
 ``PYTHONHASHSEED`` so that a set's order is one). A method unittest would skip is not
 counted. Inputs a test draws from a global random state differ from an unsharded run's;
 a subtest body that ends its loop (``break``, ``return``) or defines what later code
-reads makes the shards disagree: an error, never a silent skip.
+reads, or a parameter whose ``repr`` holds a memory address, makes the shards disagree:
+an error, never a silent skip.
 """
 
 from __future__ import annotations
