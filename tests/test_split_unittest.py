@@ -163,6 +163,18 @@ def test_a_rerun_starts_the_longest_method_first(tmp_path: Path) -> None:
     assert started() == ["test_a_quick", "test_b_slow"]
 
 
+def _split(
+    tmp_path: Path, module: str, source: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``split_unittest MODULE ARGS`` on ``source`` written as ``tmp_path/MODULE.py``."""
+    (tmp_path / f"{module}.py").write_text(source)
+    return subprocess.run(
+        [sys.executable, "-m", "patchkit.util.split_unittest", module, *args],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
 SHARDED = """
 import os, unittest
 from pathlib import Path
@@ -199,14 +211,9 @@ class TestShards(unittest.TestCase):
 
 
 def _sharded(tmp_path: Path, uneven: int) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "test_shards.py").write_text(SHARDED.replace("{uneven}", str(uneven)))
     (tmp_path / "ran.txt").unlink(missing_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "patchkit.util.split_unittest", "test_shards", "--jobs", "4",
-         "--shards", "3", "--cache-root", str(tmp_path / "ptx")],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, check=False, timeout=120,
-    )  # fmt: skip
+    return _split(tmp_path, "test_shards", SHARDED.replace("{uneven}", str(uneven)), "--jobs",
+                  "4", "--shards", "3", "--cache-root", str(tmp_path / "ptx"))  # fmt: skip
 
 
 def test_shards_run_every_subtest_once_and_count_each_method_once(tmp_path: Path) -> None:
@@ -278,14 +285,9 @@ class TestB(unittest.TestCase):
 
 
 def test_shards_agree_on_order_and_keep_classes_apart(tmp_path: Path) -> None:
-    (tmp_path / "test_edges.py").write_text(EDGES)
     for _ in range(3):  # the set's order must not decide which shard runs "gamma"
-        done = subprocess.run(
-            [sys.executable, "-m", "patchkit.util.split_unittest", "test_edges", "--jobs", "4",
-             "--shards", "3", "--cache-root", str(tmp_path / "ptx")],
-            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-            text=True, check=False, timeout=120,
-        )  # fmt: skip
+        done = _split(tmp_path, "test_edges", EDGES, "--jobs", "4", "--shards", "3",
+                      "--cache-root", str(tmp_path / "ptx"))  # fmt: skip
         lines = done.stdout.splitlines()
         problems = [ln for ln in lines if ln.startswith(("FAIL:", "ERROR:"))]
         assert sorted(problems) == [
@@ -317,13 +319,7 @@ class TestSkips(unittest.TestCase):
 
 
 def test_a_sharded_method_that_skips_itself_is_one_skip(tmp_path: Path) -> None:
-    (tmp_path / "test_skips.py").write_text(SKIPS)
-    done = subprocess.run(
-        [sys.executable, "-m", "patchkit.util.split_unittest", "test_skips", "--jobs", "4",
-         "--shards", "3"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, check=False, timeout=120,
-    )  # fmt: skip
+    done = _split(tmp_path, "test_skips", SKIPS, "--jobs", "4", "--shards", "3")
     # One method skipped in every shard counts once; three skipped subtests, three.
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "OK (skipped=4)", done.stdout
 
@@ -332,13 +328,7 @@ def test_on_a_fresh_host_the_sharded_methods_start_first(tmp_path: Path) -> None
     module = "import unittest\n\nclass T(unittest.TestCase):\n    def test_a_plain(self):\n" \
         "        pass\n\n    def test_b_grid(self):\n        for k in range(2):\n" \
         "            with self.subTest(k=k):\n                pass\n"  # fmt: skip
-    (tmp_path / "test_fresh.py").write_text(module)
-    done = subprocess.run(
-        [sys.executable, "-m", "patchkit.util.split_unittest", "test_fresh", "--jobs", "1",
-         "--shards", "2"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, check=False, timeout=60,
-    )  # fmt: skip
+    done = _split(tmp_path, "test_fresh", module, "--jobs", "1", "--shards", "2")
     started = [ln.split(":")[0] for ln in done.stdout.splitlines() if ln.startswith("== ")]
     # One at a time, so ends = starts: both shards of the grid, then the plain method
     # (unittest's order, the control, would start test_a_plain first).
