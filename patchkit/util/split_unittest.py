@@ -88,15 +88,18 @@ class MethodRun:
         """The test id, and which shard (``mod.Class.test_x [2/4]``)."""
         return self.test_id + (f" [{self.shard[0]}/{self.shard[1]}]" if self.shard else "")
 
+    def shard_line(self) -> re.Match[str] | None:
+        """A shard's closing :data:`SHARD` line (None: not a shard, or it printed none)."""
+        return next((m for ln in self.lines if (m := SHARD.match(ln))), None)
+
     def skipped_whole(self) -> bool:
         """Whether a shard's run skipped the method outside its subtests."""
-        return any((m := SHARD.match(ln)) and m.group(8) for ln in self.lines)
+        return bool((m := self.shard_line()) and m.group(8))
 
     def entered(self) -> tuple[int, str] | None:
         """How many top-level subtests a shard's run entered, and the digest of their
         parameters in order (None: not a shard, or no line)."""
-        return next(((int(m.group(6)), m.group(7)) for ln in self.lines
-                     if (m := SHARD.match(ln))), None)  # fmt: skip
+        return None if (m := self.shard_line()) is None else (int(m.group(6)), m.group(7))
 
     def verdict(self) -> str:
         """``ok``, ``FAILED`` or ``UNFINISHED``: the word on the method's ``==`` line."""
@@ -145,10 +148,9 @@ def read_durations(cache_root: Path | None) -> dict[str, float | None]:
     return known if isinstance(known, dict) else {}
 
 
-def longest_first(ids: list[str], cache_root: Path | None) -> list[str]:
-    """``ids`` ordered by the last run's wall time under ``cache_root``, longest first;
-    methods stopped unfinished or never timed come first, in unittest's order."""
-    known = read_durations(cache_root)
+def longest_first(ids: list[str], known: dict[str, float | None]) -> list[str]:
+    """``ids`` ordered by the last run's wall times (:func:`read_durations`), longest
+    first; methods stopped unfinished or never timed come first, in unittest's order."""
 
     def seconds(test_id: str) -> float:
         value = known.get(test_id.rsplit(".", 1)[-1])
@@ -182,29 +184,25 @@ def by_method(runs: Iterable[MethodRun]) -> dict[str, list[MethodRun]]:
     return groups
 
 
-def with_subtests(test_id: str) -> bool:
-    """Whether the (imported) method has ``with self.subTest(...)`` blocks to shard."""
-    module, cls, method = test_id.rsplit(".", 2)
+def shardable(test_id: str) -> bool:
+    """Whether the (imported) method has ``with self.subTest(...)`` blocks to shard and no
+    skip decorator (a skipped method is one skip, not one per shard)."""
+    module, cls_name, method = test_id.rsplit(".", 2)
+    cls = getattr(sys.modules.get(module), cls_name, None)
     try:
-        source = inspect.getsource(getattr(getattr(sys.modules[module], cls), method))
-    except (KeyError, AttributeError, OSError, TypeError):
+        source = inspect.getsource(getattr(cls, method))
+    except (AttributeError, OSError, TypeError):
         return False
-    return subtest_shard.has_subtests(textwrap.dedent(source))
-
-
-def skipped(test_id: str) -> bool:
-    """Whether a skip decorator on the (imported) method or its class skips it."""
-    module, cls, method = test_id.rsplit(".", 2)
-    owner = getattr(sys.modules.get(module), cls, None)
-    return bool(getattr(owner, "__unittest_skip__", False)
-                or getattr(getattr(owner, method, None), "__unittest_skip__", False))  # fmt: skip
+    return subtest_shard.has_subtests(textwrap.dedent(source)) and not (
+        subtest_shard.skip_marked(cls, method)
+    )
 
 
 def tasks(ids: list[str], shards: int) -> list[tuple[str, tuple[int, int] | None]]:
     """What to start: each method once, or as ``shards`` shards if it has subtests."""
     out: list[tuple[str, tuple[int, int] | None]] = []
     for test_id in ids:
-        if shards > 1 and with_subtests(test_id) and not skipped(test_id):
+        if shards > 1 and shardable(test_id):
             out += [(test_id, (k, shards)) for k in range(shards)]
         else:
             out.append((test_id, None))
@@ -268,28 +266,30 @@ def summary(runs: list[MethodRun], seconds: float) -> list[str]:
     for group in by_method(runs).values():
         run = group[0]
         finished = [r for r in group if r.returncode is not None]
-        found = list(dict.fromkeys(p for r in finished for p in r.problems()))
-        if len(finished) < len(group):  # what its finished shards found still counts
-            unfinished += 1
-            problems += found
-            problems.append(f"UNFINISHED: {run.method} ({run.test_id}) (the deadline came first)")
+        done = len(finished) == len(group)
+        # What finished shards found counts even when another shard did not finish.
+        found = [p for r in finished for p in r.problems()]
+        if run.shard:  # a problem outside subtests repeats in every shard: once
+            found = list(dict.fromkeys(found)) + (shard_problems(group) if done else [])
+        problems += found
+        if run.shard:  # distinct problems, not shards that repeat one
             totals["failures"] += sum(p.startswith("FAIL:") for p in found)
             totals["errors"] += sum(p.startswith("ERROR:") for p in found)
+        if not done:
+            unfinished += 1
+            problems.append(f"UNFINISHED: {run.method} ({run.test_id}) (the deadline came first)")
             continue
-        found += shard_problems(group)
-        problems += found
         ran += max(next((int(m.group(1)) for ln in r.lines if (m := RAN.match(ln))), 1)
                    for r in finished)  # fmt: skip
-        tails = [r.tail() for r in finished]
-        if run.shard:  # the counts of distinct problems, not of shards that repeat one
-            totals["failures"] += sum(p.startswith("FAIL:") for p in found)
-            totals["errors"] += sum(p.startswith("ERROR:") for p in found)
-            for key in TAIL_KEYS[2:]:  # skipped subtests: each in one shard
-                totals[key] += sum((t or {}).get(key, 0) for t in tails)
-            if any(r.skipped_whole() for r in finished):  # every shard skipped it: once
-                totals["skipped"] -= sum((t or {}).get("skipped", 0) for t in tails) - 1
+        if run.shard:  # skipped subtests: each in one shard; a skipped method: once
+            tails = [r.tail() or {} for r in finished]
+            for key in TAIL_KEYS[3:]:
+                totals[key] += sum(t.get(key, 0) for t in tails)
+            whole = any(r.skipped_whole() for r in finished)
+            totals["skipped"] += 1 if whole else sum(t.get("skipped", 0) for t in tails)
             continue
-        for key, value in ({"errors": 1} if tails[0] is None else tails[0]).items():
+        own = run.tail()  # None: no summary (the process died), one error
+        for key, value in ({"errors": 1} if own is None else own).items():
             totals[key] = totals.get(key, 0) + value
     ok = not problems and totals["failures"] == totals["errors"] == 0
     counts = ", ".join(f"{k}={v}" for k, v in {**totals, "unfinished": unfinished}.items() if v)
@@ -347,11 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--shards must be at least 1")
     sys.path.insert(0, os.getcwd())
     ids = test_ids(args.module)
-    order = longest_first(ids, args.cache_root)
-    work = tasks(order, args.shards)
+    known = read_durations(args.cache_root)
+    work = tasks(longest_first(ids, known), args.shards)
     # Not timed yet (a fresh host): the methods split into shards first, the likely slow
     # ones, so quick methods fill the slots they leave instead of queueing behind them.
-    known = read_durations(args.cache_root)
     work.sort(key=lambda t: (t[0].rsplit(".", 1)[-1] in known, t[1] is None))
     print(f"{len(ids)} test methods of {args.module} in {len(work)} processes, "
           f"{args.jobs} at a time", flush=True)  # fmt: skip

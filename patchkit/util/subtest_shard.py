@@ -126,18 +126,17 @@ def load_module(name: str, counter: Counter) -> types.ModuleType:
     return module
 
 
-def skipped(case: unittest.TestCase) -> bool:
-    """Whether unittest would skip the method (a skip decorator on it or its class)."""
-    method = getattr(case, case._testMethodName)
-    return bool(getattr(type(case), "__unittest_skip__", False)
-                or getattr(method, "__unittest_skip__", False))  # fmt: skip
+def skip_marked(cls: type, method: str) -> bool:
+    """Whether unittest would skip ``cls.method`` (a skip decorator on it or its class)."""
+    return bool(getattr(cls, "__unittest_skip__", False)
+                or getattr(getattr(cls, method, None), "__unittest_skip__", False))  # fmt: skip
 
 
 def count_subtests(case: unittest.TestCase, counter: Counter) -> int:
     """The method's top-level subtests, entered with every body skipped; an error in the
     method's own code stops the count where it happened."""
     counter.reset(0, 0)
-    if skipped(case):
+    if skip_marked(type(case), case._testMethodName):
         return 0
     try:
         type(case).setUpClass()
