@@ -334,3 +334,31 @@ def test_on_a_fresh_host_the_sharded_methods_start_first(tmp_path: Path) -> None
     # (unittest's order, the control, would start test_a_plain first).
     assert started == ["== test_fresh.T.test_b_grid [0/2]", "== test_fresh.T.test_b_grid [1/2]",
                        "== test_fresh.T.test_a_plain"], done.stdout  # fmt: skip
+
+
+GPU_MODULE = """
+import os, unittest
+from pathlib import Path
+
+class TestGpu(unittest.TestCase):
+    def test_a(self):
+        Path("gpu-a").write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+
+    def test_b(self):
+        Path("gpu-b").write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+
+    def test_c(self):
+        Path("gpu-c").write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+"""
+
+
+def test_processes_are_spread_over_the_visible_gpus(tmp_path: Path) -> None:
+    (tmp_path / "test_gpu.py").write_text(textwrap.dedent(GPU_MODULE))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "4,5"}
+    done = subprocess.run(
+        [sys.executable, "-m", "patchkit.util.split_unittest", "test_gpu", "--jobs", "1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = [(tmp_path / f"gpu-{m}").read_text() for m in "abc"]
+    assert seen == ["4", "5", "4"]

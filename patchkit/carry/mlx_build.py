@@ -378,9 +378,9 @@ def plan(
     # Metal: one GPU that every process would share; elsewhere the methods run side by side
     # (on CUDA most of a test's time is MLX compiling its qmm kernels, one core each).
     test_jobs = 1 if backend == "metal" else jobs or os.cpu_count() or 1
-    # CUDA: a method's subtests also split, each shard compiling its own kernels; a
-    # quarter of the slots keeps the quick methods' extra process starts cheap.
-    shards = max(1, test_jobs // 4) if backend == "cuda" else 1
+    # CUDA: a method's subtests also split, in a quarter of the slots and at most 4
+    # shards: shards run at once, so each compiles the kernels its share meets.
+    shards = min(4, max(1, test_jobs // 4)) if backend == "cuda" else 1
     if run_tests:
         steps.append(
             Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included, "
@@ -417,7 +417,8 @@ NO_LTO_NOTE = (
 )
 JIT_NOTE = (
     "; MLX compiles its qmm kernels at first use (NVRTC, tens of seconds each), into one "
-    "folder per process under {}, so a first run takes long and a second starts warm"
+    "folder per process under {}, each seeded with what ended processes compiled, so a "
+    "first run takes long and a second starts warm"
 )
 _LTO_PROBE = "int twice(int x) { return 2 * x; }\n"
 

@@ -3,23 +3,27 @@
 ``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR] [--deadline-s S]
 [--shards N]``
 
-Why: on CUDA, MLX compiles each ``qmm`` kernel with NVRTC at first use, serially and
-20 to 50 s apiece, so its ``test_quantized.py`` spends most of a serial run compiling.
+Why: on CUDA, MLX compiles each ``qmm`` kernel with NVRTC at first use, serially and 20
+to 50 s apiece, so its ``test_quantized.py`` spends most of a serial run compiling.
 Separate processes compile side by side on the host's cores. With ``--shards N``, a
-method with ``subTest`` blocks runs as N processes, each taking one contiguous Nth of its
-subtests (:mod:`patchkit.util.subtest_shard`), so one method's compiles run side by side
-too; its shards are summed into one verdict, and shards that disagree on how many
+method with ``subTest`` blocks runs as N processes, each taking one contiguous Nth of
+its subtests (:mod:`patchkit.util.subtest_shard`), so one method's compiles run side by
+side too; its shards are summed into one verdict, and shards that disagree on how many
 subtests the method has are an ``ERROR``. Each process gets its own
-``MLX_PTX_CACHE_DIR`` under ``--cache-root`` (a rerun starts warm, and no two processes
-write one cache file). A method whose process dies (a signal, no summary) is an
-``ERROR`` naming how it ended, where a single process would have taken the whole
-run's summary down with it. With ``--cache-root``, each method's wall time (or that it was
-stopped unfinished) is kept there in ``durations.json``, and the next run starts the
-methods longest first (unfinished and unknown ones before all others): the slow JIT
-compilers start at once instead of queueing behind quick methods. With ``--deadline-s``,
-a method still running then is stopped and one not yet started is not started: both are
-``UNFINISHED`` lines, not counted as run, and the run is not OK (a host lent for a fixed
-time still gets a verdict on every method that ended).
+``MLX_PTX_CACHE_DIR`` under ``--cache-root`` (no two processes write one cache file),
+seeded with the kernels of every process that ended before it started
+(:mod:`patchkit.util.jit_pool`), so a kernel compiles again only in processes that
+overlap, and a rerun starts warm. Where more than one CUDA device is visible, the
+processes are spread over them (``CUDA_VISIBLE_DEVICES``, round robin). A method whose
+process dies (a signal, no summary) is an ``ERROR`` naming how it ended, where a single
+process would have taken the whole run's summary down with it. With ``--cache-root``,
+each method's wall time (or that it was stopped unfinished) is kept there in
+``durations.json``, and the next run starts the methods longest first (unfinished and
+unknown ones before all others): the slow JIT compilers start at once instead of
+queueing behind quick methods. With ``--deadline-s``, a method still running then is
+stopped and one not yet started is not started: both are ``UNFINISHED`` lines, not
+counted as run, and the run is not OK (a host lent for a fixed time still gets a verdict
+on every method that ended).
 
 The output ends in unittest's own form: the ``FAIL:``/``ERROR:`` headers of every
 method, one ``Ran N tests`` line and one ``OK``/``FAILED (...)`` tail summing the
@@ -47,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patchkit.util import subtest_shard
+from patchkit.util import jit_pool, subtest_shard
 
 RAN = re.compile(r"^Ran (\d+) tests? in")
 TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
@@ -61,6 +65,7 @@ SHARD = re.compile(
 )
 TAIL_KEYS = ("failures", "errors", "skipped", "expected failures", "unexpected successes")
 DURATIONS = "durations.json"  # under --cache-root: {method: seconds, or null if unfinished}
+POOL = "_shared"  # under --cache-root: the kernels of processes that ended (jit_pool)
 
 
 def tail_counts(tail: re.Match[str]) -> dict[str, int]:
@@ -209,21 +214,44 @@ def tasks(ids: list[str], shards: int) -> list[tuple[str, tuple[int, int] | None
     return out
 
 
+def visible_gpus() -> list[str]:
+    """The CUDA devices test processes can be spread over: ``CUDA_VISIBLE_DEVICES``'s
+    entries where it is set, else ``nvidia-smi -L``'s indices ([] without either)."""
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    count = sum(ln.startswith("GPU ") for ln in out.stdout.splitlines())
+    return [str(i) for i in range(count)] if out.returncode == 0 else []
+
+
 def run_method(
-    test_id: str, shard: tuple[int, int] | None, cache_root: Path | None, deadline: float | None
+    test_id: str,
+    shard: tuple[int, int] | None,
+    cache_root: Path | None,
+    deadline: float | None,
+    gpu: str | None = None,
 ) -> MethodRun:
     """``python -m unittest -v TEST_ID`` (or one shard of its subtests) in the current
-    folder, with its own JIT cache, stopped (with its children) at ``deadline`` (a
-    ``time.monotonic()`` value)."""
-    env = dict(os.environ)
-    if cache_root is not None:
-        name = test_id.rsplit(".", 1)[-1] + (f".{shard[0]}" if shard else "")
-        env["MLX_PTX_CACHE_DIR"] = str(cache_root / name)
-    if shard:  # one iteration order of sets and dicts of strings in every shard
-        env["PYTHONHASHSEED"] = "0"
+    folder, with its own JIT cache (seeded from the pool, published to it after a run
+    that ended on its own) and, given ``gpu``, that CUDA device only; stopped (with its
+    children) at ``deadline`` (a ``time.monotonic()`` value)."""
     start = time.monotonic()
     if deadline is not None and start >= deadline:
         return MethodRun(test_id, None, 0.0, [], shard)
+    env = dict(os.environ)
+    folder = None
+    if cache_root is not None:
+        folder = cache_root / (test_id.rsplit(".", 1)[-1] + (f".{shard[0]}" if shard else ""))
+        folder.mkdir(parents=True, exist_ok=True)
+        jit_pool.seed(cache_root / POOL, folder)
+        env["MLX_PTX_CACHE_DIR"] = str(folder)
+    if shard:  # one iteration order of sets and dicts of strings in every shard
+        env["PYTHONHASHSEED"] = "0"
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     argv = (
         [sys.executable, "-m", "patchkit.util.subtest_shard", test_id, "--shard",
          f"{shard[0]}/{shard[1]}"]
@@ -235,12 +263,18 @@ def run_method(
         start_new_session=True,
     ) as child:  # fmt: skip
         try:
-            out, _ = child.communicate(timeout=None if deadline is None else deadline - start)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            out, _ = child.communicate(timeout=remaining)
             code: int | None = child.returncode
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             out, _ = child.communicate()
             code = None
+    if folder is not None and cache_root is not None:
+        if code is not None and code >= 0:
+            jit_pool.publish(folder, cache_root / POOL)
+        else:  # stopped or crashed, maybe inside a write
+            jit_pool.drop_torn(folder)
     return MethodRun(test_id, code, time.monotonic() - start, out.splitlines(), shard)
 
 
@@ -358,7 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     deadline = None if args.deadline_s is None else start + args.deadline_s
     runs: list[MethodRun] = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_method, i, k, args.cache_root, deadline) for i, k in work]
+        gpus = visible_gpus()
+        futures = [
+            pool.submit(run_method, test_id, shard, args.cache_root, deadline,
+                        gpus[n % len(gpus)] if len(gpus) > 1 else None)
+            for n, (test_id, shard) in enumerate(work)
+        ]  # fmt: skip
         for future in as_completed(futures):
             run = future.result()
             runs.append(run)
