@@ -38,7 +38,7 @@ backend = "metal"
 [depends]
 mirrored = ["qmv_fast_k_alignment"]
 routing = ["dispatch_qmv", "use_qmv_wide", "get_qmv_batch_limit", "qmv",
-           "QuantizedMatmul::eval_gpu"]
+           "QuantizedMatmul::eval_gpu", "add_strides_and_shapes"]
 [[edit]]
 op = "before_statement"
 anchor = "{METAL_ROUTE}"
@@ -169,7 +169,8 @@ def _first_line_of(function: str, added: str) -> Callable[[str], str]:
 
 
 # The fault battery's probes: (file, edit, the function the refusal names). The first three
-# touch declared routing functions; the last three only the route found from the source.
+# and the batch-dims one touch declared routing functions; the other three only the route
+# found from the source.
 PROBES = {
     "narrowed-metal-condition": (METAL, narrowed_metal_condition, f"{METAL}: dispatch_qmv"),
     "branch-before-metal-routing": (METAL, branch_before_metal_routing, f"{METAL}: dispatch_qmv"),
@@ -187,6 +188,14 @@ PROBES = {
             "bool supports_qmm_sm90(", "  if (x.shape(-2) < 8) {\n    return false;\n  }\n"
         ),
         f"{QMM}: supports_qmm_sm90",
+    ),
+    # The batched kernels read M as x_shape[x_batch_ndims], which this writes for B > 1.
+    "metal-batch-dims-collapsed": (
+        METAL,
+        _first_line_of(
+            "inline int add_strides_and_shapes(", "  if (x.ndim() > 3) {\n    return offset;\n  }\n"
+        ),
+        f"{METAL}: add_strides_and_shapes",
     ),
     "early-branch-in-metal-qqmatmul": (
         METAL,
@@ -317,6 +326,7 @@ def test_the_route_derived_at_the_pin_covers_the_declared_and_the_missed() -> No
     for key in [
         (METAL, "QQMatmul::eval_gpu"), (METAL, "QuantizedMatmul::eval_gpu"),
         (METAL, "dispatch_qmv"), (METAL, "qmv_fast_k_alignment"), (METAL, "get_qmv_batch_limit"),
+        (METAL, "add_strides_and_shapes"),
         (QMM, "supports_fp_qmv"), (QMM, "supports_qmm_sm90"), (QMM, "supports_qmv"),
         (CUDA, "QuantizedMatmul::eval_gpu"), (QMV, "qmv"),
         ("mlx/backend/cuda/quantized/qqmm.cpp", "QQMatmul::eval_gpu"),
