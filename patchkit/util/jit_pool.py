@@ -52,25 +52,25 @@ def _move_module(ptx: Path, src_root: Path, dst_root: Path) -> None:
             _place(src, dst_root / src.relative_to(src_root))
 
 
-def seed(pool: Path, folder: Path) -> int:
-    """Link each whole module of ``pool`` that ``folder`` lacks into it; how many."""
+def _carry_missing(src_root: Path, dst_root: Path) -> int:
+    """Place each module of ``src_root`` that ``dst_root`` lacks there; how many."""
     added = 0
-    for ptx in _modules(pool):
-        if not (folder / ptx.relative_to(pool)).exists():
-            _move_module(ptx, pool, folder)
+    for ptx in _modules(src_root):
+        if not (dst_root / ptx.relative_to(src_root)).exists():
+            _move_module(ptx, src_root, dst_root)
             added += 1
     return added
+
+
+def seed(pool: Path, folder: Path) -> int:
+    """Link each whole module of ``pool`` that ``folder`` lacks into it; how many."""
+    return _carry_missing(pool, folder)
 
 
 def publish(folder: Path, pool: Path) -> int:
     """Add each module of ``folder`` (a process that exited on its own) that ``pool``
     lacks; how many."""
-    added = 0
-    for ptx in _modules(folder):
-        if not (pool / ptx.relative_to(folder)).exists():
-            _move_module(ptx, folder, pool)
-            added += 1
-    return added
+    return _carry_missing(folder, pool)
 
 
 def drop_torn(folder: Path) -> list[Path]:
