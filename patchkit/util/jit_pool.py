@@ -44,10 +44,15 @@ def _place(src: Path, dst: Path) -> None:
     os.replace(part, dst)
 
 
+def _files(ptx: Path) -> list[Path]:
+    """A module's files, its ``.ptx`` last (the order they are placed in)."""
+    return [ptx.with_suffix(s) for s in COMPANIONS] + [ptx]
+
+
 def _move_module(ptx: Path, src_root: Path, dst_root: Path) -> None:
     """One module's files from ``src_root`` to the same place under ``dst_root``, the
     ``.ptx`` last."""
-    for src in [ptx.with_suffix(s) for s in COMPANIONS] + [ptx]:
+    for src in _files(ptx):
         if src.exists():
             _place(src, dst_root / src.relative_to(src_root))
 
@@ -81,6 +86,6 @@ def drop_torn(folder: Path) -> list[Path]:
     if modules:
         torn.add(max(modules, key=lambda p: p.stat().st_mtime_ns))
     for ptx in torn:
-        for path in [ptx, *(ptx.with_suffix(s) for s in COMPANIONS)]:
+        for path in _files(ptx):
             path.unlink(missing_ok=True)
     return sorted(torn)
