@@ -1,0 +1,143 @@
+"""Every CUDA record of this checkout's patch, made on one GPU host by one command.
+
+  python3 ci/cuda_records.py --stock PYTHON[:SITE] [--out DIR] [BUILD OPTIONS ...]
+  python3 ci/cuda_records.py --plan --stock PYTHON[:SITE] [BUILD OPTIONS ...]  # commands only
+
+The CUDA pages in ``docs/results`` belong to one patch series (``tests/test_records.py``
+fails when they do not), so any change to the CUDA templates needs all of them again,
+made in this order on one machine:
+
+1. ``patchkit build --backend cuda``: the build, parity on both routes and MLX's test file
+   (``build-cuda``);
+2. ``bench/mlx_qmv.py run`` on that build beside a stock MLX (``--stock``, its interpreter
+   and optionally an unpacked wheel's folder), once per (dtype, group size) of the speed
+   page, then the page (``cuda``);
+3. ``ci/cuda_controls.py`` last: it leaves its control build in patchkit's build folder
+   until the next ``patchkit build``, so nothing may time the build after it.
+
+BUILD OPTIONS (``--offline``, ``-j 16``, ``--test-timeout 600`` ...) go to ``patchkit
+build`` and the controls' build alike. Each step's files land in ``--out`` (default: a new
+folder under the temporary directory). A step that produced no record stops the run and
+nothing is copied; otherwise the records are copied into ``docs/results`` together at the
+end, also when a step recorded failures (failed MLX tests, differing rows, a control
+not as it must), which the exit status (1) and the last lines report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ci import cuda_controls  # noqa: E402
+from patchkit.carry import mlx_build, pin  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+# The speed page's runs: (dtype, group size), as docs/results/cuda.md shows them.
+SPEED_RUNS = (("bfloat16", 64), ("bfloat16", 32), ("bfloat16", 128), ("float16", 64))
+
+
+class Step(NamedTuple):
+    """One command of the run, and the files that show it produced its record."""
+
+    name: str
+    argv: list[str]
+    produces: tuple[Path, ...]
+    # Exit statuses that still leave a whole record (the record says what failed).
+    recorded_failure: tuple[int, ...] = ()
+
+
+def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Step]:
+    """The run's commands, in order, for a stock interpreter spec and an output folder."""
+    short = pin.load(ROOT / pin.PIN_FILE).short
+    layout = mlx_build.layout("cuda", short, cmake_args=cuda_controls.cmake_args(build_args))
+    build, bench, pages, controls = (out / d for d in ("build", "bench", "pages", "controls"))
+    build_argv = [python, "-m", "patchkit", "build", "--backend", "cuda"]
+    build_argv += ["--record-dir", str(build), *build_args]
+    # patchkit build exits 1 after writing its record when tests fail or rows differ.
+    plan = [Step("build", build_argv, (build / "build-cuda.json", build / "build-cuda.md"), (1,))]
+    runs = []
+    for dtype, group in SPEED_RUNS:
+        run = bench / f"{dtype}-{group}.json"
+        argv = [python, "bench/mlx_qmv.py", "run", "--stock", stock]
+        argv += ["--patched", str(layout.python), "--json", str(run)]
+        argv += ["--dtype", dtype, "--group-size", str(group)]
+        plan.append(Step(f"speed {dtype} group {group}", argv, (run,)))
+        runs.append(run)
+    page_argv = [python, "bench/mlx_qmv.py", "page", *map(str, runs), "--out", str(pages / "cuda")]
+    page = (pages / "cuda.json", pages / "cuda.md", pages / "cuda.png")
+    plan.append(Step("speed page", page_argv, page))
+    # Exit 1: a control came out otherwise than it must; the page says which.
+    controls_argv = [python, "ci/cuda_controls.py", "--out", str(controls), *build_args]
+    record = (controls / "cuda-controls.json", controls / "cuda-controls.md")
+    plan.append(Step("controls", controls_argv, record, (1,)))
+    return plan
+
+
+def publish(files: list[Path], dest: Path) -> None:
+    """Copy ``files`` into ``dest`` together: every copy is staged beside its target first,
+    then each is renamed over it, so a failed copy replaces nothing."""
+    staged = []
+    try:
+        for f in files:
+            tmp = dest / f".{f.name}.cuda-records"
+            shutil.copyfile(f, tmp)
+            staged.append((tmp, dest / f.name))
+    except OSError:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, target in staged:
+        os.replace(tmp, target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stock", required=True, help="stock MLX: PYTHON[:SITE], as bench/mlx_qmv.py")
+    ap.add_argument("--out", type=Path, help="the steps' files (default: a new temporary folder)")
+    ap.add_argument("--plan", action="store_true", help="print the commands, run nothing")
+    args, build_args = ap.parse_known_args(argv)
+    if args.out:
+        out = args.out
+    elif args.plan:  # nothing is written
+        out = Path(tempfile.gettempdir()) / "cuda-records-XXXX"
+    else:
+        out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
+    plan = steps(args.stock, out.resolve(), build_args, sys.executable)
+    if args.plan:
+        print("\n".join(f"# {s.name}\n{shlex.join(s.argv)}" for s in plan))
+        print(f"# then: copy every record into {os.path.relpath(RESULTS, ROOT)}")
+        return 0
+    for d in ("build", "bench", "pages", "controls"):
+        (out / d).mkdir(parents=True, exist_ok=True)
+    failures = []
+    for s in plan:
+        print(f"cuda_records: {s.name}: {shlex.join(s.argv)}", flush=True)
+        code = subprocess.run(s.argv, cwd=ROOT).returncode
+        missing = [p for p in s.produces if not p.is_file()]
+        if (code and code not in s.recorded_failure) or missing:
+            print(f"cuda_records: {s.name} failed (exit {code}"
+                  + (f"; missing {', '.join(p.name for p in missing)}" if missing else "")
+                  + f"); nothing copied; its files: {out}", file=sys.stderr)  # fmt: skip
+            return 2
+        if code:
+            failures.append(f"{s.name} (exit {code})")
+    publish([p for s in plan for p in s.produces if p.parent != out / "bench"], RESULTS)
+    print(f"cuda_records: records copied into {os.path.relpath(RESULTS, ROOT)}; runs kept in {out}")
+    if failures:
+        print(f"cuda_records: recorded failures: {', '.join(failures)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
