@@ -17,7 +17,8 @@ made in this order on one machine:
 
 BUILD OPTIONS (``--offline``, ``-j 16``, ``--test-timeout 600`` ...) go to ``patchkit
 build`` and the controls' build alike. Each step's files land in ``--out`` (default: a new
-folder under the temporary directory). A step that produced no record stops the run and
+folder under the temporary directory; a given one must be new or empty, so that no
+earlier run's record passes for this one's). A step that produced no record stops the run and
 nothing is copied; otherwise the records are copied into ``docs/results`` together at the
 end, also when a step recorded failures (failed MLX tests, differing rows, a control
 not as it must), which the exit status (1) and the last lines report.
@@ -107,12 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", action="store_true", help="print the commands, run nothing")
     args, build_args = ap.parse_known_args(argv)
     if args.out:
-        out = args.out
+        out = args.out.resolve()
+        # A record left by an earlier run must not pass for this run's.
+        if not args.plan and out.exists() and any(out.iterdir()):
+            print(f"cuda_records: --out {args.out} is not empty; give a new folder",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     elif args.plan:  # nothing is written
         out = Path(tempfile.gettempdir()) / "cuda-records-XXXX"
     else:
         out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
-    plan = steps(args.stock, out.resolve(), build_args, sys.executable)
+    plan = steps(args.stock, out, build_args, sys.executable)
     if args.plan:
         print("\n".join(f"# {s.name}\n{shlex.join(s.argv)}" for s in plan))
         print(f"# then: copy every record into {os.path.relpath(RESULTS, ROOT)}")

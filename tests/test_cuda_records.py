@@ -72,7 +72,8 @@ def test_a_whole_run_copies_every_record_and_no_run_file(results, tmp_path: Path
                                                          monkeypatch) -> None:  # fmt: skip
     records, dest = results
     monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
-    assert records.main(["--stock", "python3", "--out", str(tmp_path / "out")]) == 0
+    monkeypatch.chdir(tmp_path)  # a relative --out: the speed runs still stay out
+    assert records.main(["--stock", "python3", "--out", "out"]) == 0
     assert sorted(p.name for p in dest.iterdir()) == [
         "build-cuda.json", "build-cuda.md", "cuda-controls.json", "cuda-controls.md",
         "cuda.json", "cuda.md", "cuda.png",
@@ -96,4 +97,16 @@ def test_a_step_without_its_record_stops_the_run_and_copies_nothing(
     monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, exits, skip))
     assert records.main(["--stock", "python3", "--out", str(tmp_path / "out")]) == 2
     assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
+    assert (dest / "build-cuda.json").read_text() == "old"
+
+
+def test_an_out_folder_with_files_is_refused(results, tmp_path: Path, monkeypatch) -> None:
+    """An earlier run's record in --out would pass for a step that wrote none."""
+    records, dest = results
+    out = tmp_path / "out"
+    (out / "build").mkdir(parents=True)
+    for name in ("build-cuda.json", "build-cuda.md"):
+        (out / "build" / name).write_text("earlier run")
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}, skip="build"))
+    assert records.main(["--stock", "python3", "--out", str(out)]) == 2
     assert (dest / "build-cuda.json").read_text() == "old"
