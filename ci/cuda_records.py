@@ -90,7 +90,7 @@ def publish(files: list[Path], dest: Path) -> None:
     staged = []
     try:
         for f in files:
-            tmp = dest / f".{f.name}.cuda-records"
+            tmp = dest / f".{f.name}.{os.getpid()}.cuda-records"  # one per run
             shutil.copyfile(f, tmp)
             staged.append((tmp, dest / f.name))
     except OSError:
