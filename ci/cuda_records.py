@@ -40,9 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ci import cuda_controls  # noqa: E402
-from patchkit.carry import mlx_build, pin  # noqa: E402
+from patchkit.carry import mlx_build, pin, transaction  # noqa: E402
+from patchkit.util import staging  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
+TXN_DIR = ".txn"  # under docs/results: an in-flight copy of the records
 # The speed page's runs: (dtype, group size), as docs/results/cuda.md shows them.
 SPEED_RUNS = (("bfloat16", 64), ("bfloat16", 32), ("bfloat16", 128), ("float16", 64))
 
@@ -85,20 +87,19 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
 
 
 def publish(files: list[Path], dest: Path) -> None:
-    """Copy ``files`` into ``dest`` together: every copy is staged beside its target first,
-    then each is renamed over it, so a failed copy replaces nothing."""
-    staged = []
-    try:
-        for f in files:
-            tmp = dest / f".{f.name}.{os.getpid()}.cuda-records"  # one per run
-            shutil.copyfile(f, tmp)
-            staged.append((tmp, dest / f.name))
-    except OSError:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        raise
-    for tmp, target in staged:
-        os.replace(tmp, target)
+    """Install ``files`` into ``dest`` as one transaction (``patchkit.util.staging``, as
+    ``patches/`` is written): a kill at any moment leaves the old records or the new ones,
+    and the checkout's lock keeps a second writer out meanwhile."""
+    with staging.exclusive(transaction.lock_path(ROOT)):
+        txn = staging.Transaction.begin(dest, dest / TXN_DIR, tuple(f.name for f in files))
+        try:
+            for f in files:
+                shutil.copyfile(f, txn.stage / f.name)
+                txn.install(txn.stage / f.name, dest / f.name)
+        except BaseException:
+            txn.abort()
+            raise
+        txn.commit()
 
 
 def main(argv: list[str] | None = None) -> int:
