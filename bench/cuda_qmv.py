@@ -1,7 +1,7 @@
 """The pin's and the patched qmv.cu, compiled and run side by side on one CUDA GPU.
 
   build (here: nvcc, the pinned tree)  python3 bench/cuda_qmv.py build --out .device/qmv \
-                                           [--variant NAME=TILES,K_WARPS,UNROLL ...]
+                                           [--variant NAME=TILES,K_WARPS,STAGES,BLOCKS_PER_SM ...]
   run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
@@ -37,7 +37,7 @@ from patchkit.verify.harness import cuda
 
 def build(out: Path, arch: str, variants: list[str]) -> None:
     """Extract the pinned tree, render the patched qmv.cu, compile both libraries (and one
-    per ``NAME=TILES,K_WARPS,UNROLL`` variant)."""
+    per ``NAME=TILES,K_WARPS,STAGES,BLOCKS_PER_SM`` variant)."""
     from patchkit.carry import mlx_deps, pin, render, source
     from patchkit.util import git
 
@@ -80,8 +80,8 @@ def main() -> int:
         "--variant",
         action="append",
         default=[],
-        metavar="NAME=T,KW,U",
-        help="also the patched file with launch constants tiles, k_warps, unroll",
+        metavar="NAME=T,KW,S,B",
+        help="also the patched file with launch constants tiles, k_warps, stages, blocks_per_sm",
     )
     r = sub.add_parser("run")
     r.add_argument("--libs", type=Path, default=Path(".device/qmv"))

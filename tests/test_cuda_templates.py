@@ -95,13 +95,17 @@ def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
         "{ qmv_mma_fma<T>(acc[t][1], a, xs[1][2 * j], xs[1][2 * j + 1]); }"
     ) in flat
     assert flat.count("qmv_mma_fma<T>(") == 2
-    assert "for (int s0 = warp; s0 < steps; s0 += k_warps * unroll) {" in flat
+    assert "for (int s0 = warp; s0 < steps; s0 += k_warps * stages) {" in flat
+    assert "int s = s0 + slot * k_warps;" in flat
+    # Each warp's ring holds stages steps; the one in use is complete.
+    assert "fetch((slot + stages - 1) % stages, s + (stages - 1) * k_warps);" in flat
+    assert "cute::cp_async_wait<stages - 1>();" in flat
     assert "int steps = cuda::ceil_div(k, step_k);" in flat
     assert "float sum = partial[0][t][h][i][src];" in flat
     assert "for (int p = 1; p < k_warps; ++p) { sum += partial[p][t][h][i][src]; }" in flat
     # m enters only through the number of real vectors and the pointers.
     assert [ln for ln in kernel.splitlines() if re.search(r"\bm\b", ln)] == [
-        "    int m,",
+        "        int m,",
         "  int vecs = cuda::std::min(16, m - v0);",
         "  x += (static_cast<int64_t>(l) * m + v0) * k;",
         "  out += (static_cast<int64_t>(l) * m + v0) * n;",
@@ -111,21 +115,22 @@ def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
 
 
 def test_launch_constants_are_set_one_each(renders: dict) -> None:
-    """bench/cuda_qmv.py's variants change qmv_mma()'s three constants and nothing else."""
+    """bench/cuda_qmv.py's variants change qmv_mma()'s four constants and nothing else."""
     text = renders[QMV, "upstream"]
-    assert cuda.launch_constants(text) == [1, 8, 4]
-    variant = cuda.with_launch_constants(text, (2, 4, 8))
-    assert cuda.launch_constants(variant) == [2, 4, 8]
+    assert cuda.launch_constants(text) == [1, 8, 4, 2]
+    variant = cuda.with_launch_constants(text, (2, 4, 8, 1))
+    assert cuda.launch_constants(variant) == [2, 4, 8, 1]
     changed = [
         (a, b) for a, b in zip(text.splitlines(), variant.splitlines(), strict=True) if a != b
     ]
     assert changed == [
         ("  constexpr int tiles = 1;", "  constexpr int tiles = 2;"),
         ("  constexpr int k_warps = 8;", "  constexpr int k_warps = 4;"),
-        ("  constexpr int unroll = 4;", "  constexpr int unroll = 8;"),
+        ("  constexpr int stages = 4;", "  constexpr int stages = 8;"),
+        ("  constexpr int blocks_per_sm = 2;", "  constexpr int blocks_per_sm = 1;"),
     ]
     with pytest.raises(ValueError, match="tiles"):
-        cuda.with_launch_constants(text.replace("constexpr int tiles = 1;", ""), (1, 8, 4))
+        cuda.with_launch_constants(text.replace("constexpr int tiles = 1;", ""), (1, 8, 4, 2))
 
 
 def test_wrapper_asks_each_arm_for_its_kernel() -> None:

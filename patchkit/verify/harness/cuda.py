@@ -472,15 +472,16 @@ def report(data: dict[str, Any]) -> str:
 # ------------------------------------------------------------ launch-constant variants
 
 # The tensor-core kernel's launch constants, as qmv_mma() declares them: weight-row tiles
-# of 16 per block, warps over K, steps in flight per warp.
-LAUNCH_CONSTANTS = ("tiles", "k_warps", "unroll")
+# of 16 per block, warps over K, slots of each warp's weight ring (steps in flight), and
+# the blocks per SM that __launch_bounds__ asks registers for.
+LAUNCH_CONSTANTS = ("tiles", "k_warps", "stages", "blocks_per_sm")
 COMPARE_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))
 COMPARE_MS = (1, 2, 4, 8, 9, 12, 16)
 
 
 def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
     """The rendered qmv.cu with qmv_mma()'s launch constants set to ``values``
-    (``tiles, k_warps, unroll``); every row stays M-independent whatever they are."""
+    (``tiles, k_warps, stages, blocks_per_sm``); every row stays M-independent whatever they are."""
     out = qmv_source
     for name, value in zip(LAUNCH_CONSTANTS, values, strict=True):
         out, n = re.subn(rf"(constexpr int {name} = )\d+;", rf"\g<1>{value};", out)
@@ -489,12 +490,12 @@ def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
     return out
 
 
-VARIANT_CONSTANTS = "constants.json"  # under variants/: {name: [tiles, k_warps, unroll]}
+VARIANT_CONSTANTS = "constants.json"  # under variants/: {name: LAUNCH_CONSTANTS values}
 SHIPPED = "shipped"  # the patched file as rendered (patched.so), in compare's variants
 
 
 def launch_constants(qmv_source: str) -> list[int]:
-    """qmv_mma()'s ``tiles, k_warps, unroll`` as the rendered qmv.cu declares them."""
+    """qmv_mma()'s :data:`LAUNCH_CONSTANTS` as the rendered qmv.cu declares them."""
     found = [re.findall(rf"constexpr int {name} = (\d+);", qmv_source) for name in LAUNCH_CONSTANTS]
     if any(len(f) != 1 for f in found):
         raise ValueError("qmv.cu does not declare each launch constant once")
@@ -503,8 +504,8 @@ def launch_constants(qmv_source: str) -> list[int]:
 
 def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]:
     """{variant: the variant its rows must equal}: variants that share ``k_warps`` sum each
-    vector in one order (``tiles`` and ``unroll`` change which rows a block holds and how
-    many steps are loaded ahead, not the order), so each is held to the first of its
+    vector in one order (``tiles``, ``stages`` and ``blocks_per_sm`` change which rows a
+    block holds, how many steps are loaded ahead and the register budget, not the order), so each is held to the first of its
     group (the shipped kernel, else by name). A group of one, or a library of unknown
     constants, has no reference."""
     order = sorted(constants, key=lambda n: (n != SHIPPED, n))  # the shipped kernel first

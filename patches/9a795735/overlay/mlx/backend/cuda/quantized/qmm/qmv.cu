@@ -4,12 +4,12 @@
 // base blob:  4ec6b95a7a2d8a0680d74d2a4849dc63a04a387d
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -7,6 +7,9 @@
-//   @@ -248,6 +251,307 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +571,32 @@ void qmv(
-//   @@ -403,6 +732,43 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +786,17 @@ void qmv(
-//   @@ -451,6 +828,7 @@ void qmv(
+//   @@ -7,6 +7,10 @@
+//   @@ -248,6 +252,350 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +615,32 @@ void qmv(
+//   @@ -403,6 +776,43 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +830,17 @@ void qmv(
+//   @@ -451,6 +872,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -20,6 +20,7 @@
 
 #include <cooperative_groups.h>
 #include <cooperative_groups/reduce.h>
+#include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
 
 #include "mlx/utils.h"
@@ -314,25 +315,28 @@ __device__ __forceinline__ auto qmv_mma_pair(T v) {
 template <
     int tiles,
     int k_warps,
-    int unroll,
+    int stages,
+    int blocks_per_sm,
     int group_size,
     bool has_bias,
     typename T,
     typename Q,
     typename S>
-__global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
-    const T* x,
-    const Q* w,
-    const S* scales,
-    const T* biases,
-    const float* global_scale,
-    T* out,
-    int m,
-    int n,
-    int k,
-    bool broadcast_w) {
+__global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
+    qmv_mma_kernel(
+        const T* x,
+        const Q* w,
+        const S* scales,
+        const T* biases,
+        const float* global_scale,
+        T* out,
+        int m,
+        int n,
+        int k,
+        bool broadcast_w) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  // Not launched below sm80 (supports_qmv_mma); bfloat16 pair math is sm80+.
+  // Not launched below sm80 (supports_qmv_mma); bfloat16 pair math and
+  // cp.async are sm80+.
   __trap();
 #else
   constexpr int bits = cute::sizeof_bits_v<Q>;
@@ -341,6 +345,9 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
   // Groups in a step (nvfp4's groups of 16 are shorter than a step).
   constexpr int seg_groups = cuda::std::max(1, seg / group_size);
   constexpr int group_elems = seg / seg_groups;
+  // Weights of a row dequantized at a time: two MMAs' worth, in one group.
+  constexpr int chunk = 8;
+  static_assert(group_elems % chunk == 0, "a chunk lies in one group");
   // K of one step of a warp: the four threads of an MMA row.
   constexpr int step_k = 4 * seg;
   using T2 = cuda::std::conditional_t<
@@ -376,51 +383,73 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
       x + static_cast<int64_t>(g) * k, x + static_cast<int64_t>(g + 8) * k};
   bool x_real[2] = {g < vecs, g + 8 < vecs};
 
-  float acc[tiles][2][4] = {};
+  // Each warp streams its weights through a ring of `stages` slots: a step's
+  // 16 bytes per row and thread are copied (cp.async) stages - 1 steps before
+  // they are used, holding no registers meanwhile; its scales and biases wait
+  // in registers of the same slot. A thread reads only the words it copied.
+  __shared__ uint4 ring[k_warps][stages][tiles][2][WARP_SIZE];
+  __shared__ float partial[k_warps][tiles][2][4][WARP_SIZE];
+  static_assert(
+      sizeof(ring) + sizeof(partial) <= 48 * 1024, "static shared memory");
+  S scale[stages][tiles][2][seg_groups];
+  T bias[stages][tiles][2][seg_groups];
+
   int steps = cuda::ceil_div(k, step_k);
-  // A warp takes steps warp, warp + k_warps, ... in order, unroll of them per
-  // iteration: their weights are all loaded before the first is used.
-  for (int s0 = warp; s0 < steps; s0 += k_warps * unroll) {
-    uint4 raw[unroll][tiles][2];
-    S scale[unroll][tiles][2][seg_groups];
-    T bias[unroll][tiles][2][seg_groups];
+  // Step s of this thread into ring slot `slot`: zeros past K or N.
+  auto fetch = [&](int slot, int s) {
+    int k0 = s * step_k + quad * seg;
 #pragma unroll
-    for (int u = 0; u < unroll; ++u) {
-      int k0 = (s0 + u * k_warps) * step_k + quad * seg;
+    for (int t = 0; t < tiles; ++t) {
 #pragma unroll
-      for (int t = 0; t < tiles; ++t) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int row = n0 + t * 16 + h * 8 + g;
-          raw[u][t][h] = make_uint4(0, 0, 0, 0);
+      for (int h = 0; h < 2; ++h) {
+        int row = n0 + t * 16 + h * 8 + g;
+        uint4& dst = ring[warp][slot][t][h][lane];
+        if (k0 < k && row < n) {
+          cute::SM80_CP_ASYNC_CACHEGLOBAL<uint4>::copy(
+              *reinterpret_cast<const uint4*>(
+                  w_bytes + row * row_bytes + k0 * bits / 8),
+              dst);
+          int64_t g0 =
+              static_cast<int64_t>(row) * groups_per_row + k0 / group_size;
 #pragma unroll
           for (int j = 0; j < seg_groups; ++j) {
-            scale[u][t][h][j] = S{};
-            bias[u][t][h][j] = T{0};
-          }
-          if (k0 < k && row < n) {
-            raw[u][t][h] = *reinterpret_cast<const uint4*>(
-                w_bytes + row * row_bytes + k0 * bits / 8);
-            int64_t g0 =
-                static_cast<int64_t>(row) * groups_per_row + k0 / group_size;
-#pragma unroll
-            for (int j = 0; j < seg_groups; ++j) {
-              scale[u][t][h][j] = scales[g0 + j];
-              if constexpr (has_bias) {
-                bias[u][t][h][j] = biases[g0 + j];
-              }
+            scale[slot][t][h][j] = scales[g0 + j];
+            bias[slot][t][h][j] = T{0};
+            if constexpr (has_bias) {
+              bias[slot][t][h][j] = biases[g0 + j];
             }
+          }
+        } else {
+          dst = make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int j = 0; j < seg_groups; ++j) {
+            scale[slot][t][h][j] = S{};
+            bias[slot][t][h][j] = T{0};
           }
         }
       }
     }
+    cute::cp_async_fence();
+  };
 
+  float acc[tiles][2][4] = {};
+  // A warp takes steps warp, warp + k_warps, ... in order.
 #pragma unroll
-    for (int u = 0; u < unroll; ++u) {
-      if (s0 + u * k_warps >= steps) {
+  for (int slot = 0; slot < stages - 1; ++slot) {
+    fetch(slot, warp + slot * k_warps);
+  }
+  for (int s0 = warp; s0 < steps; s0 += k_warps * stages) {
+#pragma unroll
+    for (int slot = 0; slot < stages; ++slot) {
+      int s = s0 + slot * k_warps;
+      // Refill the slot read last: its words fed MMAs already issued, which
+      // are volatile, so the copy cannot overtake the read.
+      fetch((slot + stages - 1) % stages, s + (stages - 1) * k_warps);
+      cute::cp_async_wait<stages - 1>();
+      if (s >= steps) {
         break;
       }
-      int k0 = (s0 + u * k_warps) * step_k + quad * seg;
+      int k0 = s * step_k + quad * seg;
       bool in_k = k0 < k;
 
       // x of vectors g and g + 8 at this thread's K, as packed pairs (zeros
@@ -443,43 +472,50 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
 
 #pragma unroll
       for (int t = 0; t < tiles; ++t) {
-        // w * scale + bias in T, one fma per pair of weights.
-        uint32_t wp[2][seg / 2];
+        uint4 raw[2] = {
+            ring[warp][slot][t][0][lane], ring[warp][slot][t][1][lane]};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          auto w_vec =
-              *reinterpret_cast<const cutlass::Array<Q, seg>*>(&raw[u][t][h]);
-          cutlass::NumericArrayConverter<T, Q, seg> converter;
-          cutlass::Array<T, seg> w_dq = converter(w_vec);
-          auto* w2 = reinterpret_cast<T2*>(&w_dq);
+        for (int c = 0; c < seg / chunk; ++c) {
+          // w * scale + bias in T, one fma per pair of weights.
+          uint32_t wp[2][chunk / 2];
 #pragma unroll
-          for (int j = 0; j < seg_groups; ++j) {
-            T2 s2 = qmv_mma_pair(T(scale[u][t][h][j]));
-            T2 b2 = qmv_mma_pair(bias[u][t][h][j]);
+          for (int h = 0; h < 2; ++h) {
+            auto w_vec =
+                reinterpret_cast<const cutlass::Array<Q, chunk>*>(&raw[h])[c];
+            cutlass::NumericArrayConverter<T, Q, chunk> converter;
+            cutlass::Array<T, chunk> w_dq = converter(w_vec);
+            auto* w2 = reinterpret_cast<T2*>(&w_dq);
+            int grp = c * chunk / group_elems;
+            T2 s2 = qmv_mma_pair(T(scale[slot][t][h][grp]));
+            T2 b2 = qmv_mma_pair(bias[slot][t][h][grp]);
 #pragma unroll
-            for (int i = 0; i < group_elems / 2; ++i) {
-              T2& pair = w2[j * group_elems / 2 + i];
+            for (int i = 0; i < chunk / 2; ++i) {
               if constexpr (has_bias) {
-                pair = __hfma2(pair, s2, b2);
+                w2[i] = __hfma2(w2[i], s2, b2);
               } else {
-                pair = __hmul2(pair, s2);
+                w2[i] = __hmul2(w2[i], s2);
               }
             }
-          }
 #pragma unroll
-          for (int i = 0; i < seg / 2; ++i) {
-            wp[h][i] = reinterpret_cast<const uint32_t*>(&w_dq)[i];
+            for (int i = 0; i < chunk / 2; ++i) {
+              wp[h][i] = reinterpret_cast<const uint32_t*>(&w_dq)[i];
+            }
           }
-        }
 
-        // MMA j takes k0 + 4j .. k0 + 4j + 3 of every thread: pairs 2j, 2j + 1.
+          // MMA j takes k0 + 4j .. k0 + 4j + 3 of every thread: pairs 2j,
+          // 2j + 1 of the step.
 #pragma unroll
-        for (int j = 0; j < seg / 4; ++j) {
-          uint32_t a[4] = {
-              wp[0][2 * j], wp[1][2 * j], wp[0][2 * j + 1], wp[1][2 * j + 1]};
-          qmv_mma_fma<T>(acc[t][0], a, xs[0][2 * j], xs[0][2 * j + 1]);
-          if (two) {
-            qmv_mma_fma<T>(acc[t][1], a, xs[1][2 * j], xs[1][2 * j + 1]);
+          for (int jc = 0; jc < chunk / 4; ++jc) {
+            int j = c * chunk / 4 + jc;
+            uint32_t a[4] = {
+                wp[0][2 * jc],
+                wp[1][2 * jc],
+                wp[0][2 * jc + 1],
+                wp[1][2 * jc + 1]};
+            qmv_mma_fma<T>(acc[t][0], a, xs[0][2 * j], xs[0][2 * j + 1]);
+            if (two) {
+              qmv_mma_fma<T>(acc[t][1], a, xs[1][2 * j], xs[1][2 * j + 1]);
+            }
           }
         }
       }
@@ -487,7 +523,6 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, 2) qmv_mma_kernel(
   }
 
   // The warps' partial sums, added in warp order.
-  __shared__ float partial[k_warps][tiles][2][4][WARP_SIZE];
 #pragma unroll
   for (int t = 0; t < tiles; ++t) {
 #pragma unroll
@@ -552,7 +587,8 @@ void qmv_mma(
     F&& launch_kernel) {
   constexpr int tiles = 1;
   constexpr int k_warps = 8;
-  constexpr int unroll = 4;
+  constexpr int stages = 4;
+  constexpr int blocks_per_sm = 2;
   dim3 num_blocks{
       uint32_t(cuda::ceil_div(n, tiles * 16)),
       uint32_t(cuda::ceil_div(m, 16)),
@@ -560,8 +596,16 @@ void qmv_mma(
   dim3 block_dims{k_warps * WARP_SIZE};
   void* args[] = {
       &x, &w, &scales, &biases, &global_scale, &out, &m, &n, &k, &broadcast_w};
-  auto* kernel =
-      &qmv_mma_kernel<tiles, k_warps, unroll, group_size, has_bias, T, Q, S>;
+  auto* kernel = &qmv_mma_kernel<
+      tiles,
+      k_warps,
+      stages,
+      blocks_per_sm,
+      group_size,
+      has_bias,
+      T,
+      Q,
+      S>;
   launch_kernel(reinterpret_cast<void*>(kernel), num_blocks, block_dims, args);
 }
 
