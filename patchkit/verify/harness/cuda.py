@@ -505,9 +505,9 @@ def launch_constants(qmv_source: str) -> list[int]:
 def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]:
     """{variant: the variant its rows must equal}: variants that share ``k_warps`` sum each
     vector in one order (``tiles``, ``stages`` and ``blocks_per_sm`` change which rows a
-    block holds, how many steps are loaded ahead and the register budget, not the order), so each is held to the first of its
-    group (the shipped kernel, else by name). A group of one, or a library of unknown
-    constants, has no reference."""
+    block holds, how many steps are in flight and the register budget, not the order), so
+    each is held to the first of its group (the shipped kernel, else by name). A group of
+    one, or a library of unknown constants, has no reference."""
     order = sorted(constants, key=lambda n: (n != SHIPPED, n))  # the shipped kernel first
     refs: dict[str, str] = {}
     for name in order:
