@@ -9,7 +9,13 @@ because the patched module holds more kernels). Registers, instructions and thei
 are compared as they are. The negative control changes one operation of upstream's
 ``qmv_kernel_impl`` (the per-row reduction's ``+=`` into ``-=``) and must fail.
 
-Cost: three PTX compiles of the whole file (about 15 s each, in parallel).
+The same PTX also shows the tensor-core kernel's weight ring in order: every read of a
+slot (``ld.shared.v4``) comes after a ``cp.async.wait_group`` with no copy committed in
+between. CuTe's wait is an ``asm volatile`` without a memory clobber, so nothing in the
+source language stops a compiler from hoisting a read above it; this check holds it for
+every instance nvcc makes. Its control drops the wait and must fail.
+
+Cost: four PTX compiles of the whole file (about 15 s each, in parallel).
 Skipped without nvcc, a clone holding the pin, or MLX's cutlass and fmt downloads.
 """
 
@@ -79,10 +85,13 @@ def ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     patched = render.render_file(plan, stock_text, render.RenderOptions())
     sums = "    sum += sums[i];\n"
     assert patched.count(sums) == 1, "the control's operation moved; update the test"
+    wait = "      cute::cp_async_wait<stages - 1>();\n"
+    assert patched.count(wait) == 1, "the ring's wait moved; update the test"
     sources = {
         "stock": stock_text,
         "patched": patched,
         "control": patched.replace(sums, sums.replace("+=", "-=")),
+        "unwaited": patched.replace(wait, ""),
     }
     qmv_dir = (root / cuda.QMV_PATH).parent
     flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root, DEPS)
@@ -122,3 +131,42 @@ def test_control_one_operation_changes_ptx(ptx: dict[str, dict[str, str]]) -> No
     bad = mismatches(ptx["stock"], ptx["control"])
     # qmv_kernel_impl is shared: every qmv and gather instance changes.
     assert len(bad) == len(ptx["stock"])
+
+
+def ring_reads(entry: str) -> tuple[int, int]:
+    """(reads of a ring slot, those not after a wait): a read is waited for when the last
+    cp.async instruction before it, in program text, is a ``cp.async.wait_group`` rather
+    than a ``cp.async.commit_group`` (the kernel's loop is unrolled over the slots, so
+    each slot's wait precedes its reads in the text)."""
+    reads = unwaited = 0
+    last = None
+    for line in entry.splitlines():
+        op = line.strip()
+        if op.startswith("cp.async.wait"):
+            last = "wait"
+        elif op.startswith("cp.async.commit"):
+            last = "commit"
+        elif op.startswith("ld.shared.v4"):
+            reads += 1
+            unwaited += last != "wait"
+    return reads, unwaited
+
+
+def tensor_core_entries(arm: dict[str, str]) -> dict[str, str]:
+    """The patch's own kernels (``qmv_mma_kernel`` instances) of one arm's PTX."""
+    return {n: body for n, body in arm.items() if "qmv_mma_kernel<" in n}
+
+
+def test_ring_reads_follow_their_wait(ptx: dict[str, dict[str, str]]) -> None:
+    """Every instance reads its weight ring, and only after the copies are waited for."""
+    found = {n: ring_reads(body) for n, body in tensor_core_entries(ptx["patched"]).items()}
+    assert len(found) == 18
+    assert all(reads > 0 for reads, _ in found.values()), found
+    assert {n: u for n, (_, u) in found.items() if u} == {}
+
+
+def test_control_unwaited_ring_reads_are_seen(ptx: dict[str, dict[str, str]]) -> None:
+    """The control: the wait dropped, and the ordering check fails in every instance."""
+    found = {n: ring_reads(body) for n, body in tensor_core_entries(ptx["unwaited"]).items()}
+    assert len(found) == 18
+    assert all(unwaited > 0 for _, unwaited in found.values()), found
