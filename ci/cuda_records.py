@@ -7,6 +7,8 @@ The CUDA pages in ``docs/results`` belong to one patch series (``tests/test_reco
 fails when they do not), so any change to the CUDA templates needs all of them again,
 made in this order on one machine:
 
+0. ``patchkit apply``: the pinned clone's patch branch, which the build checks out (a
+   no-op where it is already there; on a fresh host, the clone is made);
 1. ``patchkit build --backend cuda``: the build, parity on both routes and MLX's test file
    (``build-cuda``);
 2. ``bench/mlx_qmv.py run`` on that build beside a stock MLX (``--stock``, its interpreter
@@ -66,8 +68,11 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
     build, bench, pages, controls = (out / d for d in ("build", "bench", "pages", "controls"))
     build_argv = [python, "-m", "patchkit", "build", "--backend", "cuda"]
     build_argv += ["--record-dir", str(build), *build_args]
+    plan = [Step("apply", [python, "-m", "patchkit", "apply", "--pin", short], ())]
     # patchkit build exits 1 after writing its record when tests fail or rows differ.
-    plan = [Step("build", build_argv, (build / "build-cuda.json", build / "build-cuda.md"), (1,))]
+    plan.append(
+        Step("build", build_argv, (build / "build-cuda.json", build / "build-cuda.md"), (1,))
+    )
     runs = []
     for dtype, group in SPEED_RUNS:
         run = bench / f"{dtype}-{group}.json"

@@ -26,8 +26,10 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
     plan = records.steps("python3:/opt/stock", Path("/tmp/cr"), ["--offline", "-j", "16"],
                          sys.executable)  # fmt: skip
-    assert len(lines) == len(plan) == 3 + len(records.SPEED_RUNS)
-    build, *speed, page, controls = plan
+    assert len(lines) == len(plan) == 4 + len(records.SPEED_RUNS)
+    apply, build, *speed, page, controls = plan
+    # The build checks out the patch branch that apply makes in the cached clone.
+    assert apply.argv[1:4] == ["-m", "patchkit", "apply"] and apply.produces == ()
     assert build.argv[1:5] == ["-m", "patchkit", "build", "--backend"]
     assert build.argv[-3:] == ["--offline", "-j", "16"]
     assert controls.argv[1] == "ci/cuda_controls.py" and controls.argv[-3:] == build.argv[-3:]
