@@ -476,6 +476,45 @@ def test_a_build_record_without_tests_is_left_out_of_the_body(tmp_path: Path) ->
     assert notes == [] and "40 passed, 0 failed, 2 skipped" in found[0]["lines"][1]
 
 
+def test_a_build_record_names_this_prs_tests_and_only_counts_the_rest(tmp_path: Path) -> None:
+    """The build holds every PR of the series, so its test file has other PRs' tests: the
+    body names this PR's own methods with their verdicts and only counts the unfinished
+    ones; it says the new tests pass only when the record shows each of them passing
+    (control: one unfinished)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "MLX built with this change for CUDA, its tests"\n'
+        'file = "build-cuda.json"\nkind = "build"\n'
+    )
+    per_test = {"test_own": "passed", "test_own_too": "passed", "test_other_pr": "unfinished",
+                "test_old": "unfinished"}  # fmt: skip
+    tests = {"file": "python/tests/test_quantized.py", "passed": 2, "failed": 0, "skipped": 0,
+             "per_test": per_test, "unfinished": ["test_other_pr", "test_old"]}  # fmt: skip
+    record = {"mlx_commit": "9a795735ad9a", "backend": "cuda", "date": "2026-12-04",
+              "machine": {"gpu": "NVIDIA H200"}, "tests": tests}  # fmt: skip
+    (tmp_path / "build-cuda.json").write_text(json.dumps(record))
+    own = ["test_own", "test_own_too"]
+
+    def body_facts() -> tuple[list[str], bool]:
+        found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda", own)
+        assert notes == []
+        facts = {"numstat": {}, "tests": own, "test_file": "python/tests/test_quantized.py",
+                 "benchmarks": [], "env_vars": []}  # fmt: skip
+        context = export_pr.body_context("cuda", "base", "branch", "", facts, found)
+        return found[0]["lines"], context["tests_shown_passing"]
+
+    lines, shown = body_facts()
+    assert "with this change and the other PRs of its series built together" in lines[0]
+    assert lines[1].endswith("; 2 methods not run to the end in the time given")
+    assert "test_other_pr" not in " ".join(lines)
+    assert lines[2] == "this PR's tests there: `test_own` passed, `test_own_too` passed"
+    assert shown
+    per_test["test_own_too"] = "unfinished"
+    (tmp_path / "build-cuda.json").write_text(json.dumps(record))
+    lines, shown = body_facts()
+    assert lines[2].endswith("`test_own_too` unfinished") and not shown
+
+
 def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Path) -> None:
     """Every number of the tests fact is the page's own (counted here from its arms), the
     methods failing on stock and passing here are named, and no patchkit file or command

@@ -805,17 +805,27 @@ def emulate_fact(data: dict) -> list[str]:
     return lines
 
 
-def build_fact(data: dict) -> list[str]:
+def own_test_status(data: dict, own_tests: Sequence[str]) -> dict[str, str]:
+    """``{test: passed | failed | skipped | unfinished | not run}`` for this PR's own test
+    methods in a ``patchkit build`` record."""
+    per_test = (data.get("tests") or {}).get("per_test") or {}
+    return {t: per_test.get(t, "not run") for t in own_tests}
+
+
+def build_fact(data: dict, own_tests: Sequence[str] = ()) -> list[str]:
     """Lines for a ``patchkit build`` record: where, and MLX's own test file on that build;
     none for a build whose tests did not run (``--no-test``): a build alone is no fact a
-    reviewer can use."""
+    reviewer can use. The build holds every PR of the series at once, so its test file
+    has the other PRs' tests too: the methods not run to the end are counted, and this
+    PR's own methods (``own_tests``) are named with their verdicts."""
     if not data.get("tests"):
         return []
     machine = data.get("machine") or {}
     where = machine.get("gpu") or f"{machine.get('system', '?')} {machine.get('machine', '')}"
     lines = [
-        f"MLX at {str(data.get('mlx_commit', '?'))[:8]} with this change, {data.get('backend')}"
-        f" backend, {where.strip()}, {data.get('date', '?')}"
+        f"MLX at {str(data.get('mlx_commit', '?'))[:8]} with this change and the other PRs of"
+        f" its series built together, {data.get('backend')} backend, {where.strip()},"
+        f" {data.get('date', '?')}"
     ]
     tests = data.get("tests") or {}
     counts = [tests.get(k) for k in ("passed", "failed", "skipped")]
@@ -825,8 +835,11 @@ def build_fact(data: dict) -> list[str]:
         if failed:
             line += f" (failed: {', '.join(failed)})"
         if tests.get("unfinished"):
-            line += f"; not finished: {', '.join(tests['unfinished'])}"
+            line += f"; {len(tests['unfinished'])} methods not run to the end in the time given"
         lines.append(line)
+    status = own_test_status(data, own_tests)
+    if status:
+        lines.append("this PR's tests there: " + ", ".join(f"`{t}` {s}" for t, s in status.items()))
     return lines  # MLX's own tests only: a reviewer reruns them, not patchkit's parity
 
 
@@ -930,9 +943,13 @@ def bench_fact(data: dict, arm: str, base: str, m_range: Sequence[int]) -> list[
     ]
 
 
-def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[list[dict], list[str]]:
-    """([{title, lines, source}], warnings) from the files ``templates/pr/results.toml``
-    names for ``backend``: numbers are read from the files, never written in code."""
+def measured_results(
+    root: Path, templates_dir: Path, backend: str, own_tests: Sequence[str] = ()
+) -> tuple[list[dict], list[str]]:
+    """([{title, lines, source, own_tests}], warnings) from the files
+    ``templates/pr/results.toml`` names for ``backend``: numbers are read from the files,
+    never written in code; ``own_tests`` (a build record's verdicts of this PR's test
+    methods) lets the body say whether they are shown passing."""
     manifest = templates_dir / RESULTS_MANIFEST
     if not manifest.is_file():
         return [], [f"no {manifest}: the PR body lists no measured results"]
@@ -940,13 +957,15 @@ def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[lis
     found, notes = [], []
     for entry in entries:
         path = root / entry["file"]
+        own: dict[str, str] = {}
         try:
             data = json.loads(path.read_text())
             kind = entry["kind"]
             if kind == "emulate":
                 lines = emulate_fact(data)
             elif kind == "build":
-                lines = build_fact(data)
+                lines = build_fact(data, own_tests)
+                own = own_test_status(data, own_tests)
             elif kind == "parity":
                 lines = parity_fact(data)
             elif kind == "tests":
@@ -964,7 +983,9 @@ def measured_results(root: Path, templates_dir: Path, backend: str) -> tuple[lis
             notes.append(f"{entry['file']}: holds no fact a reviewer can rerun (a build whose"
                          " tests did not run); left out of the body")  # fmt: skip
             continue
-        found.append({"title": entry["title"], "lines": lines, "source": entry["file"]})
+        found.append(
+            {"title": entry["title"], "lines": lines, "source": entry["file"], "own_tests": own}
+        )
     return found, notes
 
 
@@ -999,6 +1020,10 @@ def body_context(
         "benchmarks": facts["benchmarks"],
         "env_vars": facts["env_vars"],
         "results": results,
+        # Whether a build record shows every new test of this PR passing.
+        "tests_shown_passing": any(
+            r.get("own_tests") and set(r["own_tests"].values()) == {"passed"} for r in results
+        ),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
         "bench_file": BENCH_FILE,
@@ -1119,7 +1144,7 @@ def export_pr(
             tools=tools,
         )  # fmt: skip
     facts = diff_facts(clone, own_base, head)
-    results, notes = measured_results(root, templates_dir, req.backend)
+    results, notes = measured_results(root, templates_dir, req.backend, facts["tests"])
     notes = scope_warnings(req.backend, facts) + notes
     if req.title is None or carries:
         notes.append(
