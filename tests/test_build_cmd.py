@@ -55,6 +55,11 @@ SETUP_PY = """\
 if __name__ == "__main__":
     version = get_version()
 """
+TESTS_PY = """\
+class TestQuantized:
+    def test_qmv(self):
+        pass
+"""
 CUDA_CMAKE = """\
 FetchContent_Declare(
   cutlass
@@ -81,7 +86,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     git.init(upstream)
     files = {"CMakeLists.txt": TOP_CMAKE, "mlx/io/CMakeLists.txt": IO_CMAKE,
              "mlx/backend/cuda/CMakeLists.txt": CUDA_CMAKE, "setup.py": SETUP_PY,
-             "mlx/version.h": VERSION_H}  # fmt: skip
+             "mlx/version.h": VERSION_H, "python/tests/test_quantized.py": TESTS_PY}  # fmt: skip
     commit = _commit(upstream, files)
     root = tmp_path / "project"
     root.mkdir()
@@ -973,3 +978,16 @@ def test_a_plain_build_keeps_its_record_out_of_the_checkout(
         r = CliRunner().invoke(main, ["build", "--backend", "cpu", *args])
         assert r.exit_code == 0, r.output
         assert written[-1] == where
+
+
+def test_the_patchs_own_tests_start_first(project: dict[str, Path]) -> None:
+    """The methods the patch adds to MLX's test file start before all others, so a run cut
+    short by --test-timeout still has their verdicts; the pin's own methods are not named
+    (here the patch adds none: control)."""
+    patched = TESTS_PY + "\n    def test_new_b(self):\n        pass\n\n    def test_new_a(self):\n"
+    assert mlx_build.new_test_methods(lambda _: TESTS_PY, lambda _: patched) == [
+        "test_new_b", "test_new_a",
+    ]  # fmt: skip
+    plan = mlx_build.plan(project["root"], backend="cpu")
+    test = next(s for s in plan.steps if s.stage == "test")
+    assert "--first" not in test.argv

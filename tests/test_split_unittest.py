@@ -161,6 +161,10 @@ def test_a_rerun_starts_the_longest_method_first(tmp_path: Path) -> None:
     # A method stopped unfinished is ordered before every timed one.
     (tmp_path / "ptx" / "durations.json").write_text('{"test_a_quick": null, "test_b_slow": 9}')
     assert started() == ["test_a_quick", "test_b_slow"]
+    # --first (a change's own tests) goes before the unfinished and the longest.
+    argv += ["--first", "test_b_slow"]
+    (tmp_path / "ptx" / "durations.json").write_text('{"test_a_quick": null, "test_b_slow": 9}')
+    assert started() == ["test_b_slow", "test_a_quick"]
 
 
 def _split(

@@ -18,7 +18,7 @@ Every environment step runs on every build (each is idempotent, and pip is fast 
 satisfied), a broken venv is recreated, and a preflight checks the tools, system
 libraries and Python packages every later step needs before the compile starts.
 Then, in that environment: MLX's own ``python/tests/test_quantized.py`` (the
-whole file, the PR's test included) and ``patchkit parity`` on the fresh MLX.
+whole file, the PR's tests first) and ``patchkit parity`` on the fresh MLX.
 :func:`plan` only reads; ``--dry-run`` prints it. :func:`execute` runs it with
 every command's output in one log, and :func:`record` is the build record
 (``docs/results/build-<backend>.json``).
@@ -313,6 +313,7 @@ def plan(
             "(another patch was applied there); run `patchkit apply` first"
         )
     read = source.reader(clone, head)
+    own_tests = new_test_methods(source.reader(clone, p.commit), read)
     declared = mlx_deps.declared(read, backend)
     offline = offline or deps_dir is not None
     if offline:
@@ -383,7 +384,7 @@ def plan(
     shards = min(4, max(1, test_jobs // 4)) if backend == "cuda" else 1
     if run_tests:
         steps.append(
-            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's test included, "
+            Step("test", f"MLX's own python/tests/{TEST_FILE}.py, the PR's tests first, "
                  f"one process per test method"
                  + (f" (a method with subtests: {shards}, each with a contiguous share "
                     "of them)" if shards > 1 else "")
@@ -393,7 +394,8 @@ def plan(
                  [vpy, "-m", "patchkit.util.split_unittest", TEST_FILE, "--jobs", str(test_jobs),
                   *(["--cache-root", str(where.ptx_cache(version))] if backend == "cuda" else []),
                   *(["--deadline-s", str(test_timeout)] if test_timeout else []),
-                  *(["--shards", str(shards)] if shards > 1 else [])],
+                  *(["--shards", str(shards)] if shards > 1 else []),
+                  *(arg for t in own_tests for arg in ("--first", t))],
                  where.worktree / "python" / "tests", python_env, ok_codes=(0, 1))
         )  # fmt: skip
     options = (
@@ -474,6 +476,15 @@ def _environment_steps(
                   *_own_requirements(root)], root)
         )  # fmt: skip
     return steps
+
+
+def new_test_methods(read_base: Callable[[str], str], read_head: Callable[[str], str]) -> list[str]:
+    """The test methods the patch adds to MLX's test file, in its order: they start before
+    the others, so that a run cut short by ``--test-timeout`` still has their verdicts."""
+    path = f"python/tests/{TEST_FILE}.py"
+    pattern = re.compile(r"^\s*def (test_\w+)\(", re.M)
+    base = set(pattern.findall(read_base(path)))
+    return [name for name in pattern.findall(read_head(path)) if name not in base]
 
 
 def _own_requirements(root: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """One unittest module, one process per test method, several at a time; one summary.
 
 ``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR] [--deadline-s S]
-[--shards N]``
+[--shards N] [--first METHOD ...]``
 
 Why: on CUDA, MLX compiles each ``qmm`` kernel with NVRTC at first use, serially and 20
 to 50 s apiece, so its ``test_quantized.py`` spends most of a serial run compiling.
@@ -20,10 +20,11 @@ process would have taken the whole run's summary down with it. With ``--cache-ro
 each method's wall time (or that it was stopped unfinished) is kept there in
 ``durations.json``, and the next run starts the methods longest first (unfinished and
 unknown ones before all others): the slow JIT compilers start at once instead of
-queueing behind quick methods. With ``--deadline-s``, a method still running then is
-stopped and one not yet started is not started: both are ``UNFINISHED`` lines, not
-counted as run, and the run is not OK (a host lent for a fixed time still gets a verdict
-on every method that ended).
+queueing behind quick methods. ``--first`` names methods that start before all of those
+(a change's own tests: its record must show them, however short the run's window). With
+``--deadline-s``, a method still running then is stopped and one not yet started is not
+started: both are ``UNFINISHED`` lines, not counted as run, and the run is not OK (a host
+lent for a fixed time still gets a verdict on every method that ended).
 
 The output ends in unittest's own form: the ``FAIL:``/``ERROR:`` headers of every
 method, one ``Ran N tests`` line and one ``OK``/``FAILED (...)`` tail summing the
@@ -376,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, help="stop what still runs after this long")
     parser.add_argument("--shards", type=int, default=1,
                         help="run each method with subtests as this many processes")  # fmt: skip
+    parser.add_argument("--first", action="append", default=[], metavar="METHOD",
+                        help="start this test method before all others (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.shards < 1:
         parser.error("--shards must be at least 1")
@@ -386,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     # Not timed yet (a fresh host): the methods split into shards first, the likely slow
     # ones, so quick methods fill the slots they leave instead of queueing behind them.
     work.sort(key=lambda t: (t[0].rsplit(".", 1)[-1] in known, t[1] is None))
+    work.sort(key=lambda t: t[0].rsplit(".", 1)[-1] not in args.first)  # stable: first of all
     print(f"{len(ids)} test methods of {args.module} in {len(work)} processes, "
           f"{args.jobs} at a time", flush=True)  # fmt: skip
     start = time.monotonic()
