@@ -474,6 +474,9 @@ def test_real_cpu_build_offline(tmp_path: Path) -> None:
     """The whole thing, offline: build the wheel, MLX's test_quantized.py, parity (needs
     `patchkit deps --backend cpu` filled), then the wheel into a fresh venv of the user's."""
     plan = mlx_build.plan(ROOT, backend="cpu", mlx_repo=mlx_clone(), offline=True)
+    test = next(s for s in plan.steps if s.stage == "test")
+    first = [a for flag, a in zip(test.argv, test.argv[1:], strict=False) if flag == "--first"]
+    assert "test_qmv_tensor_cores_match_single_vector" in first  # the PR's tests, rendered
     rec = mlx_build.execute(plan, ROOT, lambda _: None)
     assert rec["built"] and rec["tests"]["failed"] == 0 and rec["tests"]["errors"] == 0
     assert rec["tests"]["passed"] > 30
@@ -985,7 +988,7 @@ def test_the_patchs_own_tests_start_first(project: dict[str, Path]) -> None:
     short by --test-timeout still has their verdicts; the pin's own methods are not named
     (here the patch adds none: control)."""
     patched = TESTS_PY + "\n    def test_new_b(self):\n        pass\n\n    def test_new_a(self):\n"
-    assert mlx_build.new_test_methods(lambda _: TESTS_PY, lambda _: patched) == [
+    assert mlx_build.new_test_methods(TESTS_PY, patched) == [
         "test_new_b", "test_new_a",
     ]  # fmt: skip
     plan = mlx_build.plan(project["root"], backend="cpu")

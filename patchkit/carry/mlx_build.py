@@ -313,7 +313,9 @@ def plan(
             "(another patch was applied there); run `patchkit apply` first"
         )
     read = source.reader(clone, head)
-    own_tests = new_test_methods(source.reader(clone, p.commit), read)
+    tests_path = f"python/tests/{TEST_FILE}.py"
+    tests_text = rendered_pr_files(root, clone, head).get(tests_path) or read(tests_path)
+    own_tests = new_test_methods(source.reader(clone, p.commit)(tests_path), tests_text)
     declared = mlx_deps.declared(read, backend)
     offline = offline or deps_dir is not None
     if offline:
@@ -478,13 +480,13 @@ def _environment_steps(
     return steps
 
 
-def new_test_methods(read_base: Callable[[str], str], read_head: Callable[[str], str]) -> list[str]:
-    """The test methods the patch adds to MLX's test file, in its order: they start before
-    the others, so that a run cut short by ``--test-timeout`` still has their verdicts."""
-    path = f"python/tests/{TEST_FILE}.py"
+def new_test_methods(base: str, built: str) -> list[str]:
+    """The test methods the build's test file (``built``: the patch's, with the PR's tests
+    rendered in) adds to the pin's (``base``), in its order: they start before the others,
+    so that a run cut short by ``--test-timeout`` still has their verdicts."""
     pattern = re.compile(r"^\s*def (test_\w+)\(", re.M)
-    base = set(pattern.findall(read_base(path)))
-    return [name for name in pattern.findall(read_head(path)) if name not in base]
+    known = set(pattern.findall(base))
+    return [name for name in pattern.findall(built) if name not in known]
 
 
 def _own_requirements(root: Path) -> list[str]:
@@ -664,14 +666,8 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
     else:
         wt.parent.mkdir(parents=True, exist_ok=True)
         git.worktree_add(build.clone, wt, build.patch_commit)
-    for plan_ in render.pr_plans(root / "templates"):
-        # From the commit, not the worktree: an earlier build left its render there.
-        exists = git.blob_id(build.clone, build.patch_commit, plan_.path) is not None
-        text = git.show_file(build.clone, build.patch_commit, plan_.path) if exists else None
-        rendered = render.render_pr_file(plan_, text, PR_FILES_OPTIONS)
-        if rendered is None:
-            continue
-        target = wt / plan_.path
+    for path, rendered in rendered_pr_files(root, build.clone, build.patch_commit).items():
+        target = wt / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(rendered)
     # The wheel is the overlay: the PR's change plus its downstream switches (each
@@ -682,6 +678,20 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
         (wt / rel).write_text(export.strip_header(rel, path.read_text()))
     setup = wt / "setup.py"
     setup.write_text(set_version(setup.read_text(), build.version))
+
+
+def rendered_pr_files(root: Path, clone: Path, commit: str) -> dict[str, str]:
+    """``{path: text}`` of the PR-only files (MLX's test, the benchmark) as the build puts
+    them into its worktree: rendered from ``templates/`` onto the file at ``commit`` (read
+    from the commit, not a worktree, where an earlier build left its render)."""
+    out = {}
+    for plan_ in render.pr_plans(root / "templates"):
+        exists = git.blob_id(clone, commit, plan_.path) is not None
+        text = git.show_file(clone, commit, plan_.path) if exists else None
+        rendered = render.render_pr_file(plan_, text, PR_FILES_OPTIONS)
+        if rendered is not None:
+            out[plan_.path] = rendered
+    return out
 
 
 def set_version(setup_py: str, version: str) -> str:
