@@ -948,8 +948,8 @@ def measured_results(
 ) -> tuple[list[dict], list[str]]:
     """([{title, lines, source, own_tests}], warnings) from the files
     ``templates/pr/results.toml`` names for ``backend``: numbers are read from the files,
-    never written in code; ``own_tests`` (a build record's verdicts of this PR's test
-    methods) lets the body say whether they are shown passing."""
+    never written in code. ``own_tests`` names this PR's test methods; a build record's
+    entry carries their verdicts, from which the body says whether they are shown passing."""
     manifest = templates_dir / RESULTS_MANIFEST
     if not manifest.is_file():
         return [], [f"no {manifest}: the PR body lists no measured results"]
