@@ -310,6 +310,9 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
         f"{first['rounds']} rounds of each. Time per call: {first['repeats']} calls evaluated "
         "as one graph, over their count; the median of the rounds. Each call reads a cold copy "
         "of the weights; launch costs included.",
+        "- Stock's wheels come from MLX's release builds and the PR's arm from a local build, "
+        "so compiler and build flags may differ between the arms besides the patch; the pin "
+        "built the same way without the patch, given as `--stock`, would remove that.",
         f"- Hardware: {first['hardware']['gpu']}; {first['hardware']['cpus']} CPUs.",
         "- Floor: the bytes a call reads (weights, scales, biases) over the bandwidth of an "
         "elementwise copy MLX runs in the same run (a 32-bit add over 1 GiB, best of three; "
