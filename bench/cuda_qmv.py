@@ -6,6 +6,9 @@
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
                                            --json variants.json
+  profile (GPU host, under Nsight Compute)
+      ncu -k regex:qmv --launch-skip 1 --launch-count 1 python3 bench/cuda_qmv.py profile \
+          --lib .device/qmv/patched.so --K 8192 --N 28672 --bits 4 [--m M]
 ``build`` renders the patched qmv.cu from the templates and compiles both arms with MLX's
 own nvcc flags and include directories (patchkit.verify.harness.cuda says how); ``run``
 checks every row of the patched calls at M = 1..16 (and 17, 33) bit for bit against the
@@ -99,7 +102,19 @@ def main() -> int:
     c.add_argument("--deadline", type=float, default=480.0, help="seconds from start")
     crep = sub.add_parser("compare-report")
     crep.add_argument("results", type=Path)
+    prof = sub.add_parser("profile", help="two calls of one library, for ncu -k regex:qmv")
+    prof.add_argument("--lib", type=Path, default=Path(".device/qmv/patched.so"))
+    prof.add_argument("--K", type=int, required=True)
+    prof.add_argument("--N", type=int, required=True)
+    prof.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    prof.add_argument("--m", type=int, default=1)
+    prof.add_argument("--dtype", default="bfloat16", choices=list(cuda.DTYPES))
+    prof.add_argument("--group", type=int, default=64, choices=cuda.GROUPS)
     args = ap.parse_args()
+    if args.cmd == "profile":
+        cfg = cuda.Config(args.K, args.N, args.bits, args.group, args.dtype)
+        cuda.profile_call(args.lib, cfg, args.m)
+        return 0
     if args.cmd == "build":
         build(args.out, args.arch, args.variant)
         return 0

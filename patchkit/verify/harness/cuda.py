@@ -232,6 +232,19 @@ def call(lib: Lib, cfg: Config, inp: dict[str, Any], x: Any, out: Any, copy: int
     lib.call(cfg, x, inp["w"][copy], inp["s"][copy], inp["b"][copy], out, stream)
 
 
+def profile_call(lib_path: Path, cfg: Config, m: int) -> None:
+    """Two calls of one library on fresh inputs, for a profiler to wrap: the first warms
+    the library up, the second is the one to profile (``ncu -k regex:qmv --launch-skip 1
+    --launch-count 1``: torch's own kernels make the inputs first)."""
+    torch = _torch()
+    lib = Lib(lib_path)
+    inp = make_inputs(cfg, m, copies=1, seed=0)
+    out = torch.empty(m, cfg.N, device="cuda", dtype=getattr(torch, cfg.dtype))
+    for _ in range(2):
+        call(lib, cfg, inp, inp["x"], out)
+    torch.cuda.synchronize()
+
+
 def rows_differing(got: Any, ref: Any) -> int:
     """Rows of ``got`` whose bits differ anywhere from ``ref``'s."""
     torch = _torch()
