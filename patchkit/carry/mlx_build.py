@@ -182,6 +182,9 @@ class BuildPlan:
     no_lto: str = ""
     # The options a rerun repeats to get the same record (the record's "command").
     options: tuple[str, ...] = ()
+    # The PR-only files (MLX's test, the benchmark) as rendered onto the patch commit:
+    # rendered once, read by the plan (the PR's test methods) and written by the build.
+    pr_files: dict[str, str] = field(default_factory=dict)
 
     @property
     def wheel_requirement(self) -> str:
@@ -313,8 +316,9 @@ def plan(
             "(another patch was applied there); run `patchkit apply` first"
         )
     read = source.reader(clone, head)
+    pr_files = rendered_pr_files(root, clone, head)
     tests_path = f"python/tests/{TEST_FILE}.py"
-    tests_text = rendered_pr_files(root, clone, head).get(tests_path) or read(tests_path)
+    tests_text = pr_files.get(tests_path) or read(tests_path)
     own_tests = new_test_methods(source.reader(clone, p.commit)(tests_path), tests_text)
     declared = mlx_deps.declared(read, backend)
     offline = offline or deps_dir is not None
@@ -410,6 +414,7 @@ def plan(
     return BuildPlan(
         backend, p.commit, head, clone, where, deps, steps, version=version, offline=offline,
         python=python, cmake_min=_cmake_min(read), no_lto=no_lto, options=options,
+        pr_files=pr_files,
     )  # fmt: skip
 
 
@@ -666,7 +671,7 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
     else:
         wt.parent.mkdir(parents=True, exist_ok=True)
         git.worktree_add(build.clone, wt, build.patch_commit)
-    for path, rendered in rendered_pr_files(root, build.clone, build.patch_commit).items():
+    for path, rendered in build.pr_files.items():
         target = wt / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(rendered)
