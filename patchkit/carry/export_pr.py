@@ -812,12 +812,13 @@ def own_test_status(data: dict, own_tests: Sequence[str]) -> dict[str, str]:
     return {t: per_test.get(t, "not run") for t in own_tests}
 
 
-def build_fact(data: dict, own_tests: Sequence[str] = ()) -> list[str]:
+def build_fact(data: dict, own_status: dict[str, str] | None = None) -> list[str]:
     """Lines for a ``patchkit build`` record: where, and MLX's own test file on that build;
     none for a build whose tests did not run (``--no-test``): a build alone is no fact a
     reviewer can use. The build holds every PR of the series at once, so its test file
     has the other PRs' tests too: the methods not run to the end are counted, and this
-    PR's own methods (``own_tests``) are named with their verdicts."""
+    PR's own methods are named with their verdicts (``own_status``, from
+    :func:`own_test_status`)."""
     if not data.get("tests"):
         return []
     machine = data.get("machine") or {}
@@ -837,9 +838,10 @@ def build_fact(data: dict, own_tests: Sequence[str] = ()) -> list[str]:
         if tests.get("unfinished"):
             line += f"; {len(tests['unfinished'])} methods not run to the end in the time given"
         lines.append(line)
-    status = own_test_status(data, own_tests)
-    if status:
-        lines.append("this PR's tests there: " + ", ".join(f"`{t}` {s}" for t, s in status.items()))
+    if own_status:
+        lines.append(
+            "this PR's tests there: " + ", ".join(f"`{t}` {s}" for t, s in own_status.items())
+        )
     return lines  # MLX's own tests only: a reviewer reruns them, not patchkit's parity
 
 
@@ -964,8 +966,8 @@ def measured_results(
             if kind == "emulate":
                 lines = emulate_fact(data)
             elif kind == "build":
-                lines = build_fact(data, own_tests)
                 own = own_test_status(data, own_tests)
+                lines = build_fact(data, own)
             elif kind == "parity":
                 lines = parity_fact(data)
             elif kind == "tests":
