@@ -580,3 +580,41 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     )
     assert lines[3] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
+
+
+def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path) -> None:
+    """A build record built from another series than ``patches/`` holds, and a speed page
+    that timed no current build, are another kernel's numbers: left out with a warning.
+    Control: the same files are quoted while the series is the one they name."""
+    short = "9a795735"
+    shutil.copy(ROOT / "pin.toml", tmp_path / "pin.toml")
+    series_dir = tmp_path / "patches" / short
+    series_dir.mkdir(parents=True)
+    (series_dir / "0001-a.patch").write_text("one\n")
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Build"\nfile = "build-cuda.json"\nkind = "build"\n'
+        '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
+    )
+    from patchkit.carry import mlx_build
+
+    wheel = "0.32.1+patchkit.abc"
+    tests = {"file": "python/tests/test_quantized.py", "passed": 40, "failed": 0, "skipped": 0}
+    record = {"mlx_commit": "9a795735ad9a", "backend": "cuda", "date": "2026-12-04",
+              "machine": {"gpu": "NVIDIA H200"}, "tests": tests, "wheel_version": wheel,
+              "patch": {"series_sha256": mlx_build.series_id(tmp_path, short)}}  # fmt: skip
+    (tmp_path / "build-cuda.json").write_text(json.dumps(record))
+    rows = [{"K": 4096, "N": 4096, "bits": 4, "M": m, "stock_us": 40.0, "pr_us": 20.0}
+            for m in (1, 2, 8)]  # fmt: skip
+    run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1", "pr": wheel},
+           "hardware": {"gpu": "NVIDIA H200"}, "rows": rows, "repeats": 200,
+           "rounds": 3}  # fmt: skip
+    (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run], "notes": []}))
+
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert notes == [] and [f["source"] for f in found] == ["build-cuda.json", "cuda.json"]
+    (series_dir / "0001-a.patch").write_text("two\n")
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found == []
+    assert "build-cuda.json: built from another patch series" in notes[0]
+    assert "cuda.json: timed a build that is not a current build record's" in notes[1]

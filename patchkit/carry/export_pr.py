@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import render, source
+from patchkit.carry import mlx_build, pin, render, source
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import AnchorError, ToolError, UserError
 from patchkit.util import cache, git, proc
@@ -945,6 +945,42 @@ def bench_fact(data: dict, arm: str, base: str, m_range: Sequence[int]) -> list[
     ]
 
 
+def current_builds(root: Path, entries: Sequence[dict]) -> tuple[str | None, set[str]]:
+    """(the patch series as ``patches/`` holds it now, the wheel versions of the build
+    records among ``entries`` that were built from it). None where the checkout has no
+    pin file (nothing to compare against)."""
+    if not (root / pin.PIN_FILE).is_file():
+        return None, set()
+    series = mlx_build.series_id(root, pin.load(root / pin.PIN_FILE).short)
+    wheels = set()
+    for entry in entries:
+        if entry.get("kind") != "build":
+            continue
+        try:
+            data = json.loads((root / entry["file"]).read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("patch", {}).get("series_sha256") == series and data.get("wheel_version"):
+            wheels.add(data["wheel_version"])
+    return series, wheels
+
+
+def stale_reason(data: dict, kind: str, series: str | None, wheels: set[str]) -> str | None:
+    """Why a result measured another patch than the one exported, or None: a build or
+    tests record names the series it was built from; a speed page names the builds it
+    timed, which must be current build records'. Quoting either for this patch would
+    present another kernel's numbers as this one's."""
+    if series is None:
+        return None
+    named = data.get("patch", {}).get("series_sha256") if kind in ("build", "tests") else None
+    if named is not None and named != series:
+        return "built from another patch series than patches/ holds now (rebuild it)"
+    timed = {r.get("mlx", {}).get("pr") for r in data.get("runs", [])} if kind == "speed" else set()
+    if timed and not timed <= wheels:
+        return "timed a build that is not a current build record's (rerun it on one)"
+    return None
+
+
 def measured_results(
     root: Path, templates_dir: Path, backend: str, own_tests: Sequence[str] = ()
 ) -> tuple[list[dict], list[str]]:
@@ -957,12 +993,16 @@ def measured_results(
         return [], [f"no {manifest}: the PR body lists no measured results"]
     entries = tomllib.loads(manifest.read_text()).get(backend, {}).get("result", [])
     found, notes = [], []
+    series, wheels = current_builds(root, entries)
     for entry in entries:
         path = root / entry["file"]
         own: dict[str, str] = {}
         try:
             data = json.loads(path.read_text())
             kind = entry["kind"]
+            if stale := stale_reason(data, kind, series, wheels):
+                notes.append(f"{entry['file']}: {stale}; left out of the body")
+                continue
             if kind == "emulate":
                 lines = emulate_fact(data)
             elif kind == "build":
