@@ -43,7 +43,8 @@ def test_pending_change_applies(clone: Path, mbox: Path) -> None:
 def test_control_a_changed_context_line_does_not_apply(clone: Path, tmp_path: Path) -> None:
     text = PENDING[0].read_text()
     lines = text.splitlines(keepends=True)
-    i = next(i for i, ln in enumerate(lines) if ln.startswith(" ") and len(ln.strip()) > 8)
+    hunk = next(i for i, ln in enumerate(lines) if ln.startswith("@@ "))
+    i = next(i for i in range(hunk + 1, len(lines)) if lines[i].startswith(" "))
     lines[i] = " " + "changed: " + lines[i][1:]
     broken = tmp_path / "broken.mbox"
     broken.write_text("".join(lines))
