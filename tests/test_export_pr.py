@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -419,7 +420,7 @@ def test_rendered_test_passes_on_the_installed_cpu_mlx(
         "TestQuantized.test_fp_qmv_small_batch_matches_single_vector",
     ]
     proc = subprocess.run(
-        [shutil.which("python3") or "python3", "test_quantized.py", *names],
+        [sys.executable, "test_quantized.py", *names],  # the interpreter that has mlx
         cwd=tmp_path,
         capture_output=True,
         text=True,
