@@ -18,6 +18,7 @@ IDENTITY = ["-c", "user.name=patchkit tests", "-c", "user.email=tests@patchkit.i
 
 
 def git_am(repo: Path, mbox: Path) -> subprocess.CompletedProcess[str]:
+    """``git am`` of ``mbox`` in ``repo``, with an identity of its own (CI has none)."""
     return subprocess.run(
         ["git", *IDENTITY, "-C", str(repo), "am", "--quiet", str(mbox)],
         capture_output=True,
@@ -35,12 +36,14 @@ def clone(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("mbox", PENDING, ids=[m.stem for m in PENDING])
 def test_pending_change_applies(clone: Path, mbox: Path) -> None:
+    """Each mailbox applies to main on its own (they do not stack)."""
     result = git_am(clone, mbox)
     assert result.returncode == 0, f"{mbox.name} no longer applies:\n{result.stdout}{result.stderr}"
 
 
 @pytest.mark.skipif(not PENDING, reason="no change waits in ci/pending")
 def test_control_a_changed_context_line_does_not_apply(clone: Path, tmp_path: Path) -> None:
+    """The check can fail: a context line of the first hunk changed, git am refuses."""
     text = PENDING[0].read_text()
     lines = text.splitlines(keepends=True)
     hunk = next(i for i, ln in enumerate(lines) if ln.startswith("@@ "))
