@@ -945,23 +945,35 @@ def bench_fact(data: dict, arm: str, base: str, m_range: Sequence[int]) -> list[
     ]
 
 
-def current_builds(root: Path, entries: Sequence[dict]) -> tuple[str | None, set[str]]:
+def read_results(root: Path, entries: Sequence[dict]) -> dict[str, dict | Exception]:
+    """{file: its JSON, or why it could not be read} for each entry of the manifest, read
+    once: the staleness check and the facts both use them."""
+    out: dict[str, dict | Exception] = {}
+    for entry in entries:
+        try:
+            out[entry["file"]] = json.loads((root / entry["file"]).read_text())
+        except (OSError, ValueError) as exc:
+            out[entry["file"]] = exc
+    return out
+
+
+def current_builds(
+    root: Path, entries: Sequence[dict], results: dict[str, dict | Exception]
+) -> tuple[str | None, set[str]]:
     """(the patch series as ``patches/`` holds it now, the wheel versions of the build
     records among ``entries`` that were built from it). None where the checkout has no
     pin file (nothing to compare against)."""
     if not (root / pin.PIN_FILE).is_file():
         return None, set()
     series = mlx_build.series_id(root, pin.load(root / pin.PIN_FILE).short)
-    wheels = set()
-    for entry in entries:
-        if entry.get("kind") != "build":
-            continue
-        try:
-            data = json.loads((root / entry["file"]).read_text())
-        except (OSError, ValueError):
-            continue
-        if data.get("patch", {}).get("series_sha256") == series and data.get("wheel_version"):
-            wheels.add(data["wheel_version"])
+    builds = [results[e["file"]] for e in entries if e.get("kind") == "build"]
+    wheels = {
+        data["wheel_version"]
+        for data in builds
+        if isinstance(data, dict)
+        and data.get("patch", {}).get("series_sha256") == series
+        and data.get("wheel_version")
+    }
     return series, wheels
 
 
@@ -993,12 +1005,14 @@ def measured_results(
         return [], [f"no {manifest}: the PR body lists no measured results"]
     entries = tomllib.loads(manifest.read_text()).get(backend, {}).get("result", [])
     found, notes = [], []
-    series, wheels = current_builds(root, entries)
+    results = read_results(root, entries)
+    series, wheels = current_builds(root, entries, results)
     for entry in entries:
-        path = root / entry["file"]
         own: dict[str, str] = {}
         try:
-            data = json.loads(path.read_text())
+            data = results[entry["file"]]
+            if isinstance(data, Exception):
+                raise data
             kind = entry["kind"]
             if stale := stale_reason(data, kind, series, wheels):
                 notes.append(f"{entry['file']}: {stale}; left out of the body")
