@@ -83,8 +83,9 @@ def main() -> int:
         "--variant",
         action="append",
         default=[],
-        metavar="NAME=T,KW,S,B",
-        help="also the patched file with launch constants tiles, k_warps, stages, blocks_per_sm",
+        metavar="NAME=T,S,W,KW,WN,WKW",
+        help="also the patched file with launch constants tiles, stages, warps_per_sm, "
+        "narrow_k_warps, wide_n, wide_k_warps",
     )
     r = sub.add_parser("run")
     r.add_argument("--libs", type=Path, default=Path(".device/qmv"))

@@ -144,17 +144,19 @@ def test_variant_report_names_each_variants_rows_and_times() -> None:
 
 
 def test_variants_that_sum_in_one_order_are_held_to_one_reference() -> None:
-    """Only k_warps decides a vector's order: variants sharing it are checked against the
-    first of their group; another k_warps starts its own group."""
-    refs = cuda.same_order_references(
-        {"a": [1, 8, 4], "b": [2, 8, 2], "c": [2, 4, 4], "d": [4, 4, 1]}
-    )
+    """Only the warps over K (and the N where their number changes) decide a vector's
+    order: variants sharing them are checked against the first of their group; other
+    values start their own group."""
+    refs = cuda.same_order_references({
+        "a": [1, 4, 16, 8, 8192, 4], "b": [2, 8, 8, 8, 8192, 4],
+        "c": [1, 4, 16, 8, 0, 4], "d": [2, 6, 16, 8, 0, 4], "e": [1, 4, 16, 8, 8192, 2],
+    })  # fmt: skip
     assert refs == {"b": "a", "d": "c"}
-    assert cuda.same_order_references({"only": [1, 8, 4]}) == {}
+    assert cuda.same_order_references({"only": [1, 4, 16, 8, 8192, 4]}) == {}
     # the shipped kernel is the reference of its group, whatever the names
-    assert cuda.same_order_references({"a": [2, 8, 2], cuda.SHIPPED: [1, 8, 4]}) == {
-        "a": cuda.SHIPPED
-    }
+    assert cuda.same_order_references(
+        {"a": [2, 4, 8, 8, 8192, 4], cuda.SHIPPED: [1, 4, 16, 8, 8192, 4]}
+    ) == {"a": cuda.SHIPPED}
 
 
 def test_variant_report_counts_rows_across_variants() -> None:

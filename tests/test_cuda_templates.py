@@ -110,27 +110,36 @@ def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
         "  x += (static_cast<int64_t>(l) * m + v0) * k;",
         "  out += (static_cast<int64_t>(l) * m + v0) * n;",
     ]
+    # The warps over K follow the layer's n, never m.
     launch = cxx.find_function(text, "qmv_mma").text(text)
-    assert "constexpr int tiles = 1;" in launch and "constexpr int k_warps = 8;" in launch
+    flat_launch = " ".join(launch.split())
+    assert "if (n >= wide_n) { launch(cuda::std::integral_constant<int, wide_k_warps>{}); } " \
+        "else { launch(cuda::std::integral_constant<int, narrow_k_warps>{}); }" in flat_launch
+    assert not [ln for ln in launch.splitlines() if re.search(r"\bm\b", ln) and "ceil_div(m" not in ln
+                and "&m," not in ln and "int m," not in ln]
 
 
 def test_launch_constants_are_set_one_each(renders: dict) -> None:
-    """bench/cuda_qmv.py's variants change qmv_mma()'s four constants and nothing else."""
+    """bench/cuda_qmv.py's variants change qmv_mma()'s six constants and nothing else."""
     text = renders[QMV, "upstream"]
-    assert cuda.launch_constants(text) == [1, 8, 4, 2]
-    variant = cuda.with_launch_constants(text, (2, 4, 8, 1))
-    assert cuda.launch_constants(variant) == [2, 4, 8, 1]
+    assert cuda.launch_constants(text) == [1, 4, 16, 8, 8192, 4]
+    variant = cuda.with_launch_constants(text, (2, 8, 8, 4, 0, 2))
+    assert cuda.launch_constants(variant) == [2, 8, 8, 4, 0, 2]
     changed = [
         (a, b) for a, b in zip(text.splitlines(), variant.splitlines(), strict=True) if a != b
     ]
     assert changed == [
         ("  constexpr int tiles = 1;", "  constexpr int tiles = 2;"),
-        ("  constexpr int k_warps = 8;", "  constexpr int k_warps = 4;"),
         ("  constexpr int stages = 4;", "  constexpr int stages = 8;"),
-        ("  constexpr int blocks_per_sm = 2;", "  constexpr int blocks_per_sm = 1;"),
+        ("  constexpr int warps_per_sm = 16;", "  constexpr int warps_per_sm = 8;"),
+        ("  constexpr int narrow_k_warps = 8;", "  constexpr int narrow_k_warps = 4;"),
+        ("  constexpr int wide_n = 8192;", "  constexpr int wide_n = 0;"),
+        ("  constexpr int wide_k_warps = 4;", "  constexpr int wide_k_warps = 2;"),
     ]
     with pytest.raises(ValueError, match="tiles"):
-        cuda.with_launch_constants(text.replace("constexpr int tiles = 1;", ""), (1, 8, 4, 2))
+        cuda.with_launch_constants(
+            text.replace("constexpr int tiles = 1;", ""), (1, 4, 16, 8, 8192, 4)
+        )
 
 
 def test_wrapper_asks_each_arm_for_its_kernel() -> None:

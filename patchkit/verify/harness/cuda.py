@@ -485,16 +485,18 @@ def report(data: dict[str, Any]) -> str:
 # ------------------------------------------------------------ launch-constant variants
 
 # The tensor-core kernel's launch constants, as qmv_mma() declares them: weight-row tiles
-# of 16 per block, warps over K, slots of each warp's weight ring (steps in flight), and
-# the blocks per SM that __launch_bounds__ asks registers for.
-LAUNCH_CONSTANTS = ("tiles", "k_warps", "stages", "blocks_per_sm")
+# of 16 per block, slots of each warp's weight ring (steps in flight), warps per SM (the
+# register budget), and the warps over K: narrow_k_warps below N = wide_n, wide_k_warps
+# from it on. Only the last three decide a vector's summation order (ORDER_CONSTANTS).
+LAUNCH_CONSTANTS = ("tiles", "stages", "warps_per_sm", "narrow_k_warps", "wide_n", "wide_k_warps")
+ORDER_CONSTANTS = slice(3, 6)
 COMPARE_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))
 COMPARE_MS = (1, 2, 4, 8, 9, 12, 16)
 
 
 def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
-    """The rendered qmv.cu with qmv_mma()'s launch constants set to ``values``
-    (``tiles, k_warps, stages, blocks_per_sm``); every row stays M-independent whatever they are."""
+    """The rendered qmv.cu with qmv_mma()'s launch constants set to ``values``, in the order
+    of :data:`LAUNCH_CONSTANTS`; every row stays M-independent whatever they are."""
     out = qmv_source
     for name, value in zip(LAUNCH_CONSTANTS, values, strict=True):
         out, n = re.subn(rf"(constexpr int {name} = )\d+;", rf"\g<1>{value};", out)
@@ -515,16 +517,21 @@ def launch_constants(qmv_source: str) -> list[int]:
     return [int(f[0]) for f in found]
 
 
+def order_of(values: Sequence[int]) -> tuple[int, ...]:
+    """The launch constants that decide a vector's summation order (the warps over K and
+    the N where their number changes); the others change which rows a block holds, how
+    many steps are in flight and the register budget, not the order."""
+    return tuple(values[ORDER_CONSTANTS])
+
+
 def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]:
-    """{variant: the variant its rows must equal}: variants that share ``k_warps`` sum each
-    vector in one order (``tiles``, ``stages`` and ``blocks_per_sm`` change which rows a
-    block holds, how many steps are in flight and the register budget, not the order), so
-    each is held to the first of its group (the shipped kernel, else by name). A group of
-    one, or a library of unknown constants, has no reference."""
+    """{variant: the variant its rows must equal}: variants of one :func:`order_of` sum each
+    vector in one order, so each is held to the first of its group (the shipped kernel,
+    else by name). A group of one, or a library of unknown constants, has no reference."""
     order = sorted(constants, key=lambda n: (n != SHIPPED, n))  # the shipped kernel first
     refs: dict[str, str] = {}
     for name in order:
-        first = next(n for n in order if constants[n][1] == constants[name][1])
+        first = next(n for n in order if order_of(constants[n]) == order_of(constants[name]))
         if first != name:
             refs[name] = first
     return refs
@@ -546,11 +553,12 @@ def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
     constants = json.loads(known.read_text()) if known.is_file() else {}
     known_names = {n: c for n, c in constants.items() if n in names}
     refs = same_order_references(known_names)
-    # Control: a variant of another k_warps (another order) must differ from a reference.
+    # Control: a variant of another order must differ from a reference.
+    orders = {n: order_of(c) for n, c in known_names.items()}
     controls = {
-        ref: next(n for n in sorted(known_names) if known_names[n][1] != known_names[ref][1])
+        ref: next(n for n in sorted(orders) if orders[n] != orders[ref])
         for ref in sorted(set(refs.values()))
-        if any(c[1] != known_names[ref][1] for c in known_names.values())
+        if any(o != orders[ref] for o in orders.values())
     }
     payload: dict[str, Any] = {
         "host": host_info(), "variants": names, "constants": constants, "references": refs,

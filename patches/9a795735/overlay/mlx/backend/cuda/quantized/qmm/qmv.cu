@@ -5,11 +5,11 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,10 @@
-//   @@ -248,6 +252,350 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +615,32 @@ void qmv(
-//   @@ -403,6 +776,43 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +830,17 @@ void qmv(
-//   @@ -451,6 +872,7 @@ void qmv(
+//   @@ -248,6 +252,379 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +644,32 @@ void qmv(
+//   @@ -403,6 +805,40 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +856,17 @@ void qmv(
+//   @@ -451,6 +898,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -269,10 +269,12 @@ __global__ void gather_qmv_kernel(
 // and every row is bit-identical to the same vector alone (M = 1).
 //
 // 16 weight rows are the rows of an m16n8k16 MMA and 8 vectors its columns (a
-// second MMA on the same weights takes vectors 8 to 15). An output element
-// depends on its own column only, the K order of the MMAs is fixed by k alone,
-// and the warps' partial sums are added in a fixed order, so what M changes is
-// which columns are real, never the operations applied to one vector.
+// second MMA on the same weights takes vectors 8 to 15). The K order of the
+// MMAs and the number of warps over K are fixed by the layer (k, n) alone, and
+// the warps' partial sums are added in a fixed order, so what M changes is
+// which columns are real, never the operations applied to one vector. A row
+// is then bit-identical to M = 1 as long as an MMA's output column depends on
+// its own input column only, as on sm80 and sm90 (supports_qmv_mma).
 template <typename T, typename Q>
 constexpr bool qmv_mma_types = (cuda::std::is_same_v<T, cutlass::half_t> ||
                                 cuda::std::is_same_v<T, cutlass::bfloat16_t>) &&
@@ -384,9 +386,10 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
   bool x_real[2] = {g < vecs, g + 8 < vecs};
 
   // Each warp streams its weights through a ring of `stages` slots: a step's
-  // 16 bytes per row and thread are copied (cp.async) stages - 1 steps before
-  // they are used, holding no registers meanwhile; its scales and biases wait
-  // in registers of the same slot. A thread reads only the words it copied.
+  // 16 bytes per row and thread are copied (cp.async, zeros past K or N)
+  // stages - 1 steps before they are used, holding no registers meanwhile; its
+  // scales and biases wait in registers of the same slot. A thread reads only
+  // the words it copied.
   __shared__ uint4 ring[k_warps][stages][tiles][2][WARP_SIZE];
   __shared__ float partial[k_warps][tiles][2][4][WARP_SIZE];
   static_assert(
@@ -403,12 +406,15 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         int row = n0 + t * 16 + h * 8 + g;
-        uint4& dst = ring[warp][slot][t][h][lane];
-        if (k0 < k && row < n) {
-          cute::SM80_CP_ASYNC_CACHEGLOBAL<uint4>::copy(
-              *reinterpret_cast<const uint4*>(
-                  w_bytes + row * row_bytes + k0 * bits / 8),
-              dst);
+        bool real = k0 < k && row < n;
+        // Nothing is read where real is false (the copy's source size is 0).
+        const uint8_t* src =
+            real ? w_bytes + row * row_bytes + k0 * bits / 8 : w_bytes;
+        cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint4>::copy(
+            *reinterpret_cast<const uint4*>(src),
+            ring[warp][slot][t][h][lane],
+            real);
+        if (real) {
           int64_t g0 =
               static_cast<int64_t>(row) * groups_per_row + k0 / group_size;
 #pragma unroll
@@ -420,7 +426,6 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
             }
           }
         } else {
-          dst = make_uint4(0, 0, 0, 0);
 #pragma unroll
           for (int j = 0; j < seg_groups; ++j) {
             scale[slot][t][h][j] = S{};
@@ -442,10 +447,15 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
 #pragma unroll
     for (int slot = 0; slot < stages; ++slot) {
       int s = s0 + slot * k_warps;
-      // Refill the slot read last: its words fed MMAs already issued, which
-      // are volatile, so the copy cannot overtake the read.
+      // Refill the slot read last. This thread copies only the words it read
+      // there itself, and those reads fed MMAs issued before this copy (the
+      // compiler keeps volatile instructions in order): the reads have
+      // returned.
       fetch((slot + stages - 1) % stages, s + (stages - 1) * k_warps);
+      // This step's copies have landed; the warp barrier also keeps the
+      // compiler from moving the slot's reads above the wait.
       cute::cp_async_wait<stages - 1>();
+      __syncwarp();
       if (s >= steps) {
         break;
       }
@@ -522,6 +532,9 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
     }
   }
 
+  // No copy left in flight (those past the last step fill unread slots).
+  cute::cp_async_wait<0>();
+
   // The warps' partial sums, added in warp order.
 #pragma unroll
   for (int t = 0; t < tiles; ++t) {
@@ -586,27 +599,43 @@ void qmv_mma(
     bool broadcast_w,
     F&& launch_kernel) {
   constexpr int tiles = 1;
-  constexpr int k_warps = 8;
   constexpr int stages = 4;
-  constexpr int blocks_per_sm = 2;
-  dim3 num_blocks{
-      uint32_t(cuda::ceil_div(n, tiles * 16)),
-      uint32_t(cuda::ceil_div(m, 16)),
-      uint32_t(l)};
-  dim3 block_dims{k_warps * WARP_SIZE};
+  // Warps per SM, in blocks of k_warps warps over K (128 registers a thread).
+  constexpr int warps_per_sm = 16;
+  // Warps over K by the layer's rows, never by M (a vector's summation order
+  // follows k_warps): a layer of many 16-row blocks (n >= wide_n) keeps the
+  // SMs busier with more blocks of fewer warps; a narrow one with fewer of
+  // more warps.
+  constexpr int narrow_k_warps = 8;
+  constexpr int wide_n = 8192;
+  constexpr int wide_k_warps = 4;
   void* args[] = {
       &x, &w, &scales, &biases, &global_scale, &out, &m, &n, &k, &broadcast_w};
-  auto* kernel = &qmv_mma_kernel<
-      tiles,
-      k_warps,
-      stages,
-      blocks_per_sm,
-      group_size,
-      has_bias,
-      T,
-      Q,
-      S>;
-  launch_kernel(reinterpret_cast<void*>(kernel), num_blocks, block_dims, args);
+  auto launch = [&](auto warps_over_k) {
+    constexpr int k_warps = warps_over_k.value;
+    dim3 num_blocks{
+        uint32_t(cuda::ceil_div(n, tiles * 16)),
+        uint32_t(cuda::ceil_div(m, 16)),
+        uint32_t(l)};
+    dim3 block_dims{k_warps * WARP_SIZE};
+    auto* kernel = &qmv_mma_kernel<
+        tiles,
+        k_warps,
+        stages,
+        warps_per_sm / k_warps,
+        group_size,
+        has_bias,
+        T,
+        Q,
+        S>;
+    launch_kernel(
+        reinterpret_cast<void*>(kernel), num_blocks, block_dims, args);
+  };
+  if (n >= wide_n) {
+    launch(cuda::std::integral_constant<int, wide_k_warps>{});
+  } else {
+    launch(cuda::std::integral_constant<int, narrow_k_warps>{});
+  }
 }
 
 template <
@@ -805,19 +834,16 @@ bool supports_qmv_mma(
   if (off) {
     return false;
   }
-  // m16n8k16 MMAs with 16-bit inputs (sm80 and later) on 4- and 8-bit weights.
-  if (device.compute_capability_major() < 8) {
+  // m16n8k16 MMAs with 16-bit inputs on 4- and 8-bit weights, on the
+  // architectures where rows are measured equal to M = 1 (sm80 and sm90).
+  int major = device.compute_capability_major();
+  if (major < 8 || major > 9) {
     return false;
   }
   if (out.dtype() != float16 && out.dtype() != bfloat16) {
     return false;
   }
   if (bits != 4 && bits != 8) {
-    return false;
-  }
-  // Past sm90 the fp modes keep fp_qmv, which upstream sends up to 8 vectors.
-  if (mode != QuantizationMode::Affine &&
-      device.compute_capability_major() > 9) {
     return false;
   }
   // K in whole 16-byte loads of a weight row, and x and w starting 16-byte
