@@ -1,7 +1,7 @@
 """The pin's and the patched qmv.cu, compiled and run side by side on one CUDA GPU.
 
   build (here: nvcc, the pinned tree)  python3 bench/cuda_qmv.py build --out .device/qmv \
-                                           [--variant NAME=TILES,K_WARPS,STAGES,BLOCKS_PER_SM ...]
+                                           [--variant NAME=T,S,W,KW,WN,WKW ...]
   run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
@@ -40,7 +40,7 @@ from patchkit.verify.harness import cuda
 
 def build(out: Path, arch: str, variants: list[str]) -> None:
     """Extract the pinned tree, render the patched qmv.cu, compile both libraries (and one
-    per ``NAME=TILES,K_WARPS,STAGES,BLOCKS_PER_SM`` variant)."""
+    per ``NAME=T,S,W,KW,WN,WKW`` variant)."""
     from patchkit.carry import mlx_deps, pin, render, source
     from patchkit.util import git
 

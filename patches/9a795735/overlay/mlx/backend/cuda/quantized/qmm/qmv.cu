@@ -5,11 +5,11 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,10 @@
-//   @@ -248,6 +252,379 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +644,32 @@ void qmv(
-//   @@ -403,6 +805,40 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +856,17 @@ void qmv(
-//   @@ -451,6 +898,7 @@ void qmv(
+//   @@ -248,6 +252,380 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +645,32 @@ void qmv(
+//   @@ -403,6 +806,40 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +857,17 @@ void qmv(
+//   @@ -451,6 +899,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -406,15 +406,12 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         int row = n0 + t * 16 + h * 8 + g;
-        bool real = k0 < k && row < n;
-        // Nothing is read where real is false (the copy's source size is 0).
-        const uint8_t* src =
-            real ? w_bytes + row * row_bytes + k0 * bits / 8 : w_bytes;
-        cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint4>::copy(
-            *reinterpret_cast<const uint4*>(src),
-            ring[warp][slot][t][h][lane],
-            real);
-        if (real) {
+        uint4& dst = ring[warp][slot][t][h][lane];
+        if (k0 < k && row < n) {
+          cute::SM80_CP_ASYNC_CACHEGLOBAL<uint4>::copy(
+              *reinterpret_cast<const uint4*>(
+                  w_bytes + row * row_bytes + k0 * bits / 8),
+              dst);
           int64_t g0 =
               static_cast<int64_t>(row) * groups_per_row + k0 / group_size;
 #pragma unroll
@@ -426,6 +423,10 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
             }
           }
         } else {
+          // A plain store (the zero-fill copy measured slower): any earlier
+          // copy into the slot has landed, as this thread waited for it and
+          // read the slot since.
+          dst = make_uint4(0, 0, 0, 0);
 #pragma unroll
           for (int j = 0; j < seg_groups; ++j) {
             scale[slot][t][h][j] = S{};
