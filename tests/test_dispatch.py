@@ -124,7 +124,7 @@ def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
 
 def test_cuda_mma_route_by_value() -> None:
     """Default route: M * B <= 16 on qmv's tensor cores wherever supports_qmv_mma holds
-    (sm80+, float16/bfloat16, 4/8-bit weights, K % (128 / bits) == 0); everything else
+    (sm80 and sm90, float16/bfloat16, 4/8-bit weights, K % (128 / bits) == 0); everything else
     keeps stock's kernel (qmv below M * B = 8, qmm from there)."""
     a100 = dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8)
     t4 = dispatch.DeviceInfo("cuda", "NVIDIA T4", cc_major=7)
@@ -147,11 +147,12 @@ def test_cuda_mma_route_by_value() -> None:
         assert path(bits, 4096, 2) == "qmv"
     assert path(4, 4096, 2, mode="mxfp4") == "qmv_mma"
     assert path(8, 4096, 12, mode="mxfp8") == "qmv_mma"
-    # Past sm90 stock runs fp_qmv for the fp modes (up to 7 vectors in stock's routing, qmm
-    # from 8); the patch leaves the fp modes there, and takes affine.
+    # Past sm90 (not measured there) the patch leaves stock's routes: fp_qmv for the fp
+    # modes up to 7 vectors, qmv for affine, qmm from 8.
     assert path(4, 4096, 7, mode="nvfp4", dev=b200) == "fp_qmv"
     assert path(4, 4096, 9, mode="nvfp4", dev=b200) == "qmm"
-    assert path(4, 4096, 9, dev=b200) == "qmv_mma"
+    assert path(4, 4096, 2, dev=b200) == "qmv"
+    assert path(4, 4096, 9, dev=b200) == "qmm"
     # The exact route (overlay) covers what the tensor cores do not.
     assert path(4, 4096, 12, dtype="float32", cuda_exact=True) == "qmv"
     assert path(4, 4096, 17, cuda_exact=True) == "qmm"

@@ -26,7 +26,7 @@ SUBJECTS = {
 }
 BODIES = {
     "cuda": (
-        "For float16/bfloat16 inputs and 4- and 8-bit weights on sm80 and later,\n"
+        "For float16/bfloat16 inputs and 4- and 8-bit weights on sm80 and sm90,\n"
         "qmv runs on tensor cores and QuantizedMatmul sends M * B <= 16 to it:\n"
         "each weight is read once for all vectors, and every row goes through the\n"
         "same instructions as the same vector alone, so it is bit-identical to\n"
