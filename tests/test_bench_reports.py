@@ -144,14 +144,17 @@ def test_variant_report_names_each_variants_rows_and_times() -> None:
 
 
 def test_variants_that_sum_in_one_order_are_held_to_one_reference() -> None:
-    """Only the warps over K (and the N where their number changes) decide a vector's
-    order: variants sharing them are checked against the first of their group; other
-    values start their own group."""
+    """Only the warps over K each compared layer gets decide a vector's order: variants
+    that give every layer the same are checked against the first of their group (also when
+    their constants differ, as f and g); other values start their own group."""
     refs = cuda.same_order_references({
         "a": [1, 4, 16, 8, 8192, 4], "b": [2, 8, 8, 8, 8192, 4],
         "c": [1, 4, 16, 8, 0, 4], "d": [2, 6, 16, 8, 0, 4], "e": [1, 4, 16, 8, 8192, 2],
+        "f": [1, 4, 16, 8, 1 << 30, 4], "g": [1, 4, 16, 8, 0, 8],
     })  # fmt: skip
-    assert refs == {"b": "a", "d": "c"}
+    assert refs == {"b": "a", "d": "c", "g": "f"}
+    assert cuda.k_warps_for([1, 4, 16, 8, 8192, 4], 8191) == 8
+    assert cuda.k_warps_for([1, 4, 16, 8, 8192, 4], 8192) == 4
     assert cuda.same_order_references({"only": [1, 4, 16, 8, 8192, 4]}) == {}
     # the shipped kernel is the reference of its group, whatever the names
     assert cuda.same_order_references(

@@ -146,8 +146,9 @@ def test_cli_json_matches_printed_table(tmp_path: Path) -> None:
     assert set(report["rows_differing_by_path"].values()) == {0}
     table = mlx_parity.parse_table(human.stdout)
     assert table == [mlx_parity.table_cells(r) for r in report["rows"]]
-    # bits {3, 4} x B {1, 3}, and the four 4-bit GPU-only layers (skipped on the CPU)
-    assert len(table) == 8
+    # bits {3, 4} x B {1, 3}, and the five 4-bit bfloat16 GPU-only layers (three shapes,
+    # and batched and broadcast weights; skipped on the CPU)
+    assert len(table) == 9
     # every M from 2 to limit - 1, each with the dispatch path named
     assert [m["M"] for m in report["rows"][0]["by_m"]] == list(range(2, report["rows"][0]["limit"]))
     verdict, scope = human.stdout.splitlines()[-2:]

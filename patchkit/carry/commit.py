@@ -26,11 +26,11 @@ SUBJECTS = {
 }
 BODIES = {
     "cuda": (
-        "For float16/bfloat16 inputs and 4- and 8-bit weights on sm80 and sm90,\n"
-        "qmv runs on tensor cores and QuantizedMatmul sends M * B <= 16 to it:\n"
-        "each weight is read once for all vectors, and every row goes through the\n"
-        "same instructions as the same vector alone, so it is bit-identical to\n"
-        "the M = 1 call.\n"
+        "For float16/bfloat16 inputs and 4- and 8-bit weights on compute\n"
+        "capability 8 and 9, qmv runs on tensor cores and QuantizedMatmul sends\n"
+        "M * B <= 16 to it: each weight is read once for all vectors, and every\n"
+        "row goes through the same instructions as the same vector alone, so it\n"
+        "is bit-identical to the M = 1 call.\n"
     ),
     "jit-fix": (
         "In MLX_METAL_JIT=ON builds qmv() passed the output tile to every qmv\n"

@@ -48,9 +48,11 @@ SHAPES = {"aligned": (512, 64), "ragged": (640, 37)}
 # GPU only (minutes on MLX's CPU backend), in either matrix: layers of realistic size
 # (N * K >= 2**23) on the patched CUDA qmv's tensor cores, 4- and 8-bit, in both 16-bit
 # dtypes; "ragged" has N % 8 != 0 and a K that ends in a partial step (4160 is 32.5 of the
-# kernel's 128-weight steps at 4 bits, and not a multiple of stock qmv's 512). The small
-# shapes above reach the same kernel; these check it at the sizes where it reads from HBM.
-LARGE_SHAPES = {"floor": (4096, 2048), "ragged": (4160, 4100)}
+# kernel's 128-weight steps at 4 bits, and not a multiple of stock qmv's 512); "wide" has
+# N >= 8192, where the kernel takes 4 warps over K instead of 8, with N % 16 != 0 and 9
+# steps of K at 4 bits (uneven over the 4 warps). The small shapes above reach the same
+# kernel; these check it at the sizes where it reads from HBM.
+LARGE_SHAPES = {"floor": (4096, 2048), "ragged": (4160, 4100), "wide": (1152, 8200)}
 # Lazy-graph runs per M on a GPU, each with new buffers and each with recycled ones
 # (:meth:`_Operands.rows_differing_in_graph`).
 GRAPH_REPEATS = 3

@@ -490,7 +490,8 @@ def report(data: dict[str, Any]) -> str:
 # from it on. Only the last three decide a vector's summation order (ORDER_CONSTANTS).
 LAUNCH_CONSTANTS = ("tiles", "stages", "warps_per_sm", "narrow_k_warps", "wide_n", "wide_k_warps")
 ORDER_CONSTANTS = slice(3, 6)
-COMPARE_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))
+COMPARE_SHAPES = ((4096, 4096), (4096, 8192), (4096, 11008), (4096, 14336), (14336, 4096),
+                  (8192, 28672))  # fmt: skip
 COMPARE_MS = (1, 2, 4, 8, 9, 12, 16)
 
 
@@ -517,11 +518,17 @@ def launch_constants(qmv_source: str) -> list[int]:
     return [int(f[0]) for f in found]
 
 
+def k_warps_for(values: Sequence[int], n: int) -> int:
+    """The warps over K that launch constants ``values`` give a layer of ``n`` rows."""
+    narrow, wide_n, wide = values[ORDER_CONSTANTS]
+    return wide if n >= wide_n else narrow
+
+
 def order_of(values: Sequence[int]) -> tuple[int, ...]:
-    """The launch constants that decide a vector's summation order (the warps over K and
-    the N where their number changes); the others change which rows a block holds, how
-    many steps are in flight and the register budget, not the order."""
-    return tuple(values[ORDER_CONSTANTS])
+    """What decides a vector's summation order on the compared layers: the warps over K
+    each one gets. The other constants change which rows a block holds, how many steps
+    are in flight and the register budget, not the order."""
+    return tuple(k_warps_for(values, n) for n in sorted({n for _, n in COMPARE_SHAPES}))
 
 
 def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]:

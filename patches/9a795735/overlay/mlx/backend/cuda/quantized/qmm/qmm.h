@@ -127,8 +127,8 @@ bool supports_qmv(
     cu::Device& device);
 
 // Whether qmv runs on tensor cores: one block reads each weight once for up to
-// 16 vectors, and every row equals the same vector alone bit for bit (on the
-// architectures it accepts, where an MMA's columns are computed apart).
+// 16 vectors, and every row equals the same vector alone bit for bit (where
+// an MMA computes its columns apart, as checked on sm90).
 bool supports_qmv_mma(
     const array& x,
     const array& w,

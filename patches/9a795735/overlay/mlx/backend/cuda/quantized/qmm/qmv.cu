@@ -7,9 +7,9 @@
 //   @@ -7,6 +7,10 @@
 //   @@ -248,6 +252,380 @@ __global__ void gather_qmv_kernel(
 //   @@ -267,7 +645,32 @@ void qmv(
-//   @@ -403,6 +806,40 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +857,17 @@ void qmv(
-//   @@ -451,6 +899,7 @@ void qmv(
+//   @@ -403,6 +806,41 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +858,17 @@ void qmv(
+//   @@ -451,6 +900,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -274,7 +274,7 @@ __global__ void gather_qmv_kernel(
 // the warps' partial sums are added in a fixed order, so what M changes is
 // which columns are real, never the operations applied to one vector. A row
 // is then bit-identical to M = 1 as long as an MMA's output column depends on
-// its own input column only, as on sm80 and sm90 (supports_qmv_mma).
+// its own input column only (checked on sm90; supports_qmv_mma).
 template <typename T, typename Q>
 constexpr bool qmv_mma_types = (cuda::std::is_same_v<T, cutlass::half_t> ||
                                 cuda::std::is_same_v<T, cutlass::bfloat16_t>) &&
@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
     }
   }
 
-  // No copy left in flight (those past the last step fill unread slots).
+  // No copy left in flight at exit, whatever the loop's bounds.
   cute::cp_async_wait<0>();
 
   // The warps' partial sums, added in warp order.
@@ -835,8 +835,9 @@ bool supports_qmv_mma(
   if (off) {
     return false;
   }
-  // m16n8k16 MMAs with 16-bit inputs on 4- and 8-bit weights, on the
-  // architectures where rows are measured equal to M = 1 (sm80 and sm90).
+  // m16n8k16 MMAs with 16-bit inputs on 4- and 8-bit weights, on compute
+  // capability 8 and 9 (rows checked equal to M = 1 on sm90; later
+  // architectures keep the other kernels until checked there).
   int major = device.compute_capability_major();
   if (major < 8 || major > 9) {
     return false;
