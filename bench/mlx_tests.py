@@ -92,7 +92,7 @@ def series() -> dict[str, str] | None:
     except ImportError:
         return None
     root = Path(__file__).resolve().parent.parent
-    return mlx_build.patch_ids(root, pin.load(root / pin.PIN_FILE).short)
+    return mlx_build.patch_ids(root, pin.load(root / pin.PIN_FILE).short, "cuda")
 
 
 def write(report: dict[str, Any], path: str) -> None:

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"cuda_controls: {exc}", file=sys.stderr)
         return 2
-    base_patch = mlx_build.patch_ids(ROOT, short)
+    base_patch = mlx_build.patch_ids(ROOT, short, "cuda")
     py = sys.executable
     restore = [py, "-m", "patchkit", "apply", "--pin", short]
     try:

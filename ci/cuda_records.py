@@ -3,9 +3,9 @@
   python3 ci/cuda_records.py --stock PYTHON[:SITE] [--out DIR] [BUILD OPTIONS ...]
   python3 ci/cuda_records.py --plan --stock PYTHON[:SITE] [BUILD OPTIONS ...]  # commands only
 
-The CUDA pages in ``docs/results`` belong to one patch series (``tests/test_records.py``
-fails when they do not), so any change to the CUDA templates needs all of them again,
-made in this order on one machine:
+The CUDA pages in ``docs/results`` belong to what a CUDA build compiles of one patch
+series (``tests/test_records.py`` fails when they do not; decision 0008), so any change
+to the CUDA templates needs all of them again, made in this order on one machine:
 
 0. ``patchkit apply``: the pinned clone's patch branch, which the build checks out (a
    no-op where it is already there; on a fresh host, the clone is made);

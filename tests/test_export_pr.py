@@ -584,14 +584,19 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
 
 
 def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path) -> None:
-    """A build record built from another series than ``patches/`` holds, and a speed page
-    that timed no current build, are another kernel's numbers: left out with a warning.
-    Control: the same files are quoted while the series is the one they name."""
+    """A build record built from another series than ``patches/`` holds (of what its
+    backend compiles), and a speed page that timed no current build, are another kernel's
+    numbers: left out with a warning. Controls: the same files are quoted while the series
+    is the one they name, and after an edit the CUDA build does not compile (Metal)."""
     short = "9a795735"
     shutil.copy(ROOT / "pin.toml", tmp_path / "pin.toml")
     series_dir = tmp_path / "patches" / short
     series_dir.mkdir(parents=True)
-    (series_dir / "0001-a.patch").write_text("one\n")
+    diff = ("diff --git a/mlx/backend/cuda/x.cu b/mlx/backend/cuda/x.cu\n"
+            "--- a/mlx/backend/cuda/x.cu\n+++ b/mlx/backend/cuda/x.cu\n"
+            "@@ -1,1 +1,1 @@\n-int a;\n+int b;\n")  # fmt: skip
+    (series_dir / "series").write_text("0001-a.patch\n")
+    (series_dir / "0001-a.patch").write_text(diff)
     (tmp_path / "templates" / "pr").mkdir(parents=True)
     (tmp_path / "templates" / "pr" / "results.toml").write_text(
         '[[cuda.result]]\ntitle = "Build"\nfile = "build-cuda.json"\nkind = "build"\n'
@@ -603,7 +608,8 @@ def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path
     tests = {"file": "python/tests/test_quantized.py", "passed": 40, "failed": 0, "skipped": 0}
     record = {"mlx_commit": "9a795735ad9a", "backend": "cuda", "date": "2026-12-04",
               "machine": {"gpu": "NVIDIA H200"}, "tests": tests, "wheel_version": wheel,
-              "patch": {"series_sha256": mlx_build.series_id(tmp_path, short)}}  # fmt: skip
+              "patch": {"build_inputs_sha256":
+                        mlx_build.build_inputs_id(tmp_path, short, "cuda")}}  # fmt: skip
     (tmp_path / "build-cuda.json").write_text(json.dumps(record))
     rows = [{"K": 4096, "N": 4096, "bits": 4, "M": m, "stock_us": 40.0, "pr_us": 20.0}
             for m in (1, 2, 8)]  # fmt: skip
@@ -614,7 +620,11 @@ def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path
 
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert notes == [] and [f["source"] for f in found] == ["build-cuda.json", "cuda.json"]
-    (series_dir / "0001-a.patch").write_text("two\n")
+    # a Metal edit is not what the CUDA build compiled; a CUDA one is
+    (series_dir / "0001-a.patch").write_text(diff + diff.replace("cuda/x.cu", "metal/x.metal"))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert notes == [] and len(found) == 2
+    (series_dir / "0001-a.patch").write_text(diff.replace("int b;", "int c;"))
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert found == []
     assert "build-cuda.json: built from another patch series" in notes[0]

@@ -1,9 +1,12 @@
 """The committed build records describe the patch as ``patchkit apply`` writes it now.
 
-A record (``docs/results/build-<backend>.json``) names the patch series it was built from
-by its sha256; when the templates change and ``patches/`` with them, the record is of
-another patch and must be rebuilt (``patchkit build --backend <backend>``), not kept.
-Control: a series with one byte changed has another id.
+A record (``docs/results/build-<backend>.json``) names what its build compiled of the
+patch series by a sha256 (``mlx_build.build_inputs_id``: the series' and the overlay's
+files that backend's build compiles) and the PR tests it ran by another. When either
+changes, the record is of another patch and must be rebuilt (``patchkit build --backend
+<backend>``), not kept; an edit its build never compiles (a Metal kernel, for CUDA)
+leaves it valid (decision 0008). Controls: one byte changed in a compiled file's diff or
+in an overlay file gives another id; a Metal edit changes Metal's id and not CUDA's.
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 # Build records, and the side-by-side run of MLX's tests on a build (bench/mlx_tests.py).
 RECORDS = sorted([*RESULTS.glob("build-*.json"), *RESULTS.glob("*-tests.json")])
+SHORT = pin.load(ROOT / pin.PIN_FILE).short
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=[r.stem for r in RECORDS])
 def test_record_is_of_the_current_patch_series(record: Path) -> None:
     rec = json.loads(record.read_text())
-    short = pin.load(ROOT / pin.PIN_FILE).short
-    assert rec["patch"]["series"] == f"patches/{short}"
-    assert rec["patch"]["series_sha256"] == mlx_build.series_id(ROOT, short), (
+    assert rec["patch"]["series"] == f"patches/{SHORT}"
+    assert rec["patch"].get("build_inputs_sha256") == mlx_build.build_inputs_id(
+        ROOT, SHORT, rec["backend"]
+    ), (
         f"{record.name} is of another patch: rebuild it with "
         f"`patchkit build --backend {rec['backend']}`"
     )
@@ -41,14 +46,48 @@ def test_record_is_of_the_current_patch_series(record: Path) -> None:
         )
 
 
-def test_a_changed_series_has_another_id(tmp_path: Path) -> None:
-    short = pin.load(ROOT / pin.PIN_FILE).short
-    copy = tmp_path / "patches" / short
-    shutil.copytree(ROOT / "patches" / short, copy)
-    before = mlx_build.series_id(tmp_path, short)
-    first = sorted(copy.glob("*.patch"))[0]
-    first.write_bytes(first.read_bytes() + b" ")
-    assert mlx_build.series_id(tmp_path, short) != before
+def _copy_patches(tmp_path: Path) -> Path:
+    copy = tmp_path / "patches" / SHORT
+    shutil.copytree(ROOT / "patches" / SHORT, copy)
+    return copy
+
+
+def _ids(root: Path) -> dict[str, str]:
+    return {b: mlx_build.build_inputs_id(root, SHORT, b) for b in mlx_build.BACKENDS}
+
+
+def _edit_line(patch: Path, path_prefix: str) -> None:
+    """Change one added line of the first file diff under ``path_prefix`` in ``patch``."""
+    lines = patch.read_text().splitlines(keepends=True)
+    start = next(i for i, s in enumerate(lines) if s.startswith(f"diff --git a/{path_prefix}"))
+    added = next(i for i in range(start, len(lines)) if lines[i].startswith("+ "))
+    lines[added] = lines[added].rstrip("\n") + " \n"
+    patch.write_text("".join(lines))
+
+
+def test_build_inputs_change_with_what_each_backend_compiles(tmp_path: Path) -> None:
+    copy = _copy_patches(tmp_path)
+    before = _ids(tmp_path)
+    assert before == _ids(ROOT)  # control: a copy has the same ids
+    assert len(set(before.values())) == 3
+    patches = sorted(copy.glob("*.patch"))
+    metal = next(p for p in patches if "diff --git a/mlx/backend/metal/" in p.read_text())
+    _edit_line(metal, "mlx/backend/metal/")
+    metal_edit = _ids(tmp_path)
+    assert metal_edit["metal"] != before["metal"]
+    assert metal_edit["cuda"] == before["cuda"] and metal_edit["cpu"] == before["cpu"]
+    cuda = next(p for p in patches if "diff --git a/mlx/backend/cuda/" in p.read_text())
+    _edit_line(cuda, "mlx/backend/cuda/")
+    cuda_edit = _ids(tmp_path)
+    assert cuda_edit["cuda"] != metal_edit["cuda"] and cuda_edit["metal"] == metal_edit["metal"]
+    # a commit message is not compiled
+    first = patches[0]
+    first.write_text(first.read_text().replace("Subject: ", "Subject: x", 1))
+    assert _ids(tmp_path) == cuda_edit
+    # the overlay's files are built as well
+    overlay = next(p for p in (copy / "overlay").rglob("*") if p.is_file() and "cuda" in p.parts)
+    overlay.write_bytes(overlay.read_bytes() + b" ")
+    assert _ids(tmp_path)["cuda"] != cuda_edit["cuda"]
 
 
 def test_a_changed_pr_test_has_another_id(tmp_path: Path) -> None:
@@ -82,9 +121,9 @@ def test_controls_page_is_of_the_recorded_cuda_build_and_control() -> None:
         pytest.skip("no CUDA controls page or build record committed")
     rec, built = json.loads(controls.read_text()), json.loads(build.read_text())
     assert (
-        rec["series_sha256"]
-        == built["patch"]["series_sha256"]
-        == mlx_build.series_id(ROOT, pin.load(ROOT / pin.PIN_FILE).short)
+        rec.get("build_inputs_sha256")
+        == built["patch"]["build_inputs_sha256"]
+        == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
     ), "cuda-controls.json is of another patch: rerun ci/cuda_controls.py"
     assert rec["patch_commit"].startswith(built["patch"]["commit"][:12])
     diff = ROOT / "ci" / "controls" / "cuda-qmv.diff"

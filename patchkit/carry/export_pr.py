@@ -957,35 +957,43 @@ def read_results(root: Path, entries: Sequence[dict]) -> dict[str, dict | Except
     return out
 
 
+def built_id(root: Path, data: dict) -> str | None:
+    """What ``patches/`` holds now of what the record's backend compiles
+    (``mlx_build.build_inputs_id``), or None where there is nothing to compare against (no
+    pin file, or a record naming no backend)."""
+    backend = data.get("backend")
+    if not (root / pin.PIN_FILE).is_file() or backend not in mlx_build.BACKENDS:
+        return None
+    return mlx_build.build_inputs_id(root, pin.load(root / pin.PIN_FILE).short, backend)
+
+
 def current_builds(
     root: Path, entries: Sequence[dict], results: dict[str, dict | Exception]
-) -> tuple[str | None, set[str]]:
-    """(the patch series as ``patches/`` holds it now, the wheel versions of the build
-    records among ``entries`` that were built from it). None where the checkout has no
+) -> set[str] | None:
+    """The wheel versions of the build records among ``entries`` that were built from what
+    ``patches/`` holds now (their backend's share of it); None where the checkout has no
     pin file (nothing to compare against)."""
     if not (root / pin.PIN_FILE).is_file():
-        return None, set()
-    series = mlx_build.series_id(root, pin.load(root / pin.PIN_FILE).short)
+        return None
     builds = [results[e["file"]] for e in entries if e.get("kind") == "build"]
-    wheels = {
+    return {
         data["wheel_version"]
         for data in builds
         if isinstance(data, dict)
-        and data.get("patch", {}).get("series_sha256") == series
         and data.get("wheel_version")
+        and data.get("patch", {}).get("build_inputs_sha256") == built_id(root, data)
     }
-    return series, wheels
 
 
-def stale_reason(data: dict, kind: str, series: str | None, wheels: set[str]) -> str | None:
+def stale_reason(root: Path, data: dict, kind: str, wheels: set[str] | None) -> str | None:
     """Why a result measured another patch than the one exported, or None: a build or
-    tests record names the series it was built from; a speed page names the builds it
-    timed, which must be current build records'. Quoting either for this patch would
-    present another kernel's numbers as this one's."""
-    if series is None:
+    tests record names what its build compiled of the series; a speed page names the
+    builds it timed, which must be current build records'. Quoting either for this patch
+    would present another kernel's numbers as this one's. ``wheels`` None: no check."""
+    if wheels is None:
         return None
-    named = data.get("patch", {}).get("series_sha256") if kind in ("build", "tests") else None
-    if named is not None and named != series:
+    current = built_id(root, data) if kind in ("build", "tests") else None
+    if current is not None and data.get("patch", {}).get("build_inputs_sha256") != current:
         return "built from another patch series than patches/ holds now (rebuild it)"
     timed = {r.get("mlx", {}).get("pr") for r in data.get("runs", [])} if kind == "speed" else set()
     if timed and not timed <= wheels:
@@ -1006,7 +1014,7 @@ def measured_results(
     entries = tomllib.loads(manifest.read_text()).get(backend, {}).get("result", [])
     found, notes = [], []
     results = read_results(root, entries)
-    series, wheels = current_builds(root, entries, results)
+    wheels = current_builds(root, entries, results)
     for entry in entries:
         own: dict[str, str] = {}
         try:
@@ -1014,7 +1022,7 @@ def measured_results(
             if isinstance(data, Exception):
                 raise data
             kind = entry["kind"]
-            if stale := stale_reason(data, kind, series, wheels):
+            if stale := stale_reason(root, data, kind, wheels):
                 notes.append(f"{entry['file']}: {stale}; left out of the body")
                 continue
             if kind == "emulate":

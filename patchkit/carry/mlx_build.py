@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+import unidiff
 from packaging.requirements import Requirement
 
 from patchkit.carry import export, mlx_deps, pin, render, source, transaction
@@ -809,6 +810,43 @@ def series_id(root: Path, short: str) -> str:
     return digest.hexdigest()
 
 
+# What each backend's build of MLX does not compile: MLX's CMake adds backend/metal only
+# with MLX_BUILD_METAL and backend/cuda only with MLX_BUILD_CUDA.
+UNBUILT_DIRS = {
+    "metal": ("mlx/backend/cuda/",),
+    "cuda": ("mlx/backend/metal/",),
+    "cpu": ("mlx/backend/metal/", "mlx/backend/cuda/"),
+}
+
+
+def build_inputs_id(root: Path, short: str, backend: str) -> str:
+    """sha256 over what a ``backend`` build compiles of the patch: each file's diff in the
+    series (``series`` order) and each overlay file, outside ``UNBUILT_DIRS[backend]``.
+
+    A build record holds while this id does: an edit the build never compiles (a Metal
+    kernel, for a CUDA build) or a commit message leaves it valid, so that such a change
+    does not need a GPU host to keep the other backend's records (decision 0008). The
+    tests a build ran are named apart, by ``pr_files_id``.
+    """
+    unbuilt = UNBUILT_DIRS[backend]
+    folder = root / transaction.PATCHES / short
+    digest = hashlib.sha256()
+    names = (
+        (folder / export.SERIES).read_text().split() if (folder / export.SERIES).is_file() else []
+    )
+    for name in names:
+        for diff in unidiff.PatchSet((folder / name).read_text()):
+            if not diff.path.startswith(unbuilt):
+                digest.update(b"diff\0" + diff.path.encode() + b"\0")
+                digest.update("".join(str(hunk) for hunk in diff).encode())
+    overlay = folder / "overlay"
+    for path in sorted(p for p in overlay.rglob("*") if p.is_file()):
+        rel = path.relative_to(overlay).as_posix()
+        if not rel.startswith(unbuilt):
+            digest.update(b"overlay\0" + rel.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def pr_files_id(root: Path) -> str:
     """sha256 over what the PR-only files (MLX's test, the benchmark) are rendered from:
     their templates and the render context. The build renders them into its tree on top of
@@ -824,12 +862,14 @@ def pr_files_id(root: Path) -> str:
     return digest.hexdigest()
 
 
-def patch_ids(root: Path, short: str) -> dict[str, str]:
-    """What a record names its patch by: the series, its sha256 and the PR tests' id
-    (``tests/test_records.py`` checks them against the checkout)."""
+def patch_ids(root: Path, short: str, backend: str) -> dict[str, str]:
+    """What a record names its patch by: the series, its sha256, what the ``backend``
+    build compiles of it and the PR tests' id (``tests/test_records.py`` checks the last
+    two against the checkout)."""
     return {
         "series": f"patches/{short}",
         "series_sha256": series_id(root, short),
+        "build_inputs_sha256": build_inputs_id(root, short, backend),
         "pr_files_sha256": pr_files_id(root),
     }
 
@@ -1149,7 +1189,7 @@ def record(
     rec: dict[str, Any] = {
         "backend": build.backend,
         "mlx_commit": build.mlx_commit,
-        "patch": {"commit": build.patch_commit, **patch_ids(root, short)},
+        "patch": {"commit": build.patch_commit, **patch_ids(root, short, build.backend)},
         "built": True,
         "compiled": COMPILED_NOTE[build.backend],
         "mlx_version": parity.get("mlx_version"),
