@@ -78,10 +78,49 @@ def test_a_runtime_bound_on_the_v_loops_leaves_the_inputs_in_memory(affine) -> N
         sources,
         "for (int v = 0; v < vecs_per_tg; v++) {",
         "for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {",
-        10,  # qmv_fast_impl's 2 and qmv_impl's 8
+        18,  # qmv_fast_impl's 2 and qmv_impl's 16
     )
     costs = ir.costs(mutated, AFFINE, types, todo, vecs=(5,))
     assert any(max(c.arrays, default=0) > 5 * RESULTS_PER_SIMDGROUP for c in costs)
+
+
+GUARDED_AFFINE = [ir.Instance("affine_qmv", ("float", "64", b, "false")) for b in BITS]
+# The tile's last K block: V = 1 passes the guarded helpers the lane's run-time length,
+# V > 1 the constant it then is (a lane's last block is whole or empty).
+TAIL = "const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;"
+# Each row's V sums held in registers while the V calls read its weights.
+ACC = "acc[v] += qdot"
+STORE = "result[v * results_per_simdgroup + row] = acc[v];"
+
+
+def _guarded_costs(sources: emulate.Sources, types: tuple[str, ...]) -> dict[str, dict]:
+    costs = ir.costs(sources, AFFINE, types, GUARDED_AFFINE, inlined_unrolled=True)
+    return {i.label: {c.vecs: c for c in costs if c.instance == i} for i in GUARDED_AFFINE}
+
+
+def test_guarded_qmv_shares_each_blocks_weight_loads_once_inlined(affine) -> None:
+    """affine qmv (layers with N % 8 != 0 or an unaligned K), every call inlined: no input
+    array left in thread memory at V = 2 or 5, and as many weight loads at V = 5 as at
+    V = 2, the last K block included. V = 1 (upstream's kernel) is not the reference
+    here: its last block's guarded helpers loop to a run-time length, one load per trip,
+    where the tile passes a constant and they unroll (the same loads per block).
+    Controls: the run-time length in the tile (the earlier form) keeps the inputs in
+    thread memory; each call's sum stored into the result array as it comes (the
+    earlier form) puts stores between the V copies of a row's loads, and they are no
+    longer merged."""
+    sources, types, _ = affine
+    for label, by_v in _guarded_costs(sources, types).items():
+        for v in (2, 5):
+            assert set(by_v[v].arrays) <= {v * RESULTS_PER_SIMDGROUP}, (label, v)
+        assert by_v[5].weight_loads == by_v[2].weight_loads > 0, label
+    runtime_tail = mutate(sources, TAIL, "const int tail = remaining;", 2)
+    by_label = _guarded_costs(runtime_tail, types)
+    assert any(max(at[5].arrays) > 5 * RESULTS_PER_SIMDGROUP for at in by_label.values())
+    # each call's sum stored as it comes (the earlier form)
+    summed_as_they_come = mutate(sources, ACC, "result[v * results_per_simdgroup + row] += qdot", 4)
+    summed_as_they_come = mutate(summed_as_they_come, STORE, "", 4)
+    by_label = _guarded_costs(summed_as_they_come, types)
+    assert any(at[5].weight_loads > at[2].weight_loads for at in by_label.values())
 
 
 def test_the_metal_ir_page_is_of_the_current_kernels(affine) -> None:

@@ -12,17 +12,17 @@
 //   @@ -408,7 +442,11 @@ METAL_FUNC void fp_qmv_impl(
 //   @@ -423,8 +461,8 @@ METAL_FUNC void fp_qmv_impl(
 //   @@ -448,12 +486,20 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -462,7 +508,12 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -474,7 +525,13 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -483,19 +540,29 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -506,19 +573,29 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -530,24 +607,39 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -1173,7 +1265,8 @@ template <
-//   @@ -1214,7 +1307,8 @@ template <
-//   @@ -1224,7 +1318,10 @@ template <
-//   @@ -1232,7 +1329,8 @@ template <
-//   @@ -1268,7 +1366,7 @@ template <
-//   @@ -1278,7 +1376,10 @@ template <
+//   @@ -462,7 +508,26 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -474,7 +539,18 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -483,19 +559,43 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -506,19 +606,43 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -530,24 +654,56 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -1173,7 +1329,8 @@ template <
+//   @@ -1214,7 +1371,8 @@ template <
+//   @@ -1224,7 +1382,10 @@ template <
+//   @@ -1232,7 +1393,8 @@ template <
+//   @@ -1268,7 +1430,7 @@ template <
+//   @@ -1278,7 +1440,10 @@ template <
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -534,11 +534,25 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
+        if constexpr (vecs_per_tg == 1) {
+          result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
+        } else {
+          // The row's sums stay in registers while the vectors' calls read its
+          // weights: with no store between them, the calls share the loads.
+          U acc[vecs_per_tg];
 #pragma unroll
-        for (int v = 0; v < vecs_per_tg; v++) {
-          result[v * results_per_simdgroup + row] +=
-              qdot<U, values_per_thread, bits>(
-                  wl, x_thread + v * values_per_thread, s);
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] = result[v * results_per_simdgroup + row];
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] += qdot<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s);
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            result[v * results_per_simdgroup + row] = acc[v];
+          }
         }
       }
 
@@ -551,12 +565,17 @@ METAL_FUNC void fp_qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
+      // A lane's last block is whole or empty (K is a multiple of the group
+      // size, and the group size of values_per_thread), so a tile of vectors
+      // passes the guarded helpers that length as a constant: the value M = 1
+      // passes them, and their vecs_per_tg calls can share the block's loads.
+      const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;
 #pragma unroll
       for (int v = 0; v < vecs_per_tg; v++) {
         load_vector_safe<T, U, values_per_thread>(
             x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
             x_thread + v * values_per_thread,
-            remaining);
+            tail);
       }
 
       for (int row = 0;
@@ -566,11 +585,25 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
+        if constexpr (vecs_per_tg == 1) {
+          result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
+        } else {
+          // The row's sums stay in registers while the vectors' calls read its
+          // weights: with no store between them, the calls share the loads.
+          U acc[vecs_per_tg];
 #pragma unroll
-        for (int v = 0; v < vecs_per_tg; v++) {
-          result[v * results_per_simdgroup + row] +=
-              qdot<U, values_per_thread, bits>(
-                  wl, x_thread + v * values_per_thread, s);
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] = result[v * results_per_simdgroup + row];
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] += qdot<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s);
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            result[v * results_per_simdgroup + row] = acc[v];
+          }
         }
       }
     }
@@ -616,11 +649,25 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
+        if constexpr (vecs_per_tg == 1) {
+          result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
+        } else {
+          // The row's sums stay in registers while the vectors' calls read its
+          // weights: with no store between them, the calls share the loads.
+          U acc[vecs_per_tg];
 #pragma unroll
-        for (int v = 0; v < vecs_per_tg; v++) {
-          result[v * results_per_simdgroup + row] +=
-              qdot<U, values_per_thread, bits>(
-                  wl, x_thread + v * values_per_thread, s);
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] = result[v * results_per_simdgroup + row];
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] += qdot<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s);
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            result[v * results_per_simdgroup + row] = acc[v];
+          }
         }
       }
 
@@ -633,12 +680,14 @@ METAL_FUNC void fp_qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
+      // As in the first branch.
+      const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;
 #pragma unroll
       for (int v = 0; v < vecs_per_tg; v++) {
         load_vector_safe<T, U, values_per_thread>(
             x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
             x_thread + v * values_per_thread,
-            remaining);
+            tail);
       }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
@@ -646,11 +695,26 @@ METAL_FUNC void fp_qmv_impl(
         const device auto* sl = scales + row * in_vec_size_g;
 
         U s = dequantize_scale<U, group_size>(sl[0]);
+        if constexpr (vecs_per_tg == 1) {
+          result[row] +=
+              qdot_safe<U, values_per_thread, bits>(wl, x_thread, s, tail);
+        } else {
+          // The row's sums stay in registers while the vectors' calls read its
+          // weights: with no store between them, the calls share the loads.
+          U acc[vecs_per_tg];
 #pragma unroll
-        for (int v = 0; v < vecs_per_tg; v++) {
-          result[v * results_per_simdgroup + row] +=
-              qdot_safe<U, values_per_thread, bits>(
-                  wl, x_thread + v * values_per_thread, s, remaining);
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] = result[v * results_per_simdgroup + row];
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] += qdot_safe<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s, tail);
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            result[v * results_per_simdgroup + row] = acc[v];
+          }
         }
       }
     }

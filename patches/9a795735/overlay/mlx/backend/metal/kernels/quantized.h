@@ -13,19 +13,19 @@
 //   @@ -832,7 +860,11 @@ METAL_FUNC void qmv_impl(
 //   @@ -847,8 +879,8 @@ METAL_FUNC void qmv_impl(
 //   @@ -868,12 +900,21 @@ METAL_FUNC void qmv_impl(
-//   @@ -884,8 +925,12 @@ METAL_FUNC void qmv_impl(
-//   @@ -898,8 +943,14 @@ METAL_FUNC void qmv_impl(
-//   @@ -910,17 +961,30 @@ METAL_FUNC void qmv_impl(
-//   @@ -931,12 +995,18 @@ METAL_FUNC void qmv_impl(
-//   @@ -945,8 +1015,12 @@ METAL_FUNC void qmv_impl(
-//   @@ -959,8 +1033,14 @@ METAL_FUNC void qmv_impl(
-//   @@ -969,14 +1049,27 @@ METAL_FUNC void qmv_impl(
-//   @@ -1603,7 +1696,8 @@ template <
-//   @@ -1642,7 +1736,7 @@ template <
-//   @@ -1652,7 +1746,10 @@ template <
-//   @@ -1660,7 +1757,8 @@ template <
-//   @@ -1699,7 +1797,7 @@ template <
-//   @@ -1709,7 +1807,10 @@ template <
+//   @@ -884,8 +925,27 @@ METAL_FUNC void qmv_impl(
+//   @@ -898,8 +958,19 @@ METAL_FUNC void qmv_impl(
+//   @@ -910,17 +981,40 @@ METAL_FUNC void qmv_impl(
+//   @@ -931,12 +1025,18 @@ METAL_FUNC void qmv_impl(
+//   @@ -945,8 +1045,27 @@ METAL_FUNC void qmv_impl(
+//   @@ -959,8 +1078,16 @@ METAL_FUNC void qmv_impl(
+//   @@ -969,14 +1096,37 @@ METAL_FUNC void qmv_impl(
+//   @@ -1603,7 +1753,8 @@ template <
+//   @@ -1642,7 +1793,7 @@ template <
+//   @@ -1652,7 +1803,10 @@ template <
+//   @@ -1660,7 +1814,8 @@ template <
+//   @@ -1699,7 +1854,7 @@ template <
+//   @@ -1709,7 +1864,10 @@ template <
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -954,11 +954,26 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
+        if constexpr (vecs_per_tg == 1) {
+          result[row] +=
+              qdot<U, values_per_thread, bits>(wl, x_thread, s, b, sum[0]);
+        } else {
+          // The row's sums stay in registers while the vectors' calls read its
+          // weights: with no store between them, the calls share the loads.
+          U acc[vecs_per_tg];
 #pragma unroll
-        for (int v = 0; v < vecs_per_tg; v++) {
-          result[v * results_per_simdgroup + row] +=
-              qdot<U, values_per_thread, bits>(
-                  wl, x_thread + v * values_per_thread, s, b, sum[v]);
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] = result[v * results_per_simdgroup + row];
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] += qdot<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s, b, sum[v]);
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            result[v * results_per_simdgroup + row] = acc[v];
+          }
         }
       }
 
@@ -972,13 +987,18 @@ METAL_FUNC void qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
+      // A lane's last block is whole or empty (K is a multiple of the group
+      // size, and the group size of values_per_thread), so a tile of vectors
+      // passes the guarded helpers that length as a constant: the value M = 1
+      // passes them, and their vecs_per_tg calls can share the block's loads.
+      const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;
       U sum[vecs_per_tg];
 #pragma unroll
       for (int v = 0; v < vecs_per_tg; v++) {
         sum[v] = load_vector_safe<T, U, values_per_thread, bits>(
             x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
             x_thread + v * values_per_thread,
-            remaining);
+            tail);
       }
 
       for (int row = 0;
@@ -990,16 +1010,26 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
+        if constexpr (vecs_per_tg == 1) {
+          result[row] += qdot_safe<U, values_per_thread, bits>(
+              wl, x_thread, s, b, sum[0], tail);
+        } else {
+          // The row's sums stay in registers while the vectors' calls read its
+          // weights: with no store between them, the calls share the loads.
+          U acc[vecs_per_tg];
 #pragma unroll
-        for (int v = 0; v < vecs_per_tg; v++) {
-          result[v * results_per_simdgroup + row] +=
-              qdot_safe<U, values_per_thread, bits>(
-                  wl,
-                  x_thread + v * values_per_thread,
-                  s,
-                  b,
-                  sum[v],
-                  remaining);
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] = result[v * results_per_simdgroup + row];
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] += qdot_safe<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s, b, sum[v], tail);
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            result[v * results_per_simdgroup + row] = acc[v];
+          }
         }
       }
     }
@@ -1044,11 +1074,26 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
+        if constexpr (vecs_per_tg == 1) {
+          result[row] +=
+              qdot<U, values_per_thread, bits>(wl, x_thread, s, b, sum[0]);
+        } else {
+          // The row's sums stay in registers while the vectors' calls read its
+          // weights: with no store between them, the calls share the loads.
+          U acc[vecs_per_tg];
 #pragma unroll
-        for (int v = 0; v < vecs_per_tg; v++) {
-          result[v * results_per_simdgroup + row] +=
-              qdot<U, values_per_thread, bits>(
-                  wl, x_thread + v * values_per_thread, s, b, sum[v]);
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] = result[v * results_per_simdgroup + row];
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] += qdot<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s, b, sum[v]);
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            result[v * results_per_simdgroup + row] = acc[v];
+          }
         }
       }
 
@@ -1062,13 +1107,15 @@ METAL_FUNC void qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
+      // As in the first branch.
+      const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;
       U sum[vecs_per_tg];
 #pragma unroll
       for (int v = 0; v < vecs_per_tg; v++) {
         sum[v] = load_vector_safe<T, U, values_per_thread, bits>(
             x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,
             x_thread + v * values_per_thread,
-            remaining);
+            tail);
       }
 
       for (int row = 0; row < results_per_simdgroup; row++) {
@@ -1078,16 +1125,26 @@ METAL_FUNC void qmv_impl(
 
         U s = sl[0];
         U b = bl[0];
+        if constexpr (vecs_per_tg == 1) {
+          result[row] += qdot_safe<U, values_per_thread, bits>(
+              wl, x_thread, s, b, sum[0], tail);
+        } else {
+          // The row's sums stay in registers while the vectors' calls read its
+          // weights: with no store between them, the calls share the loads.
+          U acc[vecs_per_tg];
 #pragma unroll
-        for (int v = 0; v < vecs_per_tg; v++) {
-          result[v * results_per_simdgroup + row] +=
-              qdot_safe<U, values_per_thread, bits>(
-                  wl,
-                  x_thread + v * values_per_thread,
-                  s,
-                  b,
-                  sum[v],
-                  remaining);
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] = result[v * results_per_simdgroup + row];
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            acc[v] += qdot_safe<U, values_per_thread, bits>(
+                wl, x_thread + v * values_per_thread, s, b, sum[v], tail);
+          }
+#pragma unroll
+          for (int v = 0; v < vecs_per_tg; v++) {
+            result[v * results_per_simdgroup + row] = acc[v];
+          }
         }
       }
     }
