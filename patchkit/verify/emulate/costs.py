@@ -145,6 +145,14 @@ def observations(by: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> list[s
         " than 4 floats in memory at V = 1 too, where the kernel is upstream's.",
         f"- Most live words at V = {top}: {patched[worst][top]['live_words']:g} (`{worst}`).",
     ]
+    left = [i for i, at in patched.items() if at[top]["thread_arrays"]]
+    left_at_one = [i for i in left if patched[i][1]["thread_arrays"]]
+    out.insert(
+        1,
+        f"- Instances with any array left in thread memory at V = {top}: {len(left)} of"
+        f" {len(patched)}; {len(left_at_one)} of these keep one at V = 1 too, where the kernel"
+        " is upstream's.",
+    )
     # Growth from the smallest tile on: V = 1 is upstream's kernel, whose last K block's
     # guarded helpers loop to a run-time length (one load per trip) where a tile passes
     # them the constant it then is and they unroll, so its static count is another shape.

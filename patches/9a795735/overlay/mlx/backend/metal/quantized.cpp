@@ -7,8 +7,8 @@
 //   @@ -472,7 +472,8 @@ void qmv(
 //   @@ -483,13 +484,16 @@ void qmv(
 //   @@ -501,18 +505,38 @@ void qmv(
-//   @@ -530,15 +554,37 @@ void qmv(
-//   @@ -1756,10 +1802,31 @@ void dispatch_qmv(
+//   @@ -530,15 +554,42 @@ void qmv(
+//   @@ -1756,10 +1807,31 @@ void dispatch_qmv(
 // end of patchkit header
 // Copyright © 2023-2026 Apple Inc.
 
@@ -584,8 +584,13 @@ inline bool use_batched_qmv(const std::string& mode, metal::Device& d) {
 
 // Vectors per threadgroup for a batched qmv: each threadgroup reads the
 // weights once for its tile. Tiles of 5, the last one skipping the vectors it
-// lacks; M = 2 gets a tile of its own size.
-inline int qmv_vecs_per_tg(int M) {
+// lacks; M = 2 gets a tile of its own size. A tile takes a lane's last block
+// of K as whole, which it is where K is a multiple of 16 (every group size
+// MLX ships); elsewhere each vector runs alone.
+inline int qmv_vecs_per_tg(int M, int K) {
+  if (K % 16 != 0) {
+    return 1;
+  }
   return M == 2 ? 2 : 5;
 }
 
@@ -1834,7 +1839,7 @@ void dispatch_qmv(
           d,
           s,
           mode,
-          qmv_vecs_per_tg(M));
+          qmv_vecs_per_tg(M, K));
     } else {
       qmv_wide(
           x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);

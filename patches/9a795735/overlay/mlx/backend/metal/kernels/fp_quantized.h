@@ -8,21 +8,21 @@
 //   @@ -338,7 +342,11 @@ METAL_FUNC void fp_qmv_fast_impl(
 //   @@ -350,8 +358,8 @@ METAL_FUNC void fp_qmv_fast_impl(
 //   @@ -361,18 +369,31 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -385,19 +406,32 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -408,7 +442,11 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -423,8 +461,8 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -448,12 +486,20 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -462,7 +508,26 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -474,7 +539,18 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -483,19 +559,43 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -506,19 +606,43 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -530,24 +654,56 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -1173,7 +1329,8 @@ template <
-//   @@ -1214,7 +1371,8 @@ template <
-//   @@ -1224,7 +1382,10 @@ template <
-//   @@ -1232,7 +1393,8 @@ template <
-//   @@ -1268,7 +1430,7 @@ template <
-//   @@ -1278,7 +1440,10 @@ template <
+//   @@ -385,19 +406,35 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -408,7 +445,11 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -423,8 +464,8 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -448,12 +489,20 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -462,7 +511,26 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -474,7 +542,18 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -483,19 +562,46 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -506,19 +612,43 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -530,24 +660,59 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -1173,7 +1338,8 @@ template <
+//   @@ -1214,7 +1380,8 @@ template <
+//   @@ -1224,7 +1391,10 @@ template <
+//   @@ -1232,7 +1402,8 @@ template <
+//   @@ -1268,7 +1439,7 @@ template <
+//   @@ -1278,7 +1449,10 @@ template <
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -432,17 +432,20 @@ METAL_FUNC void fp_qmv_fast_impl(
     inv_scale_enc = *global_scale / (F8E4M3_MAX * F4E2M1_MAX);
   }
 
-  for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      result[v * results_per_simdgroup + row] =
-          simd_sum(result[v * results_per_simdgroup + row]);
-      if (simd_lid == 0) {
-        if constexpr (has_global_scale) {
-          y[v * out_vec_size + row] = static_cast<T>(
-              result[v * results_per_simdgroup + row] * inv_scale_enc);
-        } else {
-          y[v * out_vec_size + row] =
-              static_cast<T>(result[v * results_per_simdgroup + row]);
+#pragma unroll
+  for (int v = 0; v < vecs_per_tg; v++) {
+    if (v < n_vecs) {
+      for (int row = 0; row < results_per_simdgroup; row++) {
+        result[v * results_per_simdgroup + row] =
+            simd_sum(result[v * results_per_simdgroup + row]);
+        if (simd_lid == 0) {
+          if constexpr (has_global_scale) {
+            y[v * out_vec_size + row] = static_cast<T>(
+                result[v * results_per_simdgroup + row] * inv_scale_enc);
+          } else {
+            y[v * out_vec_size + row] =
+                static_cast<T>(result[v * results_per_simdgroup + row]);
+          }
         }
       }
     }
@@ -565,10 +568,10 @@ METAL_FUNC void fp_qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      // A lane's last block is whole or empty (K is a multiple of the group
-      // size, and the group size of values_per_thread), so a tile of vectors
-      // passes the guarded helpers that length as a constant: the value M = 1
-      // passes them, and their vecs_per_tg calls can share the block's loads.
+      // Tiles run only where K is a multiple of 16 (qmv_vecs_per_tg), so a
+      // lane's last block is whole or empty and a tile passes the guarded
+      // helpers its length as a constant: the value M = 1 passes them, and
+      // their vecs_per_tg calls can share the block's loads.
       const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;
 #pragma unroll
       for (int v = 0; v < vecs_per_tg; v++) {
@@ -608,19 +611,22 @@ METAL_FUNC void fp_qmv_impl(
       }
     }
 
-    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
-      for (int row = 0;
-           row < results_per_simdgroup && out_row + row < out_vec_size;
-           row++) {
-        result[v * results_per_simdgroup + row] =
-            simd_sum(result[v * results_per_simdgroup + row]);
-        if (simd_lid == 0) {
-          if constexpr (has_global_scale) {
-            y[v * out_vec_size + row] = static_cast<T>(
-                result[v * results_per_simdgroup + row] * inv_scale_enc);
-          } else {
-            y[v * out_vec_size + row] =
-                static_cast<T>(result[v * results_per_simdgroup + row]);
+#pragma unroll
+    for (int v = 0; v < vecs_per_tg; v++) {
+      if (v < n_vecs) {
+        for (int row = 0;
+             row < results_per_simdgroup && out_row + row < out_vec_size;
+             row++) {
+          result[v * results_per_simdgroup + row] =
+              simd_sum(result[v * results_per_simdgroup + row]);
+          if (simd_lid == 0) {
+            if constexpr (has_global_scale) {
+              y[v * out_vec_size + row] = static_cast<T>(
+                  result[v * results_per_simdgroup + row] * inv_scale_enc);
+            } else {
+              y[v * out_vec_size + row] =
+                  static_cast<T>(result[v * results_per_simdgroup + row]);
+            }
           }
         }
       }
@@ -718,17 +724,20 @@ METAL_FUNC void fp_qmv_impl(
         }
       }
     }
-    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
-      for (int row = 0; row < results_per_simdgroup; row++) {
-        result[v * results_per_simdgroup + row] =
-            simd_sum(result[v * results_per_simdgroup + row]);
-        if (simd_lid == 0) {
-          if constexpr (has_global_scale) {
-            y[v * out_vec_size + row] = static_cast<T>(
-                result[v * results_per_simdgroup + row] * inv_scale_enc);
-          } else {
-            y[v * out_vec_size + row] =
-                static_cast<T>(result[v * results_per_simdgroup + row]);
+#pragma unroll
+    for (int v = 0; v < vecs_per_tg; v++) {
+      if (v < n_vecs) {
+        for (int row = 0; row < results_per_simdgroup; row++) {
+          result[v * results_per_simdgroup + row] =
+              simd_sum(result[v * results_per_simdgroup + row]);
+          if (simd_lid == 0) {
+            if constexpr (has_global_scale) {
+              y[v * out_vec_size + row] = static_cast<T>(
+                  result[v * results_per_simdgroup + row] * inv_scale_enc);
+            } else {
+              y[v * out_vec_size + row] =
+                  static_cast<T>(result[v * results_per_simdgroup + row]);
+            }
           }
         }
       }

@@ -9,23 +9,23 @@
 //   @@ -779,8 +786,8 @@ METAL_FUNC void qmv_fast_impl(
 //   @@ -791,11 +798,20 @@ METAL_FUNC void qmv_fast_impl(
 //   @@ -804,7 +820,12 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -813,15 +834,22 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -832,7 +860,11 @@ METAL_FUNC void qmv_impl(
-//   @@ -847,8 +879,8 @@ METAL_FUNC void qmv_impl(
-//   @@ -868,12 +900,21 @@ METAL_FUNC void qmv_impl(
-//   @@ -884,8 +925,27 @@ METAL_FUNC void qmv_impl(
-//   @@ -898,8 +958,19 @@ METAL_FUNC void qmv_impl(
-//   @@ -910,17 +981,40 @@ METAL_FUNC void qmv_impl(
-//   @@ -931,12 +1025,18 @@ METAL_FUNC void qmv_impl(
-//   @@ -945,8 +1045,27 @@ METAL_FUNC void qmv_impl(
-//   @@ -959,8 +1078,16 @@ METAL_FUNC void qmv_impl(
-//   @@ -969,14 +1096,37 @@ METAL_FUNC void qmv_impl(
-//   @@ -1603,7 +1753,8 @@ template <
-//   @@ -1642,7 +1793,7 @@ template <
-//   @@ -1652,7 +1803,10 @@ template <
-//   @@ -1660,7 +1814,8 @@ template <
-//   @@ -1699,7 +1854,7 @@ template <
-//   @@ -1709,7 +1864,10 @@ template <
+//   @@ -813,15 +834,25 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -832,7 +863,11 @@ METAL_FUNC void qmv_impl(
+//   @@ -847,8 +882,8 @@ METAL_FUNC void qmv_impl(
+//   @@ -868,12 +903,21 @@ METAL_FUNC void qmv_impl(
+//   @@ -884,8 +928,27 @@ METAL_FUNC void qmv_impl(
+//   @@ -898,8 +961,19 @@ METAL_FUNC void qmv_impl(
+//   @@ -910,17 +984,43 @@ METAL_FUNC void qmv_impl(
+//   @@ -931,12 +1031,18 @@ METAL_FUNC void qmv_impl(
+//   @@ -945,8 +1051,27 @@ METAL_FUNC void qmv_impl(
+//   @@ -959,8 +1084,16 @@ METAL_FUNC void qmv_impl(
+//   @@ -969,14 +1102,40 @@ METAL_FUNC void qmv_impl(
+//   @@ -1603,7 +1762,8 @@ template <
+//   @@ -1642,7 +1802,7 @@ template <
+//   @@ -1652,7 +1812,10 @@ template <
+//   @@ -1660,7 +1823,8 @@ template <
+//   @@ -1699,7 +1863,7 @@ template <
+//   @@ -1709,7 +1873,10 @@ template <
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -863,13 +863,16 @@ METAL_FUNC void qmv_fast_impl(
     x += block_size;
   }
 
-  for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
-    for (int row = 0; row < results_per_simdgroup; row++) {
-      result[v * results_per_simdgroup + row] =
-          simd_sum(result[v * results_per_simdgroup + row]);
-      if (simd_lid == 0) {
-        y[v * out_vec_size + row] =
-            static_cast<T>(result[v * results_per_simdgroup + row]);
+#pragma unroll
+  for (int v = 0; v < vecs_per_tg; v++) {
+    if (v < n_vecs) {
+      for (int row = 0; row < results_per_simdgroup; row++) {
+        result[v * results_per_simdgroup + row] =
+            simd_sum(result[v * results_per_simdgroup + row]);
+        if (simd_lid == 0) {
+          y[v * out_vec_size + row] =
+              static_cast<T>(result[v * results_per_simdgroup + row]);
+        }
       }
     }
   }
@@ -987,10 +990,10 @@ METAL_FUNC void qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      // A lane's last block is whole or empty (K is a multiple of the group
-      // size, and the group size of values_per_thread), so a tile of vectors
-      // passes the guarded helpers that length as a constant: the value M = 1
-      // passes them, and their vecs_per_tg calls can share the block's loads.
+      // Tiles run only where K is a multiple of 16 (qmv_vecs_per_tg), so a
+      // lane's last block is whole or empty and a tile passes the guarded
+      // helpers its length as a constant: the value M = 1 passes them, and
+      // their vecs_per_tg calls can share the block's loads.
       const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;
       U sum[vecs_per_tg];
 #pragma unroll
@@ -1034,15 +1037,18 @@ METAL_FUNC void qmv_impl(
       }
     }
 
-    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
-      for (int row = 0;
-           row < results_per_simdgroup && out_row + row < out_vec_size;
-           row++) {
-        result[v * results_per_simdgroup + row] =
-            simd_sum(result[v * results_per_simdgroup + row]);
-        if (simd_lid == 0) {
-          y[v * out_vec_size + row] =
-              static_cast<T>(result[v * results_per_simdgroup + row]);
+#pragma unroll
+    for (int v = 0; v < vecs_per_tg; v++) {
+      if (v < n_vecs) {
+        for (int row = 0;
+             row < results_per_simdgroup && out_row + row < out_vec_size;
+             row++) {
+          result[v * results_per_simdgroup + row] =
+              simd_sum(result[v * results_per_simdgroup + row]);
+          if (simd_lid == 0) {
+            y[v * out_vec_size + row] =
+                static_cast<T>(result[v * results_per_simdgroup + row]);
+          }
         }
       }
     }
@@ -1148,13 +1154,16 @@ METAL_FUNC void qmv_impl(
         }
       }
     }
-    for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {
-      for (int row = 0; row < results_per_simdgroup; row++) {
-        result[v * results_per_simdgroup + row] =
-            simd_sum(result[v * results_per_simdgroup + row]);
-        if (simd_lid == 0) {
-          y[v * out_vec_size + row] =
-              static_cast<T>(result[v * results_per_simdgroup + row]);
+#pragma unroll
+    for (int v = 0; v < vecs_per_tg; v++) {
+      if (v < n_vecs) {
+        for (int row = 0; row < results_per_simdgroup; row++) {
+          result[v * results_per_simdgroup + row] =
+              simd_sum(result[v * results_per_simdgroup + row]);
+          if (simd_lid == 0) {
+            y[v * out_vec_size + row] =
+                static_cast<T>(result[v * results_per_simdgroup + row]);
+          }
         }
       }
     }
