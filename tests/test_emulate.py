@@ -77,6 +77,11 @@ SUM_CASES = [
 ]
 R = "result[v * results_per_simdgroup + row]"
 STORE = f"{R} = simd_sum({R});"
+# The guarded kernel's row sums, held in registers across the vectors' calls.
+ACC = "acc[v]"
+# Where the main loops add qdot, and how often: qmv_fast_impl into the result array,
+# qmv_impl's two branches into the row's registers.
+MAIN_LOOP_SUMS = ((R, 1), (ACC, 2))
 
 
 def test_simd_sum_inputs_catch_what_one_tree_hides(patched: emulate.Sources) -> None:
@@ -100,7 +105,7 @@ def test_simd_sum_keys_are_confirmed_by_the_stores(patched: emulate.Sources) -> 
     # outputs in another call order. Keys derived for the old order no longer
     # match the stored elements, so the calls count as unconfirmed and the
     # cases fail instead of comparing the wrong outputs' inputs.
-    v_loop = "for (int v = 0; v < vecs_per_tg && v < n_vecs; v++) {"
+    v_loop = "for (int v = 0; v < vecs_per_tg; v++) { if (v < n_vecs) {"
     row_loop = "for (int row = 0; row < results_per_simdgroup; row++) {"
     swapped = mutate(patched, f"{v_loop} {row_loop} {STORE}", f"{row_loop} {v_loop} {STORE}", 2)
     mutant = suite.run(swapped, SUM_CASES[:1], build.TOOLCHAINS["gcc"], controls=False)
@@ -135,11 +140,14 @@ def test_harness_catches_a_reordered_streamed_kernel(patched: emulate.Sources) -
     # rounded in another order. A harness that cannot see this could not prove
     # identity.
     x = "x_thread + v * values_per_thread"
-    call = f"{R} += qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);"
-    reordered = (
-        f"{R} = ({R} + sum[v] * b) + qdot<U, values_per_thread, bits>(wl, {x}, s, U(0), U(0));"
-    )
-    mutated = mutate(patched, call, reordered, 3)  # qmv_fast_impl; qmv_impl's two branches
+    mutated = patched
+    for into, count in MAIN_LOOP_SUMS:
+        call = f"{into} += qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);"
+        reordered = (
+            f"{into} = ({into} + sum[v] * b)"
+            f" + qdot<U, values_per_thread, bits>(wl, {x}, s, U(0), U(0));"
+        )
+        mutated = mutate(mutated, call, reordered, count)
     cases = [
         parity.Case.affine(1024, 64, 4, 64, "float32", 5),
         parity.Case.affine(640, 37, 4, 64, "float32", 7),
@@ -159,18 +167,19 @@ def test_long_k_shapes_see_a_reassociated_tail(patched: emulate.Sources) -> None
     first = "first[v * results_per_simdgroup + row]"
     decl = "thread U result[vecs_per_tg * results_per_simdgroup] = {0};"
     mutated = mutate(patched, decl, decl + " thread U first[vecs_per_tg * 4] = {};", 2)
+    for into, count in MAIN_LOOP_SUMS:
+        mutated = mutate(
+            mutated,
+            f"{into} += qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);",
+            f"{{ U q = qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);"
+            f" if (k == 0) {first} = q; {into} += q; }}",
+            count,
+        )
     mutated = mutate(
         mutated,
-        f"{R} += qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);",
-        f"{{ U q = qdot<U, values_per_thread, bits>(wl, {x}, s, b, sum[v]);"
-        f" if (k == 0) {first} = q; {R} += q; }}",
-        3,
-    )
-    mutated = mutate(
-        mutated,
-        f"{R} += qdot_safe<U, values_per_thread, bits>(wl, {x}, s, b, sum[v], remaining);",
-        f"{R} = ({R} - {first}) + (qdot_safe<U, values_per_thread, bits>"
-        f"(wl, {x}, s, b, sum[v], remaining) + {first});",
+        f"{ACC} += qdot_safe<U, values_per_thread, bits>(wl, {x}, s, b, sum[v], tail);",
+        f"{ACC} = ({ACC} - {first}) + (qdot_safe<U, values_per_thread, bits>"
+        f"(wl, {x}, s, b, sum[v], tail) + {first});",
         2,
     )
     short = [suite.AFFINE_SHAPES["n_lt_8"], suite.AFFINE_SHAPES["n_not_mult_8"]]

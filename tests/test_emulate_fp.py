@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,24 @@ def patched(headers: tuple[str, tuple[str, str]]) -> emulate.Sources:
 
 
 R = "result[v * results_per_simdgroup + row]"
+# The guarded kernel's row sums, held in registers across the vectors' calls.
+ACC = "acc[v]"
 X = "x_thread + v * values_per_thread"
-# The patched kernels' main-loop accumulation: qmv_fast_impl's, qmv_impl's two
-# main loops and its guarded branch's tail (qdot there, as upstream has it).
-ACCUMULATE = f"{R} += qdot<U, values_per_thread, bits>(wl, {X}, s);"
+# The patched kernels' main-loop accumulation, by the sum it adds into and how many
+# times: qmv_fast_impl's into the result array; qmv_impl's two main loops and its guarded
+# branch's tail (qdot there, as upstream has it) into the row's registers.
+ACCUMULATIONS = ((R, 1), (ACC, 3))
+
+
+def accumulate(into: str) -> str:
+    return f"{into} += qdot<U, values_per_thread, bits>(wl, {X}, s);"
+
+
+def mutate_accumulations(src: emulate.Sources, make: Callable[[str], str]) -> emulate.Sources:
+    """``src`` with every main-loop accumulation replaced by ``make(sum it adds into)``."""
+    for into, count in ACCUMULATIONS:
+        src = mutate(src, accumulate(into), make(into), count)
+    return src
 
 
 @pytest.fixture(scope="module")
@@ -152,11 +167,13 @@ def test_harness_catches_a_reordered_streamed_kernel(
     # (Moving the scale out of qdot would not do: e8m0 scales are powers of
     # two, so that changes no bits.) A harness that cannot see this could not
     # prove identity.
-    halves = (
-        f"{{ U q = qdot<U, values_per_thread, bits>(wl, {X}, s);"
-        f" {R} += q * 0.5f; {R} += q * 0.5f; }}"
+    mutated = mutate_accumulations(
+        patched,
+        lambda into: (
+            f"{{ U q = qdot<U, values_per_thread, bits>(wl, {X}, s);"
+            f" {into} += q * 0.5f; {into} += q * 0.5f; }}"
+        ),
     )
-    mutated = mutate(patched, ACCUMULATE, halves, 4)
     cases = [
         parity.Case(mode, K, N, "float32", M)
         for mode in ("mxfp4", "mxfp8")
@@ -309,8 +326,12 @@ def test_contraction_builds_see_a_fusion_mismatch(
     # still fuses it. Without contraction the mutant is exact (the g++ build
     # proves it); the cross-statement build must see nvfp4 float32 rows differ,
     # or it would prove nothing about fusion.
-    barrier = f"{{ volatile U q = qdot<U, values_per_thread, bits>(wl, {X}, s); {R} += q; }}"
-    mutated = mutate(patched, ACCUMULATE, barrier, 4)
+    mutated = mutate_accumulations(
+        patched,
+        lambda into: (
+            f"{{ volatile U q = qdot<U, values_per_thread, bits>(wl, {X}, s); {into} += q; }}"
+        ),
+    )
     cases = [c for c in FUSION_CASES if c.mode == "nvfp4"]
     plain = suite.run(mutated, cases, build.TOOLCHAINS["gcc"], types=types, controls=False)
     assert plain.failures() == []
@@ -343,8 +364,8 @@ def test_address_space_check_passes_the_fp_kernels(
         # The patched general kernel's tail reads x through a thread pointer.
         (
             "x + (vecs_per_tg == 1 ? 0 : min(v, n_vecs - 1)) * in_vec_size,"
-            " x_thread + v * values_per_thread, remaining)",
-            "(thread T*)x_thread, x_thread, remaining)",
+            " x_thread + v * values_per_thread, tail)",
+            "(thread T*)x_thread, x_thread, tail)",
         ),
     ],
 )
