@@ -372,6 +372,10 @@ def test_cuda_parity_checks_the_exact_route_and_the_record_says_so(
     rec = mlx_build.record(build, project["root"], None, report, {"build": 1.0})
     assert rec["parity"]["route_env"] == {"MLX_CUDA_QMV_EXACT": "1"}
     assert "parity` on it (route: MLX_CUDA_QMV_EXACT=1): 0 of 8" in mlx_build.markdown(rec)
+    # the record names what a CUDA build compiled, and its page says so
+    inputs = mlx_build.build_inputs_id(project["root"], build.mlx_commit[:8], "cuda")
+    assert rec["patch"]["build_inputs_sha256"] == inputs
+    assert f"build inputs sha256 `{inputs[:16]}`" in mlx_build.markdown(rec)
 
 
 # Parity before MLX's tests: the claim first, then the slow step a --test-timeout may cut.

@@ -1299,6 +1299,15 @@ def markdown(rec: dict[str, Any], raw: str | None = None) -> str:
             f"- MLX commit `{rec['mlx_commit'][:12]}` + patch commit "
             f"`{rec['patch']['commit'][:12]}` (`{rec['patch']['series']}`, series sha256 "
             f"`{rec['patch']['series_sha256'][:16]}`), MLX {rec['mlx_version']}",
+            *(
+                [
+                    f"- Valid while what a {rec['backend']} build compiles of the patch is "
+                    f"unchanged: build inputs sha256 `{rec['patch']['build_inputs_sha256'][:16]}`"
+                    " (decision 0008)"
+                ]
+                if rec["patch"].get("build_inputs_sha256")
+                else []
+            ),
             f"- What was compiled: {rec['compiled']}.",
             tests_line(t),
             parity_line(p),
