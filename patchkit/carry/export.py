@@ -92,6 +92,14 @@ def overlay_header(f: OverlayFile, pin: PinInfo, hunks: list[str], regenerate: s
     return "".join(f"{c}{line}".rstrip() + "\n" for line in lines)
 
 
+def overlay_files(series_dir: Path) -> dict[str, Path]:
+    """``{upstream path: file}`` of ``series_dir``'s overlay (``patches/<short>/``), sorted
+    by path; empty where it has none."""
+    overlay = series_dir / OVERLAY
+    files = sorted(p for p in overlay.rglob("*") if p.is_file())
+    return {p.relative_to(overlay).as_posix(): p for p in files}
+
+
 def strip_header(path: str, text: str) -> str:
     """An overlay file's text without its patchkit header (the inverse of the export)."""
     c = comment_prefix(path)

@@ -957,43 +957,45 @@ def read_results(root: Path, entries: Sequence[dict]) -> dict[str, dict | Except
     return out
 
 
-def built_id(root: Path, data: dict) -> str | None:
-    """What ``patches/`` holds now of what the record's backend compiles
-    (``mlx_build.build_inputs_id``), or None where there is nothing to compare against (no
-    pin file, or a record naming no backend)."""
-    backend = data.get("backend")
-    if not (root / pin.PIN_FILE).is_file() or backend not in mlx_build.BACKENDS:
+def current_build_inputs(root: Path) -> dict[str, str] | None:
+    """``{backend: mlx_build.build_inputs_id}`` of what ``patches/`` holds now, once per
+    backend; None where the checkout has no pin file (nothing to compare against)."""
+    if not (root / pin.PIN_FILE).is_file():
         return None
-    return mlx_build.build_inputs_id(root, pin.load(root / pin.PIN_FILE).short, backend)
+    short = pin.load(root / pin.PIN_FILE).short
+    return {b: mlx_build.build_inputs_id(root, short, b) for b in mlx_build.BACKENDS}
+
+
+def is_current_build(data: dict, inputs: dict[str, str]) -> bool:
+    """Whether a build or tests record names what its backend compiles of ``patches/``
+    now."""
+    return data.get("patch", {}).get("build_inputs_sha256") == inputs.get(data.get("backend"))
 
 
 def current_builds(
-    root: Path, entries: Sequence[dict], results: dict[str, dict | Exception]
-) -> set[str] | None:
-    """The wheel versions of the build records among ``entries`` that were built from what
-    ``patches/`` holds now (their backend's share of it); None where the checkout has no
-    pin file (nothing to compare against)."""
-    if not (root / pin.PIN_FILE).is_file():
-        return None
+    entries: Sequence[dict], results: dict[str, dict | Exception], inputs: dict[str, str]
+) -> set[str]:
+    """The wheel versions of the build records among ``entries`` that are current
+    (``is_current_build``)."""
     builds = [results[e["file"]] for e in entries if e.get("kind") == "build"]
     return {
         data["wheel_version"]
         for data in builds
-        if isinstance(data, dict)
-        and data.get("wheel_version")
-        and data.get("patch", {}).get("build_inputs_sha256") == built_id(root, data)
+        if isinstance(data, dict) and data.get("wheel_version") and is_current_build(data, inputs)
     }
 
 
-def stale_reason(root: Path, data: dict, kind: str, wheels: set[str] | None) -> str | None:
+def stale_reason(
+    data: dict, kind: str, inputs: dict[str, str] | None, wheels: set[str]
+) -> str | None:
     """Why a result measured another patch than the one exported, or None: a build or
     tests record names what its build compiled of the series; a speed page names the
     builds it timed, which must be current build records'. Quoting either for this patch
-    would present another kernel's numbers as this one's. ``wheels`` None: no check."""
-    if wheels is None:
+    would present another kernel's numbers as this one's. ``inputs`` None: no check."""
+    if inputs is None:
         return None
-    current = built_id(root, data) if kind in ("build", "tests") else None
-    if current is not None and data.get("patch", {}).get("build_inputs_sha256") != current:
+    checked = kind in ("build", "tests") and data.get("backend") in inputs
+    if checked and not is_current_build(data, inputs):
         return "built from another patch series than patches/ holds now (rebuild it)"
     timed = {r.get("mlx", {}).get("pr") for r in data.get("runs", [])} if kind == "speed" else set()
     if timed and not timed <= wheels:
@@ -1014,7 +1016,8 @@ def measured_results(
     entries = tomllib.loads(manifest.read_text()).get(backend, {}).get("result", [])
     found, notes = [], []
     results = read_results(root, entries)
-    wheels = current_builds(root, entries, results)
+    inputs = current_build_inputs(root)
+    wheels = current_builds(entries, results, inputs) if inputs is not None else set()
     for entry in entries:
         own: dict[str, str] = {}
         try:
@@ -1022,7 +1025,7 @@ def measured_results(
             if isinstance(data, Exception):
                 raise data
             kind = entry["kind"]
-            if stale := stale_reason(root, data, kind, wheels):
+            if stale := stale_reason(data, kind, inputs, wheels):
                 notes.append(f"{entry['file']}: {stale}; left out of the body")
                 continue
             if kind == "emulate":

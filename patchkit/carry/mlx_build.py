@@ -678,9 +678,8 @@ def prepare_worktree(build: BuildPlan, root: Path) -> None:
         target.write_text(rendered)
     # The wheel is the overlay: the PR's change plus its downstream switches (each
     # off by default), so an engine can compare with stock's kernels in one build.
-    overlay = root / transaction.PATCHES / build.mlx_commit[:8] / "overlay"
-    for path in sorted(p for p in overlay.rglob("*") if p.is_file()):
-        rel = path.relative_to(overlay).as_posix()
+    overlay = export.overlay_files(root / transaction.PATCHES / build.mlx_commit[:8])
+    for rel, path in overlay.items():
         (wt / rel).write_text(export.strip_header(rel, path.read_text()))
     setup = wt / "setup.py"
     setup.write_text(set_version(setup.read_text(), build.version))
@@ -839,9 +838,7 @@ def build_inputs_id(root: Path, short: str, backend: str) -> str:
             if not diff.path.startswith(unbuilt):
                 digest.update(b"diff\0" + diff.path.encode() + b"\0")
                 digest.update("".join(str(hunk) for hunk in diff).encode())
-    overlay = folder / "overlay"
-    for path in sorted(p for p in overlay.rglob("*") if p.is_file()):
-        rel = path.relative_to(overlay).as_posix()
+    for rel, path in export.overlay_files(folder).items():
         if not rel.startswith(unbuilt):
             digest.update(b"overlay\0" + rel.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

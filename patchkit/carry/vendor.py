@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.carry import pin, transaction
+from patchkit.carry import export, pin, transaction
 from patchkit.errors import UserError
 from patchkit.util import git
 
@@ -96,10 +96,8 @@ def _vendor(root: Path, checkout: Path, flavour: str, dry_run: bool) -> VendorRe
             committer = git.user_identity(checkout) or git.FIXED_AUTHOR
             git.am(checkout, series, committer=committer)
     else:
-        overlay = patches / "overlay"
-        result.files = sorted(
-            f.relative_to(overlay).as_posix() for f in overlay.rglob("*") if f.is_file()
-        )
+        overlay = patches / export.OVERLAY
+        result.files = list(export.overlay_files(patches))
         for rel in result.files:
             if not (checkout / rel).is_file():
                 raise UserError(f"{checkout} has no {rel}; is it an MLX checkout?")

@@ -138,25 +138,19 @@ def observations(by: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> list[s
     fast = [i for i in beyond if "_qmv_fast<" in i]
     at_one = [i for i in beyond if sum(patched[i][1]["thread_arrays"]) > 4]
     worst = max(patched, key=lambda i: patched[i][top]["live_words"])
+    left = [i for i, at in patched.items() if at[top]["thread_arrays"]]
+    left_at_one = [i for i in left if patched[i][1]["thread_arrays"]]
     out = [
         f"- Instances whose arrays in thread memory at V = {top} hold more than the {top} x 4"
         f" partial sums (input vectors kept in memory, not registers): {len(beyond)} of"
         f" {len(patched)} ({len(fast)} of them `qmv_fast`); {len(at_one)} of these keep more"
         " than 4 floats in memory at V = 1 too, where the kernel is upstream's.",
-        f"- Most live words at V = {top}: {patched[worst][top]['live_words']:g} (`{worst}`).",
-    ]
-    left = [i for i, at in patched.items() if at[top]["thread_arrays"]]
-    left_at_one = [i for i in left if patched[i][1]["thread_arrays"]]
-    out.insert(
-        1,
         f"- Instances with any array left in thread memory at V = {top}: {len(left)} of"
         f" {len(patched)}; {len(left_at_one)} of these keep one at V = 1 too, where the kernel"
         " is upstream's.",
-    )
-    # Growth from the smallest tile on: V = 1 is upstream's kernel, whose last K block's
-    # guarded helpers loop to a run-time length (one load per trip) where a tile passes
-    # them the constant it then is and they unroll, so its static count is another shape.
-    pair = VECS[1]
+        f"- Most live words at V = {top}: {patched[worst][top]['live_words']:g} (`{worst}`).",
+    ]
+    pair = VECS[1]  # growth from the smallest tile on (the line below says why)
     grown = [i for i, at in patched.items() if at[top]["weight_loads"] > at[pair]["weight_loads"]]
     families = sorted({i.split("<")[0] for i in patched})
     per_family = ", ".join(
