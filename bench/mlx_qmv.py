@@ -3,7 +3,8 @@
   python3 bench/mlx_qmv.py run --stock PYTHON[:SITE] --patched PYTHON[:SITE] \
       --json mlx_qmv.json [--quick] [--dtype bfloat16] [--group-size 64]
   python3 bench/mlx_qmv.py report mlx_qmv.json [--plot mlx_qmv.png]
-  python3 bench/mlx_qmv.py page RUN.json... --out docs/results/cuda   # .json, .md, .png
+  python3 bench/mlx_qmv.py page RUN.json... --out docs/results/cuda \
+      --build-record BUILD/build-cuda.json   # .json, .md, .png
 
 Each arm is an interpreter that imports its own MLX (``SITE``, when given, goes first on
 its ``PYTHONPATH``: an unpacked stock wheel, say). The arms take turns, round after round,
@@ -280,9 +281,27 @@ def generic_command(report: dict[str, Any]) -> str:
                      *extra])  # fmt: skip
 
 
-def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
+def timed_build(runs: list[dict[str, Any]], build_record: dict[str, Any]) -> dict[str, str]:
+    """What the page holds for (decision 0008): the build record of the PR arm's MLX,
+    reduced to its wheel and the build inputs it compiled. A speed page stays valid as long
+    as those inputs do, whatever other commits (Metal's, say) the series gains since."""
+    wheel = build_record.get("wheel_version")
+    inputs = build_record.get("patch", {}).get("build_inputs_sha256")
+    if not wheel or not inputs:
+        raise SystemExit("--build-record: not a patchkit build record (no wheel_version or "
+                         "patch.build_inputs_sha256)")  # fmt: skip
+    if timed := {r["mlx"]["pr"] for r in runs} - {wheel}:
+        raise SystemExit(f"--build-record is of MLX {wheel}, the runs timed {', '.join(timed)}")
+    return {"backend": build_record.get("backend", "cuda"), "wheel_version": wheel,
+            "build_inputs_sha256": inputs}  # fmt: skip
+
+
+def page(
+    runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[str, str]
+) -> None:
     """One results page from several runs (dtype x group): ``out``.json, .md and .png;
-    ``notes`` (what a reader must know about the runs) go to both."""
+    ``notes`` (what a reader must know about the runs) go to both; ``build`` is
+    :func:`timed_build` of the PR arm."""
     for key in ("mlx", "hardware", "rounds", "repeats"):
         if len({json.dumps(r[key], sort_keys=True) for r in runs}) > 1:
             raise SystemExit(f"the runs differ in {key}: one page is of one pair of builds, "
@@ -291,8 +310,8 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
     first = runs[0]
     summary = [{"dtype": r["dtype"], "group_size": r["group_size"], "targets": against_targets(r)}
                for r in runs]  # fmt: skip
-    record = {"runs": [{**r, "command": generic_command(r)} for r in runs], "summary": summary,
-              "notes": notes}  # fmt: skip
+    record = {"build": build, "runs": [{**r, "command": generic_command(r)} for r in runs],
+              "summary": summary, "notes": notes}  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     try:
         plot(main_run, out.with_suffix(".png"))
@@ -310,6 +329,8 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
         f"{first['rounds']} rounds of each. Time per call: {first['repeats']} calls evaluated "
         "as one graph, over their count; the median of the rounds. Each call reads a cold copy "
         "of the weights; launch costs included.",
+        f"- Valid while what a {build['backend']} build compiles of the patch is unchanged: "
+        f"build inputs sha256 `{build['build_inputs_sha256'][:16]}` (decision 0008).",
         "- Stock's wheels come from MLX's release builds and the PR's arm from a local build, "
         "so compiler and build flags may differ between the arms besides the patch; the pin "
         "built the same way without the patch, given as `--stock`, would remove that.",
@@ -326,7 +347,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str]) -> None:
         *(r["command"] for r in record["runs"]),
         "python3 bench/mlx_qmv.py page "
         + " ".join(map(run_name, runs))
-        + " --out docs/results/cuda"
+        + " --out docs/results/cuda --build-record build-cuda.json"
         + "".join(f" --note {shlex.quote(n)}" for n in notes),
         "```",
         *(f"- Note: {n}" for n in notes),
@@ -378,6 +399,8 @@ def main() -> None:
     pg.add_argument("runs", nargs="+", type=Path)
     pg.add_argument("--out", required=True, type=Path, help="e.g. docs/results/cuda")
     pg.add_argument("--note", action="append", default=[], help="a fact about the runs")
+    pg.add_argument("--build-record", required=True, type=Path,
+                    help="the build-cuda.json of the PR arm's build (patchkit build)")
     sub.add_parser("worker", help="internal: one arm's round (cases on stdin)")
     a = ap.parse_args()
     if a.cmd == "worker":
@@ -386,7 +409,9 @@ def main() -> None:
     elif a.cmd == "run":
         run(a)
     elif a.cmd == "page":
-        page([json.loads(p.read_text()) for p in a.runs], a.out, a.note)
+        runs = [json.loads(p.read_text()) for p in a.runs]
+        build = timed_build(runs, json.loads(a.build_record.read_text()))
+        page(runs, a.out, a.note, build)
     else:
         report = json.loads(Path(a.json).read_text())
         print(table(report))

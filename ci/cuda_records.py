@@ -81,7 +81,8 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
         argv += ["--dtype", dtype, "--group-size", str(group)]
         plan.append(Step(f"speed {dtype} group {group}", argv, (run,)))
         runs.append(run)
-    page_argv = [python, "bench/mlx_qmv.py", "page", *map(str, runs), "--out", str(pages / "cuda")]
+    page_argv = [python, "bench/mlx_qmv.py", "page", *map(str, runs), "--out", str(pages / "cuda"),
+                 "--build-record", str(build / "build-cuda.json")]  # fmt: skip
     page = (pages / "cuda.json", pages / "cuda.md", pages / "cuda.png")
     plan.append(Step("speed page", page_argv, page))
     # Exit 1: a control came out otherwise than it must; the page says which.

@@ -79,9 +79,21 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
             command="python3 bench/mlx_qmv.py run --stock /tmp/x --json /root/out/r.json",
         )
         runs.append(run)  # fmt: skip
-    bench.page(runs, tmp_path / "cuda", ["a note's text"])
+    build_record = {"backend": "cuda", "wheel_version": "0.32.1+patchkit.abc",
+                    "patch": {"build_inputs_sha256": "f" * 64}}  # fmt: skip
+    build = bench.timed_build(runs, build_record)
+    bench.page(runs, tmp_path / "cuda", ["a note's text"], build)
     text = (tmp_path / "cuda.md").read_text()
     record = json.loads((tmp_path / "cuda.json").read_text())
+    # the page names the build it timed by what that build compiled (decision 0008)
+    assert record["build"] == {"backend": "cuda", "wheel_version": "0.32.1+patchkit.abc",
+                               "build_inputs_sha256": "f" * 64}  # fmt: skip
+    assert "build inputs sha256 `ffffffffffffffff`" in text
+    # controls: a record of another build, and a file that is no build record
+    with pytest.raises(SystemExit, match="is of MLX 0.32.1\\+patchkit.other"):
+        bench.timed_build(runs, {**build_record, "wheel_version": "0.32.1+patchkit.other"})
+    with pytest.raises(SystemExit, match="not a patchkit build record"):
+        bench.timed_build(runs, {"wheel_version": "0.32.1+patchkit.abc"})
     assert "| bfloat16 | 64 | worst 0.50, best 0.50; 1 of 1 meet it |" in text
     assert text.count("## PR / stock:") == 2 and "- Note: a note's text" in text
     assert "meet it | not measured | not measured |" in text  # no M > 1 rows
@@ -94,7 +106,7 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
     assert bench.generic_command(runs[0]).endswith("--group-size 64 --repeats 50")
     runs[1]["mlx"] = {"stock": "0.32.1", "pr": "0.32.1+patchkit.other"}
     with pytest.raises(SystemExit, match="the runs differ in mlx"):
-        bench.page(runs, tmp_path / "mixed", [])
+        bench.page(runs, tmp_path / "mixed", [], build)
 
 
 def _harness_result(patched: float, stock: float, differing: int = 0) -> dict:

@@ -585,9 +585,10 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
 
 def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path) -> None:
     """A build record built from another series than ``patches/`` holds (of what its
-    backend compiles), and a speed page that timed no current build, are another kernel's
-    numbers: left out with a warning. Controls: the same files are quoted while the series
-    is the one they name, and after an edit the CUDA build does not compile (Metal)."""
+    backend compiles), and a speed page that timed a build of another series or names none,
+    are another kernel's numbers: left out with a warning. Controls: the same files are
+    quoted while the series is the one they name, and after an edit the CUDA build does not
+    compile (Metal)."""
     short = "9a795735"
     shutil.copy(ROOT / "pin.toml", tmp_path / "pin.toml")
     series_dir = tmp_path / "patches" / short
@@ -616,7 +617,13 @@ def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path
     run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1", "pr": wheel},
            "hardware": {"gpu": "NVIDIA H200"}, "rows": rows, "repeats": 200,
            "rounds": 3}  # fmt: skip
+    timed = {"backend": "cuda", "wheel_version": wheel,
+             "build_inputs_sha256": record["patch"]["build_inputs_sha256"]}  # fmt: skip
     (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run], "notes": []}))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert [f["source"] for f in found] == ["build-cuda.json"]  # control: no build named
+    assert "cuda.json: names no build it timed" in notes[0]
+    (tmp_path / "cuda.json").write_text(json.dumps({"build": timed, "runs": [run], "notes": []}))
 
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert notes == [] and [f["source"] for f in found] == ["build-cuda.json", "cuda.json"]
@@ -628,4 +635,4 @@ def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert found == []
     assert "build-cuda.json: built from another patch series" in notes[0]
-    assert "cuda.json: timed a build that is not a current build record's" in notes[1]
+    assert "cuda.json: timed a build of another patch series" in notes[1]

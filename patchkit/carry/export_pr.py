@@ -972,34 +972,22 @@ def is_current_build(data: dict, inputs: dict[str, str]) -> bool:
     return data.get("patch", {}).get("build_inputs_sha256") == inputs.get(data.get("backend"))
 
 
-def current_builds(
-    entries: Sequence[dict], results: dict[str, dict | Exception], inputs: dict[str, str]
-) -> set[str]:
-    """The wheel versions of the build records among ``entries`` that are current
-    (``is_current_build``)."""
-    builds = [results[e["file"]] for e in entries if e.get("kind") == "build"]
-    return {
-        data["wheel_version"]
-        for data in builds
-        if isinstance(data, dict) and data.get("wheel_version") and is_current_build(data, inputs)
-    }
-
-
-def stale_reason(
-    data: dict, kind: str, inputs: dict[str, str] | None, wheels: set[str]
-) -> str | None:
+def stale_reason(data: dict, kind: str, inputs: dict[str, str] | None) -> str | None:
     """Why a result measured another patch than the one exported, or None: a build or
-    tests record names what its build compiled of the series; a speed page names the
-    builds it timed, which must be current build records'. Quoting either for this patch
-    would present another kernel's numbers as this one's. ``inputs`` None: no check."""
+    tests record names what its build compiled of the series, a speed page what the build
+    it timed compiled (``bench/mlx_qmv.py page --build-record``). Quoting either for this
+    patch would present another kernel's numbers as this one's. ``inputs`` None: no check."""
     if inputs is None:
         return None
-    checked = kind in ("build", "tests") and data.get("backend") in inputs
-    if checked and not is_current_build(data, inputs):
-        return "built from another patch series than patches/ holds now (rebuild it)"
-    timed = {r.get("mlx", {}).get("pr") for r in data.get("runs", [])} if kind == "speed" else set()
-    if timed and not timed <= wheels:
-        return "timed a build that is not a current build record's (rerun it on one)"
+    if kind in ("build", "tests") and data.get("backend") in inputs:
+        if not is_current_build(data, inputs):
+            return "built from another patch series than patches/ holds now (rebuild it)"
+    if kind == "speed":
+        build = data.get("build")
+        if not isinstance(build, dict):
+            return "names no build it timed (remake it with bench/mlx_qmv.py page --build-record)"
+        if build.get("build_inputs_sha256") != inputs.get(build.get("backend", "")):
+            return "timed a build of another patch series than patches/ holds now (rerun it)"
     return None
 
 
@@ -1017,7 +1005,6 @@ def measured_results(
     found, notes = [], []
     results = read_results(root, entries)
     inputs = current_build_inputs(root)
-    wheels = current_builds(entries, results, inputs) if inputs is not None else set()
     for entry in entries:
         own: dict[str, str] = {}
         try:
@@ -1025,7 +1012,7 @@ def measured_results(
             if isinstance(data, Exception):
                 raise data
             kind = entry["kind"]
-            if stale := stale_reason(data, kind, inputs, wheels):
+            if stale := stale_reason(data, kind, inputs):
                 notes.append(f"{entry['file']}: {stale}; left out of the body")
                 continue
             if kind == "emulate":
