@@ -296,9 +296,7 @@ def timed_build(runs: list[dict[str, Any]], build_record: dict[str, Any]) -> dic
             "build_inputs_sha256": inputs}  # fmt: skip
 
 
-def page(
-    runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[str, str]
-) -> None:
+def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[str, str]) -> None:
     """One results page from several runs (dtype x group): ``out``.json, .md and .png;
     ``notes`` (what a reader must know about the runs) go to both; ``build`` is
     :func:`timed_build` of the PR arm."""
@@ -399,8 +397,12 @@ def main() -> None:
     pg.add_argument("runs", nargs="+", type=Path)
     pg.add_argument("--out", required=True, type=Path, help="e.g. docs/results/cuda")
     pg.add_argument("--note", action="append", default=[], help="a fact about the runs")
-    pg.add_argument("--build-record", required=True, type=Path,
-                    help="the build-cuda.json of the PR arm's build (patchkit build)")
+    pg.add_argument(
+        "--build-record",
+        required=True,
+        type=Path,
+        help="the build-cuda.json of the PR arm's build (patchkit build)",
+    )
     sub.add_parser("worker", help="internal: one arm's round (cases on stdin)")
     a = ap.parse_args()
     if a.cmd == "worker":

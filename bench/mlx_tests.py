@@ -26,6 +26,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,15 @@ MODULE = "test_quantized"
 
 
 def run_arms(
-    specs: dict[str, str], tests: Path, jobs: int, deadline: float | None, shards: int = 1
+    specs: dict[str, str],
+    tests: Path,
+    jobs: int,
+    deadline: float | None,
+    shards: int = 1,
+    only: Sequence[str] = (),
 ) -> dict:
     """Both arms at once, ``jobs`` processes each (a method with subtests as ``shards``
-    of them); their outputs as lists of lines."""
+    of them; ``only`` those methods, when named); their outputs as lists of lines."""
     root = Path(__file__).resolve().parent.parent
     procs, caches = {}, tempfile.mkdtemp(prefix="mlx-tests-")
     for name, spec in specs.items():
@@ -57,6 +63,7 @@ def run_arms(
             argv += ["--deadline-s", str(deadline)]
         if shards > 1:
             argv += ["--shards", str(shards)]
+        argv += [arg for m in only for arg in ("--only", m)]
         procs[name] = subprocess.Popen(argv, cwd=tests, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)  # fmt: skip
     return {name: p.communicate()[0].splitlines() for name, p in procs.items()}
@@ -65,7 +72,10 @@ def run_arms(
 def side_by_side(outputs: dict[str, list[str]], methods: list[str]) -> dict[str, Any]:
     """Per arm and method: verdict, seconds, failing subtests; and the comparison. A method
     of ``methods`` an output does not end is ``UNFINISHED`` there (its run was cut off)."""
-    arms = {name: parse_output(lines) for name, lines in outputs.items()}
+    arms = {
+        name: {m: r for m, r in parse_output(lines).items() if m in methods}
+        for name, lines in outputs.items()
+    }
     for ran in arms.values():
         for m in methods:
             ran.setdefault(m, {"verdict": "UNFINISHED", "seconds": None, "problems": []})
@@ -120,6 +130,8 @@ def page(report: dict[str, Any]) -> str:
         "- The same test file on both (the PR's, so its new tests run on stock too), one "
         "process per method, both arms at the same time"
         + (f": {report['how']}" if report.get("how") else "."),
+        *([f"- Methods compared: {', '.join(report['only'])} (the others not run or left out)"]
+          if report.get("only") else []),
         "",
         *(f"- {name}: {ok} methods passed or skipped, {bad} failed ({sub} failing subtests), "
           f"{left} not run to the end"
@@ -167,7 +179,9 @@ def main() -> None:
     r.add_argument("--deadline-s", type=float)
     r.add_argument("--shards", type=int, default=1,
                    help="a method with subtests as this many processes")  # fmt: skip
-    c = sub.add_parser("compare")
+    for cmd in (r, c := sub.add_parser("compare")):
+        cmd.add_argument("--only", action="append", default=[], metavar="METHOD",
+                         help="these methods only (repeatable; default: every one)")  # fmt: skip
     c.add_argument("--stock", required=True, type=Path, help="split_unittest's output, stock")
     c.add_argument("--patched", required=True, type=Path, help="the same, patched build")
     c.add_argument("--stock-mlx", required=True, help="what the stock arm imported")
@@ -185,7 +199,7 @@ def main() -> None:
         return
     if a.cmd == "run":
         specs = {"stock": a.stock, "pr": a.patched}
-        outputs = run_arms(specs, a.tests, a.jobs, a.deadline_s, a.shards)
+        outputs = run_arms(specs, a.tests, a.jobs, a.deadline_s, a.shards, a.only)
         mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in specs.items()}
         hw: dict[str, Any] | None = hardware()
         tests, how = a.tests / f"{MODULE}.py", None
@@ -196,9 +210,12 @@ def main() -> None:
         }
         mlx, hw = {"stock": a.stock_mlx, "pr": a.patched_mlx}, {"gpu": a.hardware}
         tests, how = a.test_file, a.how
+    methods = methods_of(tests)
+    if unknown := sorted(set(a.only) - set(methods)):
+        raise SystemExit(f"--only: {tests} has no test method {', '.join(unknown)}")
     report = {"command": command, "module": MODULE, "how": how, "mlx": mlx, "hardware": hw,
-              "patch": series(), "backend": "cuda"}  # fmt: skip
-    write({**report, **side_by_side(outputs, methods_of(tests))}, a.json)
+              "patch": series(), "backend": "cuda", "only": a.only}  # fmt: skip
+    write({**report, **side_by_side(outputs, a.only or methods)}, a.json)
 
 
 if __name__ == "__main__":

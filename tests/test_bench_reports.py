@@ -90,7 +90,7 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
                                "build_inputs_sha256": "f" * 64}  # fmt: skip
     assert "build inputs sha256 `ffffffffffffffff`" in text
     # controls: a record of another build, and a file that is no build record
-    with pytest.raises(SystemExit, match="is of MLX 0.32.1\\+patchkit.other"):
+    with pytest.raises(SystemExit, match=r"is of MLX 0\.32\.1\+patchkit\.other"):
         bench.timed_build(runs, {**build_record, "wheel_version": "0.32.1+patchkit.other"})
     with pytest.raises(SystemExit, match="not a patchkit build record"):
         bench.timed_build(runs, {"wheel_version": "0.32.1+patchkit.abc"})
@@ -223,6 +223,12 @@ def test_mlx_tests_tells_the_prs_own_failures_from_stocks(tmp_path) -> None:
     summary = "- PR: 1 methods passed or skipped, 2 failed (2 failing subtests), 1 not run to"
     assert summary in page
     assert "| `test_b` | failed | 1 | passed |  |" in page
+    # --only: the methods named are compared, the others left out of both arms
+    got = bench.side_by_side({"stock": stock, "pr": worse}, ["test_a"])
+    assert set(got["arms"]["pr"]) == set(got["arms"]["stock"]) == {"test_a"}
+    assert got["pr_failing_only_on_pr"] == [] and got["stock_failing_only_on_stock"] == 1
+    page = bench.page({**meta, "mlx": {"pr": "p", "stock": "s"}, "only": ["test_a"], **got})
+    assert "- Methods compared: test_a (the others not run or left out)" in page
 
 
 def test_rebase_gate_page_shows_each_scenarios_seconds() -> None:

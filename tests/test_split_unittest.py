@@ -76,6 +76,23 @@ def test_all_passing_is_ok_and_exit_zero(tmp_path: Path) -> None:
     assert mlx_build.unittest_counts(ok.stdout.splitlines())["passed"] == 3
 
 
+def test_only_runs_the_methods_named(tmp_path: Path) -> None:
+    """``--only`` runs those methods and none other; a name the module lacks is a one-line
+    usage error, before anything runs."""
+    done = _run(tmp_path, "pass", "--jobs", "2", "--only", "test_passes", "--only", "test_skipped")
+    assert done.returncode == 0, done.stdout + done.stderr
+    headers = [ln for ln in done.stdout.splitlines() if ln.startswith("== ")]
+    assert sorted(h.split(":")[0] for h in headers) == [
+        "== test_mod.TestSome.test_passes", "== test_mod.TestSome.test_skipped"]  # fmt: skip
+    assert done.stdout.splitlines()[-1] == "OK (skipped=1)"
+    # control: the failing method named runs, and fails
+    failing = _run(tmp_path, "pass", "--only", "test_two_subtests_fail")
+    assert failing.returncode == 1 and failing.stdout.splitlines()[-1] == "FAILED (failures=2)"
+    wrong = _run(tmp_path, "pass", "--only", "test_nothing")
+    assert wrong.returncode == 2 and "has no test method test_nothing" in wrong.stderr
+    assert "== " not in wrong.stdout
+
+
 SLOW = """
 import time, unittest
 

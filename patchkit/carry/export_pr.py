@@ -979,9 +979,9 @@ def stale_reason(data: dict, kind: str, inputs: dict[str, str] | None) -> str | 
     patch would present another kernel's numbers as this one's. ``inputs`` None: no check."""
     if inputs is None:
         return None
-    if kind in ("build", "tests") and data.get("backend") in inputs:
-        if not is_current_build(data, inputs):
-            return "built from another patch series than patches/ holds now (rebuild it)"
+    built = kind in ("build", "tests") and data.get("backend") in inputs
+    if built and not is_current_build(data, inputs):
+        return "built from another patch series than patches/ holds now (rebuild it)"
     if kind == "speed":
         build = data.get("build")
         if not isinstance(build, dict):

@@ -1,7 +1,7 @@
 """One unittest module, one process per test method, several at a time; one summary.
 
 ``python -m patchkit.util.split_unittest MODULE --jobs N [--cache-root DIR] [--deadline-s S]
-[--shards N] [--first METHOD ...]``
+[--shards N] [--first METHOD ...] [--only METHOD ...]``
 
 Why: on CUDA, MLX compiles each ``qmm`` kernel with NVRTC at first use, serially and 20
 to 50 s apiece, so its ``test_quantized.py`` spends most of a serial run compiling.
@@ -21,7 +21,8 @@ each method's wall time (or that it was stopped unfinished) is kept there in
 ``durations.json``, and the next run starts the methods longest first (unfinished and
 unknown ones before all others): the slow JIT compilers start at once instead of
 queueing behind quick methods. ``--first`` names methods that start before all of those
-(a change's own tests: its record must show them, however short the run's window). With
+(a change's own tests: its record must show them, however short the run's window), and
+``--only`` the methods to run, none other (another build's failures, run again beside). With
 ``--deadline-s``, a method still running then is stopped and one not yet started is not
 started: both are ``UNFINISHED`` lines, not counted as run, and the run is not OK (a host
 lent for a fixed time still gets a verdict on every method that ended).
@@ -379,11 +380,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="run each method with subtests as this many processes")  # fmt: skip
     parser.add_argument("--first", action="append", default=[], metavar="METHOD",
                         help="start this test method before all others (repeatable)")  # fmt: skip
+    parser.add_argument("--only", action="append", default=[], metavar="METHOD",
+                        help="run only the methods named so (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.shards < 1:
         parser.error("--shards must be at least 1")
     sys.path.insert(0, os.getcwd())
     ids = test_ids(args.module)
+    if args.only:
+        methods = {i.rsplit(".", 1)[-1] for i in ids}
+        if unknown := sorted(set(args.only) - methods):
+            parser.error(f"--only: {args.module} has no test method {', '.join(unknown)}")
+        ids = [i for i in ids if i.rsplit(".", 1)[-1] in args.only]
     known = read_durations(args.cache_root)
     work = tasks(longest_first(ids, known), args.shards)
     # Not timed yet (a fresh host): the methods split into shards first, the likely slow
