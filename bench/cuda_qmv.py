@@ -6,6 +6,8 @@
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
                                            --json variants.json
+  resources (here: cuobjdump)          python3 bench/cuda_qmv.py resources --libs .device/qmv \
+                                           --out docs/results/cuda-kernel-resources
   profile (GPU host, under Nsight Compute)
       ncu -k regex:qmv --launch-skip 1 --launch-count 1 python3 bench/cuda_qmv.py profile \
           --lib .device/qmv/patched.so --K 8192 --N 28672 --bits 4 [--m M]
@@ -18,7 +20,8 @@ other build's ``patched.so`` copied there is compared too), and ``compare`` chec
 of each and of the shipped file (against its own M = 1, and against the M = 1 of the
 shipped kernel or another variant with the same warps over K, which sums every vector in
 the same order; a variant of other warps is the control that must differ) and times them
-all beside stock's kernel.
+all beside stock's kernel. ``resources`` reads registers, spills and shared memory of the
+patched library's tensor-core instances (``patchkit.verify.harness.cuda_resources``).
 See docs/results/cuda-kernel.md.
 """
 
@@ -28,6 +31,7 @@ import argparse
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import time
@@ -35,7 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from patchkit.verify.harness import cuda
+from patchkit.verify.harness import cuda, cuda_resources
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_META = "build.json"  # under --out: what build compiled, and with which nvcc
 
 
 def build(out: Path, arch: str, variants: list[str]) -> None:
@@ -70,7 +77,36 @@ def build(out: Path, arch: str, variants: list[str]) -> None:
     (out / "variants").mkdir(parents=True, exist_ok=True)
     (out / "variants" / cuda.VARIANT_CONSTANTS).write_text(json.dumps(constants, indent=1))
     libs = cuda.build(sources, out, flags, arch)
+    from patchkit.carry import mlx_build
+
+    version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+    short = pin.load(ROOT / pin.PIN_FILE).short
+    meta = {"arch": arch, "nvcc": version.strip().splitlines()[-1],
+            "build_inputs_sha256": mlx_build.build_inputs_id(ROOT, short, "cuda")}  # fmt: skip
+    (out / BUILD_META).write_text(json.dumps(meta, indent=1) + "\n")
     print("\n".join(str(p) for p in libs.values()))
+
+
+def resources(libs: Path, out: Path, cuobjdump: str) -> None:
+    """The static resources page of ``libs``'s patched library and its variants:
+    ``out``.json and .md."""
+    meta_path = libs / BUILD_META
+    if not meta_path.is_file():
+        raise SystemExit(f"no {meta_path}: build the libraries with this checkout's build first")
+    meta = json.loads(meta_path.read_text())
+    paths = {cuda.SHIPPED: libs / "patched.so"}
+    paths.update((p.stem, p) for p in sorted((libs / "variants").glob("*.so")))
+    found = {
+        n: cuda_resources.parse(cuda_resources.res_usage(p, cuobjdump)) for n, p in paths.items()
+    }
+    if empty := [str(paths[n]) for n, got in found.items() if not got]:
+        raise SystemExit(f"no qmv_mma_kernel instance in {', '.join(empty)}")
+    constants = json.loads((libs / "variants" / cuda.VARIANT_CONSTANTS).read_text())
+    command = "python3 bench/cuda_qmv.py resources --libs LIBS --out " + str(out)
+    data = cuda_resources.record(found, {**meta, "command": command, "constants": constants})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.with_suffix(".md").write_text(cuda_resources.page(data))
 
 
 def main() -> int:
@@ -103,6 +139,11 @@ def main() -> int:
     c.add_argument("--deadline", type=float, default=480.0, help="seconds from start")
     crep = sub.add_parser("compare-report")
     crep.add_argument("results", type=Path)
+    res = sub.add_parser("resources", help="registers, spills, shared memory (cuobjdump)")
+    res.add_argument("--libs", type=Path, default=Path(".device/qmv"))
+    res.add_argument("--out", type=Path, required=True,
+                     help="e.g. docs/results/cuda-kernel-resources")  # fmt: skip
+    res.add_argument("--cuobjdump", default=os.environ.get("CUOBJDUMP", "cuobjdump"))
     prof = sub.add_parser("profile", help="two calls of one library, for ncu -k regex:qmv")
     prof.add_argument("--lib", type=Path, default=Path(".device/qmv/patched.so"))
     prof.add_argument("--K", type=int, required=True)
@@ -115,6 +156,9 @@ def main() -> int:
     if args.cmd == "profile":
         cfg = cuda.Config(args.K, args.N, args.bits, args.group, args.dtype)
         cuda.profile_call(args.lib, cfg, args.m)
+        return 0
+    if args.cmd == "resources":
+        resources(args.libs, args.out, args.cuobjdump)
         return 0
     if args.cmd == "build":
         build(args.out, args.arch, args.variant)

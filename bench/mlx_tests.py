@@ -3,8 +3,8 @@ by side: which methods pass, which subtests fail on each, and whether the patche
 failures are stock's own.
 
   python3 bench/mlx_tests.py run --stock PYTHON[:SITE] --patched PYTHON[:SITE] \\
-      --tests MLX_TREE/python/tests --json mlx_tests.json [--jobs N] [--deadline-s S] \\
-      [--shards N]
+      --tests MLX_TREE/python/tests --json mlx_tests.json [--md PAGE.md] [--jobs N] \\
+      [--deadline-s S] [--shards N] [--only METHOD ...] [--only-failed-in BUILD.json]
   python3 bench/mlx_tests.py compare --stock STOCK.log --patched PATCHED.log \\
       --stock-mlx VERSION --patched-mlx VERSION --json mlx_tests.json
   python3 bench/mlx_tests.py report mlx_tests.json
@@ -105,9 +105,19 @@ def series() -> dict[str, str] | None:
     return mlx_build.patch_ids(root, pin.load(root / pin.PIN_FILE).short, "cuda")
 
 
-def write(report: dict[str, Any], path: str) -> None:
+def write(report: dict[str, Any], path: str, md: Path | None = None) -> None:
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
-    print(page(report))
+    text = page(report)
+    if md is not None:
+        md.write_text(text + "\n")
+    print(text)
+
+
+def failed_in(build_record: Path) -> list[str]:
+    """The test methods a ``patchkit build`` record's run of the file failed, in its order:
+    what to run again beside stock, to tell the PR's failures from stock's own."""
+    tests = json.loads(build_record.read_text()).get("tests") or {}
+    return [m for m, verdict in (tests.get("per_test") or {}).items() if verdict == "failed"]
 
 
 def page(report: dict[str, Any]) -> str:
@@ -130,8 +140,11 @@ def page(report: dict[str, Any]) -> str:
         "- The same test file on both (the PR's, so its new tests run on stock too), one "
         "process per method, both arms at the same time"
         + (f": {report['how']}" if report.get("how") else "."),
-        *([f"- Methods compared: {', '.join(report['only'])} (the others not run or left out)"]
-          if report.get("only") else []),
+        *([f"- Methods compared: {', '.join(report['only']) or 'none'}"
+           + (" (those the build's own run of the file failed)"
+              if report.get("only_failed_in_build") else "")
+           + "; the others not run or left out"]
+          if report.get("only") or report.get("only_failed_in_build") else []),
         "",
         *(f"- {name}: {ok} methods passed or skipped, {bad} failed ({sub} failing subtests), "
           f"{left} not run to the end"
@@ -179,9 +192,12 @@ def main() -> None:
     r.add_argument("--deadline-s", type=float)
     r.add_argument("--shards", type=int, default=1,
                    help="a method with subtests as this many processes")  # fmt: skip
+    r.add_argument("--only-failed-in", type=Path, metavar="BUILD_JSON",
+                   help="also --only each method that record's test run failed")  # fmt: skip
     for cmd in (r, c := sub.add_parser("compare")):
         cmd.add_argument("--only", action="append", default=[], metavar="METHOD",
                          help="these methods only (repeatable; default: every one)")  # fmt: skip
+        cmd.add_argument("--md", type=Path, help="also write the page there")
     c.add_argument("--stock", required=True, type=Path, help="split_unittest's output, stock")
     c.add_argument("--patched", required=True, type=Path, help="the same, patched build")
     c.add_argument("--stock-mlx", required=True, help="what the stock arm imported")
@@ -199,7 +215,12 @@ def main() -> None:
         return
     if a.cmd == "run":
         specs = {"stock": a.stock, "pr": a.patched}
-        outputs = run_arms(specs, a.tests, a.jobs, a.deadline_s, a.shards, a.only)
+        if a.only_failed_in is not None:
+            a.only = [*a.only, *failed_in(a.only_failed_in)]
+        if a.only_failed_in is not None and not a.only:  # nothing failed: nothing to rerun
+            outputs: dict[str, list[str]] = {"stock": [], "pr": []}
+        else:
+            outputs = run_arms(specs, a.tests, a.jobs, a.deadline_s, a.shards, a.only)
         mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in specs.items()}
         hw: dict[str, Any] | None = hardware()
         tests, how = a.tests / f"{MODULE}.py", None
@@ -213,9 +234,12 @@ def main() -> None:
     methods = methods_of(tests)
     if unknown := sorted(set(a.only) - set(methods)):
         raise SystemExit(f"--only: {tests} has no test method {', '.join(unknown)}")
+    from_build = getattr(a, "only_failed_in", None) is not None
+    selected = a.only or ([] if from_build else methods)
     report = {"command": command, "module": MODULE, "how": how, "mlx": mlx, "hardware": hw,
-              "patch": series(), "backend": "cuda", "only": a.only}  # fmt: skip
-    write({**report, **side_by_side(outputs, a.only or methods)}, a.json)
+              "patch": series(), "backend": "cuda", "only": a.only,
+              "only_failed_in_build": from_build}  # fmt: skip
+    write({**report, **side_by_side(outputs, selected)}, a.json, a.md)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ to the CUDA templates needs all of them again, made in this order on one machine
 2. ``bench/mlx_qmv.py run`` on that build beside a stock MLX (``--stock``, its interpreter
    and optionally an unpacked wheel's folder), once per (dtype, group size) of the speed
    page, then the page (``cuda``);
-3. ``ci/cuda_controls.py`` last: it leaves its control build in patchkit's build folder
+3. ``bench/mlx_tests.py run --only-failed-in`` the build's record: the methods its test
+   run failed, on that build and on stock side by side (``cuda-tests``);
+4. ``ci/cuda_controls.py`` last: it leaves its control build in patchkit's build folder
    until the next ``patchkit build``, so nothing may time the build after it.
 
 BUILD OPTIONS (``--offline``, ``-j 16``, ``--test-timeout 600`` ...) go to ``patchkit
@@ -85,6 +87,14 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
                  "--build-record", str(build / "build-cuda.json")]  # fmt: skip
     page = (pages / "cuda.json", pages / "cuda.md", pages / "cuda.png")
     plan.append(Step("speed page", page_argv, page))
+    # The methods the build's own test run failed, again on the build and on stock side by
+    # side: whose failures they are (none failed: the page says nothing ran).
+    tests_argv = [python, "bench/mlx_tests.py", "run", "--stock", stock, "--patched",
+                  str(layout.python), "--tests", str(layout.worktree / "python" / "tests"),
+                  "--json", str(pages / "cuda-tests.json"), "--md", str(pages / "cuda-tests.md"),
+                  "--shards", "4", "--only-failed-in", str(build / "build-cuda.json")]  # fmt: skip
+    plan.append(Step("tests beside stock", tests_argv,
+                     (pages / "cuda-tests.json", pages / "cuda-tests.md")))  # fmt: skip
     # Exit 1: a control came out otherwise than it must; the page says which.
     controls_argv = [python, "ci/cuda_controls.py", "--out", str(controls), *build_args]
     record = (controls / "cuda-controls.json", controls / "cuda-controls.md")

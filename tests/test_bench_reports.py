@@ -7,6 +7,7 @@ against the arithmetic it stands for (ratio to stock, floor over time, rows chec
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 from support_scripts import load_script
 
 from patchkit.verify.harness import cuda
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _mlx_qmv_report(stock_us: float, pr_us: float, nbytes: int, copy: float) -> dict:
@@ -228,7 +231,7 @@ def test_mlx_tests_tells_the_prs_own_failures_from_stocks(tmp_path) -> None:
     assert set(got["arms"]["pr"]) == set(got["arms"]["stock"]) == {"test_a"}
     assert got["pr_failing_only_on_pr"] == [] and got["stock_failing_only_on_stock"] == 1
     page = bench.page({**meta, "mlx": {"pr": "p", "stock": "s"}, "only": ["test_a"], **got})
-    assert "- Methods compared: test_a (the others not run or left out)" in page
+    assert "- Methods compared: test_a; the others not run or left out" in page
 
 
 def test_rebase_gate_page_shows_each_scenarios_seconds() -> None:
@@ -272,3 +275,33 @@ def test_mlx_tests_arms_split_subtests_when_asked(tmp_path: Path) -> None:
     for lines in outputs.values():
         assert sum(ln.startswith("== test_quantized.T.test_a [") for ln in lines) == 2
         assert lines[-1] == "FAILED (failures=1)"
+
+
+def test_mlx_tests_reruns_beside_stock_what_the_builds_run_failed(tmp_path: Path) -> None:
+    """``--only-failed-in BUILD.json`` runs on both arms the methods the build record's own
+    run failed, and no other; a record with nothing failed runs nothing and says so."""
+    (tmp_path / "test_quantized.py").write_text(
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+        "        self.assertEqual(1, 2)\n\n    def test_b(self):\n        pass\n"
+    )
+    record = tmp_path / "build-cuda.json"
+
+    def run(per_test: dict[str, str]) -> tuple[dict, str]:
+        record.write_text(json.dumps({"tests": {"per_test": per_test}}))
+        argv = [sys.executable, str(ROOT / "bench" / "mlx_tests.py"), "run",
+                "--stock", sys.executable, "--patched", sys.executable, "--tests",
+                str(tmp_path), "--json", str(tmp_path / "t.json"), "--md",
+                str(tmp_path / "t.md"), "--jobs", "1", "--only-failed-in", str(record)]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        return json.loads((tmp_path / "t.json").read_text()), (tmp_path / "t.md").read_text()
+
+    data, page = run({"test_a": "failed", "test_b": "passed"})
+    assert set(data["arms"]["pr"]) == set(data["arms"]["stock"]) == {"test_a"}
+    assert data["arms"]["stock"]["test_a"]["verdict"] == "FAILED"
+    assert data["pr_failing_also_on_stock"] == 1 and data["pr_failing_only_on_pr"] == []
+    assert "- Methods compared: test_a (those the build's own run of the file failed)" in page
+    # control: nothing failed in the build's run, nothing runs
+    data, page = run({"test_a": "passed", "test_b": "passed"})
+    assert data["arms"] == {"pr": {}, "stock": {}}
+    assert "- Methods compared: none (those the build's own run of the file failed)" in page

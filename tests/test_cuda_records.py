@@ -26,8 +26,8 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
     plan = records.steps("python3:/opt/stock", Path("/tmp/cr"), ["--offline", "-j", "16"],
                          sys.executable)  # fmt: skip
-    assert len(lines) == len(plan) == 4 + len(records.SPEED_RUNS)
-    apply, build, *speed, page, controls = plan
+    assert len(lines) == len(plan) == 5 + len(records.SPEED_RUNS)
+    apply, build, *speed, page, tests, controls = plan
     # The build checks out the patch branch that apply makes in the cached clone.
     assert apply.argv[1:4] == ["-m", "patchkit", "apply"] and apply.produces == ()
     assert build.argv[1:5] == ["-m", "patchkit", "build", "--backend"]
@@ -40,6 +40,13 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     assert {(s.argv[s.argv.index("--dtype") + 1], int(s.argv[s.argv.index("--group-size") + 1]))
             for s in speed} == set(records.SPEED_RUNS)  # fmt: skip
     assert page.argv[2] == "page" and all(str(p) in page.argv for s in speed for p in s.produces)
+    assert page.argv[page.argv.index("--build-record") + 1] == str(build.produces[0])
+    # What the build's test run failed, again on that build beside the stock given.
+    assert tests.argv[1:3] == ["bench/mlx_tests.py", "run"]
+    assert tests.argv[tests.argv.index("--only-failed-in") + 1] == str(build.produces[0])
+    assert tests.argv[tests.argv.index("--patched") + 1] == speed[0].argv[
+        speed[0].argv.index("--patched") + 1]  # fmt: skip
+    assert tests.argv[tests.argv.index("--tests") + 1].endswith("python/tests")
 
 
 def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = ""):
@@ -78,7 +85,7 @@ def test_a_whole_run_copies_every_record_and_no_run_file(results, tmp_path: Path
     assert records.main(["--stock", "python3", "--out", "out"]) == 0
     assert sorted(p.name for p in dest.iterdir()) == [
         "build-cuda.json", "build-cuda.md", "cuda-controls.json", "cuda-controls.md",
-        "cuda.json", "cuda.md", "cuda.png",
+        "cuda-tests.json", "cuda-tests.md", "cuda.json", "cuda.md", "cuda.png",
     ]  # fmt: skip
     assert (dest / "build-cuda.json").read_text() == "new build"
 

@@ -549,6 +549,15 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
     assert "not run to the end with this branch: test_slow" in lines
     assert lines[-1] == "failing on stock, passing with this branch: test_new"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
+    assert "one process per test method: with" in lines[0]  # control: every method ran
+    # A page of the methods the build's own run failed says which ran.
+    page.update(only=["test_old"], only_failed_in_build=True)
+    (tmp_path / "t.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert (
+        "(methods run: test_old, those that failed in the build's own run of the file)"
+        in (found[0]["lines"][0])
+    )
 
 
 def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> None:

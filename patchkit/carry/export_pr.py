@@ -864,10 +864,17 @@ def tests_fact(data: dict) -> list[str]:
     failing = ", ".join(
         f"{m} ({len(r['problems'])})" for m, r in sorted(arms["pr"].items()) if r["problems"]
     )
+    compared = ""
+    if data.get("only") or data.get("only_failed_in_build"):
+        which = ", ".join(data.get("only") or []) or "none"
+        compared = f" (methods run: {which}" + (
+            ", those that failed in the build's own run of the file)"
+            if data.get("only_failed_in_build") else ")"
+        )  # fmt: skip
     lines = [
         f"`python/tests/{data['module']}.py` of this branch (built together with the Metal PR "
         f"and its JIT fix, which change no CUDA file), {data['hardware']['gpu']}, one process "
-        f"per test method: with this branch {verdicts('pr')}; with stock MLX "
+        f"per test method{compared}: with this branch {verdicts('pr')}; with stock MLX "
         f"({data['mlx']['stock']}) {verdicts('stock')}",
         f"subtests failing with this branch: {also + len(only)}"
         + (f" ({failing})" if failing else "")
