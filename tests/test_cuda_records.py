@@ -47,6 +47,10 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     assert tests.argv[tests.argv.index("--patched") + 1] == speed[0].argv[
         speed[0].argv.index("--patched") + 1]  # fmt: skip
     assert tests.argv[tests.argv.index("--tests") + 1].endswith("python/tests")
+    assert "--deadline-s" not in tests.argv  # the build's tests had no time limit either
+    for limit in (["--test-timeout", "600"], ["--test-timeout=600"]):
+        bounded = records.steps("python3", Path("/tmp/cr"), limit, sys.executable)[-2]
+        assert bounded.argv[bounded.argv.index("--deadline-s") + 1] == "600"
 
 
 def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = ""):
