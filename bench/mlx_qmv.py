@@ -42,6 +42,7 @@ ROUNDS, REPEATS = 3, 200  # rounds per arm; calls per timed graph
 COLD_BYTES = 1 << 29  # the weight copies one arm cycles through: ten times an H200's L2
 ARMS = {"stock": {}, "pr": {}}
 COPY_BYTES = 1 << 30  # the elementwise copy the floor's bandwidth is measured with
+TINY_N, TINY_K = 16, 128  # the layer a call's own cost is timed on
 
 
 def worker(
@@ -62,8 +63,9 @@ def worker(
         mx.eval([src + i for i in range(5)])
         mx.synchronize()
         best = max(best, 2 * 5 * COPY_BYTES / (time.perf_counter() - start))
-    out: list[dict[str, Any]] = [{"copy_bytes_per_s": best}]
     del src
+    call_us = _call_us(mx, dtype, group, repeats)
+    out: list[dict[str, Any]] = [{"copy_bytes_per_s": best, "call_us": call_us}]
     for case in cases:
         K, N, bits = case["K"], case["N"], case["bits"]
         w = mx.random.normal((N, K)).astype(dtype)
@@ -89,6 +91,22 @@ def worker(
         del copies
         mx.clear_cache()
     return out
+
+
+def _call_us(mx: Any, dtype: Any, group: int, repeats: int) -> float:
+    """Microseconds per call of the same op on a layer too small to read any time (16 rows
+    of 128 weights, 4-bit, one vector), timed as the cases are: what a call costs besides
+    its bytes (building the graph's node, the launch, one block's latency)."""
+    w = mx.quantize(mx.random.normal((TINY_N, TINY_K)).astype(dtype), group_size=group, bits=4)
+    copies = [[a + 0 for a in w] for _ in range(2)]
+    x = mx.random.normal((1, TINY_K)).astype(dtype)
+    mx.eval(copies, x)
+    mx.eval(_calls(mx, x, copies, 4, group, repeats))
+    mx.synchronize()
+    start = time.perf_counter()
+    mx.eval(_calls(mx, x, copies, 4, group, repeats))
+    mx.synchronize()
+    return (time.perf_counter() - start) / repeats * 1e6
 
 
 def _calls(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> list[Any]:
@@ -149,6 +167,7 @@ def run(a: argparse.Namespace) -> None:
             rounds[name].append(run_arm(python, site, ARMS[name], job))
             print(f"round {r + 1}/{a.rounds}: {name} done", file=sys.stderr, flush=True)
     copy = statistics.median(rr[0]["copy_bytes_per_s"] for rr in rounds["stock"])
+    call = {name: statistics.median(rr[0]["call_us"] for rr in rounds[name]) for name in arms}
     rows = []
     for i, first in enumerate(rounds["stock"][0][1:], start=1):
         row = {k: first[k] for k in ("K", "N", "bits", "M", "bytes")}
@@ -167,6 +186,7 @@ def run(a: argparse.Namespace) -> None:
         "mlx": {name: mlx_of(*split[name]) for name in ("stock", "pr")},
         "hardware": hardware(),
         "copy_bytes_per_s": copy,
+        "call_us": call,
         "rows": rows,
     }
     Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -174,16 +194,21 @@ def run(a: argparse.Namespace) -> None:
 
 
 def table(report: dict[str, Any]) -> str:
-    """Time per call (µs) and the ratio to stock, per layer and M."""
+    """Time per call (µs) and the ratio to stock, per layer and M; with a run that timed a
+    call's own cost, also the floor plus that cost over the PR's time (how close a call
+    gets to what no call of that size can beat)."""
+    call = (report.get("call_us") or {}).get("pr")
+    extra = " (floor + call) / PR |" if call is not None else ""
     lines = [
-        "| bits | K x N | M | stock µs | PR µs | PR / stock | floor µs | floor / PR |",
-        "|---|---|---|---|---|---|---|---|",
+        "| bits | K x N | M | stock µs | PR µs | PR / stock | floor µs | floor / PR |" + extra,
+        "|---|---|---|---|---|---|---|---|" + ("---|" if extra else ""),
     ]
     for r in report["rows"]:
         s, p, f = r["stock_us"], r["pr_us"], r["floor_us"]
         lines.append(
             f"| {r['bits']} | {r['K']}x{r['N']} | {r['M']} | {s:.1f} | {p:.1f} | "
             f"{p / s:.2f} | {f:.1f} | {f / p:.0%} |"
+            + (f" {(f + call) / p:.0%} |" if call is not None else "")
         )
     return "\n".join(lines)
 
@@ -281,6 +306,18 @@ def generic_command(report: dict[str, Any]) -> str:
                      *extra])  # fmt: skip
 
 
+def call_line(runs: list[dict[str, Any]]) -> list[str]:
+    """The page's line on a call's own cost, per run (none for runs that did not time it)."""
+    if not all(r.get("call_us") for r in runs):
+        return []
+    each = {arm: ", ".join(f"{r['call_us'][arm]:.1f}" for r in runs) for arm in ("stock", "pr")}
+    return [
+        f"- A call's own cost (the same op on a {TINY_N}x{TINY_K} 4-bit layer, one vector, "
+        f"timed as the layers are; median of the rounds, per run): stock {each['stock']} µs; "
+        f"PR {each['pr']} µs. No call of a layer gets below its floor plus that."
+    ]
+
+
 def timed_build(runs: list[dict[str, Any]], build_record: dict[str, Any]) -> dict[str, str]:
     """What the page holds for (decision 0008): the build record of the PR arm's MLX,
     reduced to its wheel and the build inputs it compiled. A speed page stays valid as long
@@ -337,6 +374,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         "elementwise copy MLX runs in the same run (a 32-bit add over 1 GiB, best of three; "
         f"TB/s, per run: {gbs}); below the HBM's nominal bandwidth, so floor / PR reads "
         "higher than a fraction of the nominal would.",
+        *call_line(runs),
         "- Rows: not timed here. The same build's parity (every row at M·B ≤ 16 against "
         "M = 1, bit for bit) is `build-cuda.md`.",
         "- Commands, one run per dtype and group size, then this page:",

@@ -40,6 +40,17 @@ def test_mlx_qmv_table_puts_the_pr_beside_stock_and_the_floor() -> None:
     header, rule, row = bench.table(report).splitlines()
     assert "floor / PR" in header and rule.count("|") == header.count("|")
     assert row == "| 4 | 4096x4096 | 1 | 50.0 | 40.0 | 0.80 | 10.0 | 25% |"
+    # A run that timed a call's own cost: the floor plus it over the PR's time, 16 / 40.
+    report["call_us"] = {"stock": 7.0, "pr": 6.0}
+    header, rule, row = bench.table(report).splitlines()
+    assert header.endswith("(floor + call) / PR |") and rule.count("|") == header.count("|")
+    assert row.endswith("| 25% | 40% |")
+    assert bench.call_line([report]) == [
+        "- A call's own cost (the same op on a 16x128 4-bit layer, one vector, timed as the "
+        "layers are; median of the rounds, per run): stock 7.0 µs; PR 6.0 µs. No call of a "
+        "layer gets below its floor plus that."
+    ]
+    assert bench.call_line([report, {**report, "call_us": None}]) == []  # control: a run without
 
 
 def test_mlx_qmv_targets_count_each_row_against_its_bound() -> None:
