@@ -40,15 +40,19 @@ def test_mlx_qmv_table_puts_the_pr_beside_stock_and_the_floor() -> None:
     header, rule, row = bench.table(report).splitlines()
     assert "floor / PR" in header and rule.count("|") == header.count("|")
     assert row == "| 4 | 4096x4096 | 1 | 50.0 | 40.0 | 0.80 | 10.0 | 25% |"
-    # A run that timed a call's own cost: the floor plus it over the PR's time, 16 / 40.
-    report["call_us"] = {"stock": 7.0, "pr": 6.0}
+    # A run that timed a call's own cost: the larger of it and the floor over the PR's
+    # time, 16 / 40; control: a cost below the floor leaves the floor, 10 / 40.
+    report["call_us"] = {"stock": 7.0, "pr": 16.0}
     header, rule, row = bench.table(report).splitlines()
-    assert header.endswith("(floor + call) / PR |") and rule.count("|") == header.count("|")
+    assert header.endswith("max(floor, call) / PR |") and rule.count("|") == header.count("|")
     assert row.endswith("| 25% | 40% |")
+    report["call_us"] = {"stock": 7.0, "pr": 6.0}
+    assert bench.table(report).splitlines()[2].endswith("| 25% | 25% |")
     assert bench.call_line([report]) == [
         "- A call's own cost (the same op on a 16x128 4-bit layer, one vector, timed as the "
-        "layers are; median of the rounds, per run): stock 7.0 µs; PR 6.0 µs. No call of a "
-        "layer gets below its floor plus that."
+        "layers are; median of the rounds, per run): stock 7.0 µs; PR 6.0 µs. No call takes "
+        "less than the larger of its floor and that cost, so where the cost is over twice the "
+        "floor, floor / PR cannot reach 0.5 through MLX."
     ]
     assert bench.call_line([report, {**report, "call_us": None}]) == []  # control: a run without
 
