@@ -78,15 +78,7 @@ def worker(
         for M in case["Ms"]:
             x = mx.random.normal((M, K)).astype(dtype)
             mx.eval(x)
-
-            # Warm, with as many calls as are timed: kernels, graph cache, and the output
-            # buffers' allocations (a process's first case timed them otherwise).
-            mx.eval(_calls(mx, x, copies, bits, group, repeats))
-            mx.synchronize()
-            start = time.perf_counter()
-            mx.eval(_calls(mx, x, copies, bits, group, repeats))
-            mx.synchronize()
-            us = (time.perf_counter() - start) / repeats * 1e6
+            us = _timed_us(mx, x, copies, bits, group, repeats)
             out.append({"K": K, "N": N, "bits": bits, "M": M, "us": us, "bytes": size})
         del copies
         mx.clear_cache()
@@ -101,12 +93,19 @@ def _call_us(mx: Any, dtype: Any, group: int, repeats: int) -> float:
     copies = [[a + 0 for a in w] for _ in range(2)]
     x = mx.random.normal((1, TINY_K)).astype(dtype)
     mx.eval(copies, x)
-    mx.eval(_calls(mx, x, copies, 4, group, repeats))
+    return _timed_us(mx, x, copies, 4, group, repeats)
+
+
+def _timed_us(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> float:
+    """Microseconds per call of ``n`` calls evaluated as one graph, after as many untimed:
+    those warm the kernels, the graph cache and the output buffers' allocations (a
+    process's first case timed them otherwise)."""
+    mx.eval(_calls(mx, x, copies, bits, group, n))
     mx.synchronize()
     start = time.perf_counter()
-    mx.eval(_calls(mx, x, copies, 4, group, repeats))
+    mx.eval(_calls(mx, x, copies, bits, group, n))
     mx.synchronize()
-    return (time.perf_counter() - start) / repeats * 1e6
+    return (time.perf_counter() - start) / n * 1e6
 
 
 def _calls(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> list[Any]:

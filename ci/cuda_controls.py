@@ -104,11 +104,17 @@ def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict
     }
 
 
+def option_values(build_args: list[str], option: str) -> tuple[str, ...]:
+    """The values of ``option`` among the build options, in either spelling
+    (``--opt=V`` first, then ``--opt V``)."""
+    found = [a.split("=", 1)[1] for a in build_args if a.startswith(option + "=")]
+    found += [b for a, b in itertools.pairwise(build_args) if a == option]
+    return tuple(found)
+
+
 def cmake_args(build_args: list[str]) -> tuple[str, ...]:
     """The ``--cmake-arg`` values among the build options (they name the build folder)."""
-    found = [a.split("=", 1)[1] for a in build_args if a.startswith("--cmake-arg=")]
-    found += [b for a, b in itertools.pairwise(build_args) if a == "--cmake-arg"]
-    return tuple(found)
+    return option_values(build_args, "--cmake-arg")
 
 
 def verdict(result: dict[str, Any]) -> bool:

@@ -63,17 +63,6 @@ class Step(NamedTuple):
     recorded_failure: tuple[int, ...] = ()
 
 
-def test_timeout(build_args: list[str]) -> str | None:
-    """The build's ``--test-timeout`` (either spelling), which also bounds the tests run
-    again beside stock."""
-    for n, arg in enumerate(build_args):
-        if arg.startswith("--test-timeout="):
-            return arg.split("=", 1)[1]
-        if arg == "--test-timeout" and n + 1 < len(build_args):
-            return build_args[n + 1]
-    return None
-
-
 def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Step]:
     """The run's commands, in order, for a stock interpreter spec and an output folder."""
     short = pin.load(ROOT / pin.PIN_FILE).short
@@ -104,7 +93,9 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
                   str(layout.python), "--tests", str(layout.worktree / "python" / "tests"),
                   "--json", str(pages / "cuda-tests.json"), "--md", str(pages / "cuda-tests.md"),
                   "--shards", "4", "--only-failed-in", str(build / "build-cuda.json")]  # fmt: skip
-    tests_argv += ["--deadline-s", str(limit)] if (limit := test_timeout(build_args)) else []
+    # The build's --test-timeout bounds them too.
+    limit = cuda_controls.option_values(build_args, "--test-timeout")
+    tests_argv += ["--deadline-s", limit[0]] if limit else []
     plan.append(Step("tests beside stock", tests_argv,
                      (pages / "cuda-tests.json", pages / "cuda-tests.md")))  # fmt: skip
     # Exit 1: a control came out otherwise than it must; the page says which.

@@ -123,12 +123,10 @@ def _spills(rows: list[dict[str, Any]]) -> str:
     spilling = [r for r in rows if r["stack_bytes"]]
     stacks = sorted(r["stack_bytes"] for r in spilling)
     kinds = ", ".join(sorted({f"{r['mode']} {r['dtype']}" for r in spilling}))
-    span = (
-        f"{stacks[0]}"
-        if spilling and stacks[0] == stacks[-1]
-        else "{} to {}".format(*(stacks[:: len(stacks) - 1] if spilling else ("", "")))
-    )
-    where = f" ({kinds}; {span} bytes a thread)" if spilling else ""
+    where = ""
+    if spilling:
+        span = f"{stacks[0]}" if stacks[0] == stacks[-1] else f"{stacks[0]} to {stacks[-1]}"
+        where = f" ({kinds}; {span} bytes a thread)"
     return f"{len(spilling)} of {len(rows)} instances spill registers to the stack{where}"
 
 
