@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # patchkit, from a checkout
+
 # (K, N): Llama/Qwen-class projections, from 2**23 to 2**28 weights.
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]
 QUICK_SHAPES = [(4096, 4096), (4096, 14336)]
@@ -337,6 +339,8 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
     """One results page from several runs (dtype x group): ``out``.json, .md and .png;
     ``notes`` (what a reader must know about the runs) go to both; ``build`` is
     :func:`timed_build` of the PR arm."""
+    from patchkit.carry import mlx_build  # here: the arms' workers run this file too
+
     for key in ("mlx", "hardware", "rounds", "repeats"):
         if len({json.dumps(r[key], sort_keys=True) for r in runs}) > 1:
             raise SystemExit(f"the runs differ in {key}: one page is of one pair of builds, "
@@ -364,8 +368,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         f"{first['rounds']} rounds of each. Time per call: {first['repeats']} calls evaluated "
         "as one graph, over their count; the median of the rounds. Each call reads a cold copy "
         "of the weights; launch costs included.",
-        f"- Valid while what a {build['backend']} build compiles of the patch is unchanged: "
-        f"build inputs sha256 `{build['build_inputs_sha256'][:16]}` (decision 0008).",
+        mlx_build.valid_while(build["backend"], build["build_inputs_sha256"]) + ".",
         "- Stock's wheels come from MLX's release builds and the PR's arm from a local build, "
         "so compiler and build flags may differ between the arms besides the patch; the pin "
         "built the same way without the patch, given as `--stock`, would remove that.",

@@ -844,6 +844,14 @@ def build_inputs_id(root: Path, short: str, backend: str) -> str:
     return digest.hexdigest()
 
 
+def valid_while(backend: str, inputs_sha256: str) -> str:
+    """A results page's line naming the build inputs it holds for (decision 0008)."""
+    return (
+        f"- Valid while what a {backend} build compiles of the patch is unchanged: "
+        f"build inputs sha256 `{inputs_sha256[:16]}` (decision 0008)"
+    )
+
+
 def pr_files_id(root: Path) -> str:
     """sha256 over what the PR-only files (MLX's test, the benchmark) are rendered from:
     their templates and the render context. The build renders them into its tree on top of
@@ -1297,11 +1305,7 @@ def markdown(rec: dict[str, Any], raw: str | None = None) -> str:
             f"`{rec['patch']['commit'][:12]}` (`{rec['patch']['series']}`, series sha256 "
             f"`{rec['patch']['series_sha256'][:16]}`), MLX {rec['mlx_version']}",
             *(
-                [
-                    f"- Valid while what a {rec['backend']} build compiles of the patch is "
-                    f"unchanged: build inputs sha256 `{rec['patch']['build_inputs_sha256'][:16]}`"
-                    " (decision 0008)"
-                ]
+                [valid_while(rec["backend"], rec["patch"]["build_inputs_sha256"])]
                 if rec["patch"].get("build_inputs_sha256")
                 else []
             ),

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from patchkit.carry import mlx_build
+
 # cuobjdump -res-usage: a "Function NAME:" line, then its resources on the next line.
 RESOURCES = re.compile(
     r"^\s*Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", re.M
@@ -144,8 +146,7 @@ def page(data: dict[str, Any]) -> str:
         "on a GPU host (`bench/cuda_qmv.py profile`). For kernel work; the PR quotes none "
         "of it.",
         "",
-        f"- Valid while what a cuda build compiles of the patch is unchanged: build inputs "
-        f"sha256 `{data['build_inputs_sha256'][:16]}` (decision 0008).",
+        mlx_build.valid_while("cuda", data["build_inputs_sha256"]) + ".",
         *(
             f"- `{name}`: " + _spills([r for r in rows if r["library"] == name])
             for name in data["libraries"]
