@@ -37,6 +37,15 @@ def test_publish_then_seed_hands_whole_modules_on(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("*.part"))  # no rename left half-done
 
 
+def test_count_is_the_pools_whole_modules(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    assert jit_pool.count(pool) == 0  # no pool yet: a cold start
+    _module(pool, "qmm_a")
+    _module(pool / "long" / "name", "qmm_b")
+    (pool / "gemm.txt").write_text("a companion without its .ptx")
+    assert jit_pool.count(pool) == 2
+
+
 def test_a_seeded_module_is_a_link_not_a_copy(tmp_path: Path) -> None:
     pool, folder = tmp_path / "pool", tmp_path / "folder"
     ptx = _module(pool, "qmm")

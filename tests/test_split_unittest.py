@@ -143,6 +143,12 @@ def test_method_results_name_each_failing_subtest(tmp_path: Path) -> None:
     counts = mlx_build.unittest_counts(done.stdout.splitlines())
     line = mlx_build.tests_line({"file": "t.py", **counts, **results})
     assert "failed: test_two_subtests_fail (2 subtests)" in line, line
+    # A run that started from a warm JIT cache says so; a cold one (0) says nothing.
+    warm = mlx_build.tests_line({"file": "t.py", **counts, **results, "jit_kernels_at_start": 7})
+    assert "JIT cache already held 7 compiled kernels" in warm
+    assert "JIT cache" not in mlx_build.tests_line(
+        {"file": "t.py", **counts, **results, "jit_kernels_at_start": 0}
+    )
 
 
 ORDERED = """

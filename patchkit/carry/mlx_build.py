@@ -51,7 +51,7 @@ from packaging.requirements import Requirement
 from patchkit.carry import export, mlx_deps, pin, render, source, transaction
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import ToolError, UserError
-from patchkit.util import git, proc, split_unittest, staging
+from patchkit.util import git, jit_pool, proc, split_unittest, staging
 from patchkit.util.cache import folder as cache_folder
 
 BACKENDS = ("metal", "cuda", "cpu")
@@ -945,9 +945,13 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
         old.unlink()
     walls: dict[str, float] = {}
     outputs: dict[str, list[str]] = {}
+    jit_warm = None  # CUDA: kernels MLX's JIT finds compiled when the tests start
     with build.layout.log.open("w") as log:
         for step in build.steps:  # every step, every time: each is idempotent
             progress(f"[{step.stage}] {step.why}")
+            if step.stage == "test" and build.backend == "cuda":
+                pool = build.layout.ptx_cache(build.version) / split_unittest.POOL
+                jit_warm = jit_pool.count(pool)
             start = time.monotonic()
             code, lines = _run_logged(step, log, progress)
             walls[step.stage] = walls.get(step.stage, 0.0) + time.monotonic() - start
@@ -971,6 +975,8 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
         except UserError as exc:
             raise UserError(f"{exc}; the whole log: {build.layout.log}") from exc
         tests.update(method_results(outputs["test"]))
+        if jit_warm is not None:
+            tests["jit_kernels_at_start"] = jit_warm
     rec = record(build, root, tests, parity, walls, default)
     wheel = build.wheel()
     return {**rec, "incremental": incremental, "wheel": str(wheel) if wheel else None}
@@ -1260,6 +1266,11 @@ def tests_line(t: dict[str, Any] | None) -> str:
     if t.get("unfinished"):
         line += f"; {len(t['unfinished'])} not finished in the time given: " + ", ".join(
             t["unfinished"]
+        )
+    if t.get("jit_kernels_at_start"):
+        line += (
+            f"; MLX's JIT cache already held {t['jit_kernels_at_start']} compiled kernels "
+            "when the tests started (an earlier run of this version), so they ran warm"
         )
     return line + "."
 

@@ -67,6 +67,11 @@ def _carry_missing(src_root: Path, dst_root: Path) -> int:
     return added
 
 
+def count(pool: Path) -> int:
+    """Whole modules in ``pool``: how warm a run that starts from it is."""
+    return len(_modules(pool))
+
+
 def seed(pool: Path, folder: Path) -> int:
     """Link each whole module of ``pool`` that ``folder`` lacks into it; how many."""
     return _carry_missing(pool, folder)
