@@ -1,7 +1,8 @@
 """The pin's and the patched qmv.cu, compiled and run side by side on one CUDA GPU.
 
   build (here: nvcc, the pinned tree)  python3 bench/cuda_qmv.py build --out .device/qmv \
-                                           [--variant NAME=T,S,W,KW,WN,WKW ...]
+                                           [--variant NAME=T,S,W,KW,WN,WKW ...] \
+                                           [--template-variant NAME=DIFF[:T,S,W,KW,WN,WKW] ...]
   run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
@@ -16,11 +17,14 @@ own nvcc flags and include directories (patchkit.verify.harness.cuda says how); 
 checks every row of the patched calls at M = 1..16 (and 17, 33) bit for bit against the
 patched M = 1 call of the same vector, and times both arms with cold weights. ``--variant``
 adds libraries of the patched file with other launch constants (``variants/NAME.so``; any
-other build's ``patched.so`` copied there is compared too), and ``compare`` checks the rows
-of each and of the shipped file (against its own M = 1, and against the M = 1 of the
-shipped kernel or another variant with the same warps over K, which sums every vector in
-the same order; a variant of other warps is the control that must differ) and times them
-all beside stock's kernel. ``resources`` reads registers, spills and shared memory of the
+other build's ``patched.so`` copied there is compared too); ``--template-variant`` adds one
+of the patched file rendered from a copy of the templates with a ``git diff`` of them
+applied (a kernel experiment kept as a reviewable diff, ``bench/variants/*.diff``), with
+the launch constants its source declares or those given after ``:``. ``compare`` checks
+the rows of each and of the shipped file (against its own M = 1, and against the M = 1 of
+the shipped kernel or another variant with the same warps over K, which sums every vector
+in the same order; a variant of other warps is the control that must differ) and times
+them all beside stock's kernel. ``resources`` reads registers, spills and shared memory of the
 patched library's tensor-core instances (``patchkit.verify.harness.cuda_resources``).
 See docs/results/cuda-kernel.md.
 """
@@ -31,10 +35,13 @@ import argparse
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,10 +52,29 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD_META = "build.json"  # under --out: what build compiled, and with which nvcc
 
 
-def build(out: Path, arch: str, variants: list[str]) -> None:
+def rendered_qmv(read: Callable[[str], str], diff: Path | None = None) -> str:
+    """The patched qmv.cu, rendered from this checkout's templates, or from a copy of them
+    with ``diff`` (a ``git diff`` of ``templates/``) applied."""
+    from patchkit.carry import render
+
+    with tempfile.TemporaryDirectory() as tmp:
+        templates = ROOT / "templates"
+        if diff is not None:
+            templates = Path(tmp) / "templates"
+            shutil.copytree(ROOT / "templates", templates)
+            done = subprocess.run(["git", "apply", str(diff.resolve())], cwd=tmp,
+                                  capture_output=True, text=True)  # fmt: skip
+            if done.returncode:
+                why = (done.stderr.strip().splitlines() or ["git apply failed"])[0]
+                raise SystemExit(f"{diff} does not apply to this checkout's templates: {why}")
+        plan = next(p for p in render.load_plans(templates) if p.path == cuda.QMV_PATH)
+        return render.render_file(plan, read(cuda.QMV_PATH), render.RenderOptions())
+
+
+def build(out: Path, arch: str, variants: list[str], template_variants: list[str]) -> None:
     """Extract the pinned tree, render the patched qmv.cu, compile both libraries (and one
-    per ``NAME=T,S,W,KW,WN,WKW`` variant)."""
-    from patchkit.carry import mlx_deps, pin, render, source
+    per ``NAME=T,S,W,KW,WN,WKW`` variant and per ``NAME=DIFF`` template variant)."""
+    from patchkit.carry import mlx_deps, pin, source
     from patchkit.util import git
 
     deps = mlx_deps.deps_root()
@@ -61,9 +87,8 @@ def build(out: Path, arch: str, variants: list[str]) -> None:
     if not (root / cuda.QMV_PATH).exists():
         with tarfile.open(fileobj=io.BytesIO(git.archive(clone, sha, ["mlx"]))) as t:
             t.extractall(root, filter="data")
-    plan = next(p for p in render.load_plans() if p.path == cuda.QMV_PATH)
     patched = out / "qmv_patched.cu"
-    patched.write_text(render.render_file(plan, read(cuda.QMV_PATH), render.RenderOptions()))
+    patched.write_text(rendered_qmv(read))
     flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root.resolve(), deps)
     sources = {"stock": root / cuda.QMV_PATH, "patched": patched}
     constants = {}
@@ -72,6 +97,16 @@ def build(out: Path, arch: str, variants: list[str]) -> None:
         source = out / f"qmv_{name}.cu"
         constants[name] = [int(v) for v in values.split(",")]
         source.write_text(cuda.with_launch_constants(patched.read_text(), constants[name]))
+        sources[f"variants/{name}"] = source
+    for spec in template_variants:
+        name, _, rest = spec.partition("=")
+        diff, _, values = rest.partition(":")
+        text = rendered_qmv(read, Path(diff))
+        if values:
+            text = cuda.with_launch_constants(text, [int(v) for v in values.split(",")])
+        source = out / f"qmv_{name}.cu"
+        source.write_text(text)
+        constants[name] = cuda.launch_constants(text)
         sources[f"variants/{name}"] = source
     constants[cuda.SHIPPED] = cuda.launch_constants(patched.read_text())
     (out / "variants").mkdir(parents=True, exist_ok=True)
@@ -123,6 +158,14 @@ def main() -> int:
         help="also the patched file with launch constants tiles, stages, warps_per_sm, "
         "narrow_k_warps, wide_n, wide_k_warps",
     )
+    b.add_argument(
+        "--template-variant",
+        action="append",
+        default=[],
+        metavar="NAME=DIFF[:T,S,W,KW,WN,WKW]",
+        help="also the patched file rendered from the templates with DIFF (git diff) applied "
+        "(and these launch constants)",
+    )
     r = sub.add_parser("run")
     r.add_argument("--libs", type=Path, default=Path(".device/qmv"))
     r.add_argument("--json", type=Path, required=True)
@@ -161,7 +204,7 @@ def main() -> int:
         resources(args.libs, args.out, args.cuobjdump)
         return 0
     if args.cmd == "build":
-        build(args.out, args.arch, args.variant)
+        build(args.out, args.arch, args.variant, args.template_variant)
         return 0
     if args.cmd == "report":
         print(cuda.report(json.loads(args.results.read_text())), end="")
