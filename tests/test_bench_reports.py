@@ -78,6 +78,31 @@ def test_mlx_qmv_targets_count_each_row_against_its_bound() -> None:
     assert (one["met"], one["of"], one["worst"], one["best"]) == (1, 2, 0.25, 0.5)
     assert (few["met"], few["of"], few["worst"], few["best"]) == (1, 2, 1.5, 0.5)
     assert (many["met"], many["of"]) == (1, 1)
+    # No row is out of reach there: each floor is well below its target.
+    assert (one["out_of_reach"], few["out_of_reach"], many["out_of_reach"]) == (0, 0, 0)
+
+
+def test_mlx_qmv_targets_count_rows_no_kernel_could_meet() -> None:
+    """A row is out of reach where even the floor (or the call's own cost, when the run
+    timed it) misses the target: PR / stock <= 0.5 against a stock within twice the floor."""
+    bench = load_script("bench/mlx_qmv.py")
+
+    def row(M: int, stock: float, pr: float, floor: float) -> dict:
+        return {"K": 8192, "N": 4096, "bits": 8, "M": M, "bytes": 1, "stock_us": stock,
+                "pr_us": pr, "floor_us": floor}  # fmt: skip
+
+    rows = [
+        row(1, 40.0, 30.0, 12.0),  # floor / PR 0.4 misses; the floor itself would reach 1.0
+        row(8, 20.0, 15.0, 12.0),  # stock 20 us, floor 12 us: PR / stock >= 0.6, out of reach
+        row(8, 40.0, 15.0, 12.0),  # stock 40 us: 0.3 would be possible; 0.375 meets it
+    ]
+    one, few, _ = bench.against_targets({"rows": rows})
+    assert (one["met"], one["out_of_reach"]) == (0, 0)
+    assert (few["met"], few["of"], few["out_of_reach"]) == (1, 2, 1)
+    # With a call cost of 25 us timed, no M = 1 call can reach floor / PR 0.5 (12 / 25),
+    # and PR / stock at M = 8 cannot reach 0.5 on the 40 us row either (25 / 40).
+    one, few, _ = bench.against_targets({"rows": rows, "call_us": {"stock": 30.0, "pr": 25.0}})
+    assert (one["out_of_reach"], few["out_of_reach"]) == (1, 2)
 
 
 def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> None:
