@@ -453,7 +453,7 @@ UNITTEST_FAIL = ["Ran 10 tests in 1.0s", "", "FAILED (failures=2, errors=1, skip
 def test_unittest_summary_parsed() -> None:
     assert mlx_build.unittest_counts(UNITTEST_OK) == {
         "ran": 38, "passed": 36, "failed": 0, "errors": 0, "skipped": 2, "expected_failures": 0,
-        "failures_reported": 0, "errors_reported": 0,
+        "failures_reported": 0, "errors_reported": 0, "skipped_reported": 2,
     }  # fmt: skip
     fail = mlx_build.unittest_counts(UNITTEST_FAIL)
     assert (fail["passed"], fail["failed"], fail["errors"], fail["skipped"]) == (4, 2, 1, 3)
@@ -468,6 +468,20 @@ def test_unittest_summary_parsed() -> None:
     got = mlx_build.unittest_counts(subtests)
     assert (got["ran"], got["passed"], got["failed"], got["errors"]) == (3, 1, 1, 1)
     assert (got["failures_reported"], got["errors_reported"]) == (4, 1)
+    # Skipped subtests: unittest's tail counts each; a test skipped as a whole counts once,
+    # and a test whose subtests skipped but which ran still passed.
+    verbose = [
+        "test_a (m.T.test_a) ... skipped 'not here'",
+        "test_b (m.T.test_b) ... ",
+        "  test_b (m.T.test_b) (i=0) ... skipped 'no'",
+        "  test_b (m.T.test_b) (i=1) ... skipped 'no'",
+        "test_c (m.T.test_c) ... ok",
+        "Ran 3 tests in 0.1s", "", "OK (skipped=3)",
+    ]  # fmt: skip
+    got = mlx_build.unittest_counts(verbose)
+    assert (got["passed"], got["skipped"], got["skipped_reported"]) == (2, 1, 3)
+    # Control: the tail alone (no verbose lines) can only give unittest's own count.
+    assert mlx_build.unittest_counts(verbose[-3:])["skipped"] == 3
     with pytest.raises(UserError):
         mlx_build.unittest_counts(["Traceback (most recent call last):"])
 

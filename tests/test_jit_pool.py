@@ -37,13 +37,22 @@ def test_publish_then_seed_hands_whole_modules_on(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("*.part"))  # no rename left half-done
 
 
-def test_count_is_the_pools_whole_modules(tmp_path: Path) -> None:
-    pool = tmp_path / "pool"
-    assert jit_pool.count(pool) == 0  # no pool yet: a cold start
-    _module(pool, "qmm_a")
-    _module(pool / "long" / "name", "qmm_b")
-    (pool / "gemm.txt").write_text("a companion without its .ptx")
-    assert jit_pool.count(pool) == 2
+def test_count_is_every_module_a_run_starts_with_once(tmp_path: Path) -> None:
+    root = tmp_path / "ptx"
+    assert jit_pool.count(root, "_shared", "test_") == 0  # nothing yet: a cold start
+    _module(root / "_shared", "qmm_a")
+    _module(root / "_shared" / "long" / "name", "qmm_b")
+    (root / "_shared" / "gemm.txt").write_text("a companion without its .ptx")
+    assert jit_pool.count(root, "_shared", "test_") == 2
+    # A method stopped at a deadline keeps its folder: its own modules count, shared ones once.
+    _module(root / "test_qmm.1", "qmm_a")
+    _module(root / "test_qmm.1", "qmm_c")
+    assert jit_pool.count(root, "_shared", "test_") == 3
+    # Control: modules outside the pool and the methods' folders (parity's, at the root's
+    # top or nested there) are no process's start.
+    _module(root, "qmm_d")
+    _module(root / "other", "qmm_e")
+    assert jit_pool.count(root, "_shared", "test_") == 3
 
 
 def test_a_seeded_module_is_a_link_not_a_copy(tmp_path: Path) -> None:

@@ -749,13 +749,19 @@ def unittest_problems(lines: list[str]) -> set[str]:
     return {ln.strip() for ln in lines if split_unittest.PROBLEM.match(ln)}
 
 
+# unittest's verbose line for one test: "name (id) ... ok" / "... skipped 'why'" / "... "
+VERBOSE = re.compile(r"^(\w+) \(([\w.]+)\) \.\.\. ?(.*)$")
+
+
 def unittest_counts(lines: list[str]) -> dict[str, int]:
     """passed / failed / errors / skipped tests from unittest's output.
 
-    unittest's own tail counts failing *subtests* ("FAILED (failures=12)" after "Ran 1
-    test"), so tests are counted from its per-problem headers ("FAIL: name (id)"), one per
-    test id; its counts are kept as ``failures_reported`` / ``errors_reported``. A test
-    with both a failing and an erroring subtest counts as an error.
+    unittest's own tail counts failing and skipped *subtests* ("FAILED (failures=12)"
+    after "Ran 1 test"), so tests are counted from its per-problem headers ("FAIL: name
+    (id)") and, in a verbose run, its per-test lines ("name (id) ... skipped 'why'"), one
+    per test id; its counts are kept as ``failures_reported`` / ``errors_reported`` /
+    ``skipped_reported``. A test with both a failing and an erroring subtest counts as an
+    error.
     """
     ran = next((int(m.group(1)) for ln in lines if (m := split_unittest.RAN.match(ln))), None)
     tail = next((m for ln in reversed(lines) if (m := split_unittest.TAIL.match(ln.strip()))), None)
@@ -766,7 +772,11 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
         key = {"failures": "failed", "expected failures": "expected_failures"}.get(key, key)
         if key in counts:
             counts[key] = value
-    reported = {"failures_reported": counts["failed"], "errors_reported": counts["errors"]}
+    reported = {"failures_reported": counts["failed"], "errors_reported": counts["errors"],
+                "skipped_reported": counts["skipped"]}  # fmt: skip
+    verbose = {m.group(2): m.group(3) for ln in lines if (m := VERBOSE.match(ln.strip()))}
+    if verbose:  # a test skipped as a whole, once however many subtests it skipped
+        counts["skipped"] = sum(v.startswith("skipped") for v in verbose.values())
     problems: dict[str, str] = {}
     for m in filter(None, map(split_unittest.PROBLEM.match, lines)):
         if problems.get(m.group(2)) != "ERROR":
@@ -783,8 +793,15 @@ def method_results(lines: list[str]) -> dict[str, Any]:
     of its failing subtests, and the methods a deadline left unfinished."""
     methods = split_unittest.parse_output(lines)
     words = {"ok": "passed", "FAILED": "failed", "UNFINISHED": "unfinished"}
+
+    def verdict(m: dict[str, Any]) -> str:
+        # unittest's "ok" covers a method skipped as a whole: in every process it ran in.
+        if m["verdict"] == "ok" and 0 < m.get("sections", 0) == m.get("skipped_sections", 0):
+            return "skipped"
+        return words.get(m["verdict"], m["verdict"])
+
     return {
-        "per_test": {name: words.get(m["verdict"], m["verdict"]) for name, m in methods.items()},
+        "per_test": {name: verdict(m) for name, m in methods.items()},
         "failing_subtests": {n: m["problems"] for n, m in methods.items() if m["problems"]},
         "unfinished": [n for n, m in methods.items() if m["verdict"] == "UNFINISHED"],
     }
@@ -950,8 +967,8 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
         for step in build.steps:  # every step, every time: each is idempotent
             progress(f"[{step.stage}] {step.why}")
             if step.stage == "test" and build.backend == "cuda":
-                pool = build.layout.ptx_cache(build.version) / split_unittest.POOL
-                jit_warm = jit_pool.count(pool)
+                cache = build.layout.ptx_cache(build.version)
+                jit_warm = jit_pool.count(cache, split_unittest.POOL, "test_")
             start = time.monotonic()
             code, lines = _run_logged(step, log, progress)
             walls[step.stage] = walls.get(step.stage, 0.0) + time.monotonic() - start
@@ -1269,8 +1286,8 @@ def tests_line(t: dict[str, Any] | None) -> str:
         )
     if t.get("jit_kernels_at_start"):
         line += (
-            f"; MLX's JIT cache already held {t['jit_kernels_at_start']} compiled kernels "
-            "when the tests started (an earlier run of this version), so they ran warm"
+            f"; the run started with {t['jit_kernels_at_start']} JIT kernels an earlier run "
+            "of this version had compiled (the rest compiled as the tests met them)"
         )
     return line + "."
 

@@ -67,9 +67,13 @@ def _carry_missing(src_root: Path, dst_root: Path) -> int:
     return added
 
 
-def count(pool: Path) -> int:
-    """Whole modules in ``pool``: how warm a run that starts from it is."""
-    return len(_modules(pool))
+def count(root: Path, pool: str, prefix: str) -> int:
+    """Modules a split run under ``root`` can start with, each counted once by its path:
+    those of the ``pool`` folder and those kept in the folders of earlier processes whose
+    names start with ``prefix`` (a process stopped at a deadline keeps its folder, minus
+    its torn last module, and its next run reuses it)."""
+    folders = [root / pool, *(d for d in root.glob(prefix + "*") if d.is_dir())]
+    return len({ptx.relative_to(d) for d in folders for ptx in _modules(d)})
 
 
 def seed(pool: Path, folder: Path) -> int:

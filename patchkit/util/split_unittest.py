@@ -60,6 +60,8 @@ TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
 # One per failing test or subtest: "FAIL: test_qmv (test_quantized.TestQuantized.test_qmv) ..."
 PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
 UNFINISHED = re.compile(r"^UNFINISHED: (\w+) \(([\w.]+)\)")
+# unittest's verbose line for a method skipped as a whole (subtests' lines say "(k=v)").
+SKIPPED = re.compile(r"^(\w+) \(([\w.]+)\) \.\.\. skipped")
 HEADER = re.compile(r"^== ([\w.]+)(?: \[(\d+)/(\d+)\])?: (\w+) in ([\d.]+)s$")
 SHARD = re.compile(
     r"^SHARD (\d+)/(\d+): ran \[(\d+), (\w+)\) of (\d+) counted; (\d+) entered \((\w+)\)"
@@ -334,9 +336,11 @@ def summary(runs: list[MethodRun], seconds: float) -> list[str]:
 
 
 def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
-    """Per method, from this module's own output: verdict, seconds and the headers of its
-    failing subtests. What a record keeps, and how two runs' logs are compared. A sharded
-    method's verdict is its worst shard's (FAILED, then UNFINISHED), its time the longest."""
+    """Per method, from this module's own output: verdict, seconds, the headers of its
+    failing subtests, and how many of its processes ran (``sections``) and skipped it as
+    a whole (``skipped_sections``: unittest says ``ok`` for a skipped method too). What a
+    record keeps, and how two runs' logs are compared. A sharded method's verdict is its
+    worst shard's (FAILED, then UNFINISHED), its time the longest."""
     methods: dict[str, dict[str, Any]] = {}
     current: dict[str, Any] | None = None
     rank = {"ok": 0, "UNFINISHED": 1, "FAILED": 2}
@@ -346,12 +350,17 @@ def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
             seen = methods.get(name)
             verdict, seconds = m.group(4), float(m.group(5))
             if seen is None:
-                current = methods[name] = {"verdict": verdict, "seconds": seconds, "problems": []}
+                current = methods[name] = {"verdict": verdict, "seconds": seconds,
+                                           "problems": [], "sections": 0,
+                                           "skipped_sections": 0}  # fmt: skip
             else:
                 current = seen
                 if rank.get(verdict, 2) > rank.get(seen["verdict"], 2):
                     seen["verdict"] = verdict
                 seen["seconds"] = max(seen["seconds"] or 0.0, seconds)
+            current["sections"] = current.get("sections", 0) + 1
+        elif ln.startswith("    ") and current is not None and SKIPPED.match(ln[4:]):
+            current["skipped_sections"] = current.get("skipped_sections", 0) + 1
         elif ln.startswith("    ") and current is not None and PROBLEM.match(ln[4:]):
             if ln[4:].strip() not in current["problems"]:
                 current["problems"].append(ln[4:].strip())
