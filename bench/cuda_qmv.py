@@ -32,16 +32,18 @@ See docs/results/cuda-kernel.md.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -54,14 +56,19 @@ BUILD_META = "build.json"  # under --out: what build compiled, and with which nv
 
 def rendered_qmv(read: Callable[[str], str], diff: Path | None = None) -> str:
     """The patched qmv.cu, rendered from this checkout's templates, or from a copy of them
-    with ``diff`` (a ``git diff`` of ``templates/``) applied."""
+    with ``diff`` (a ``git diff`` of ``templates/``) applied: an experiment renders without
+    touching the checkout. The copy sits in a repository of its own, so ``git apply``
+    never resolves its paths against an enclosing one."""
     from patchkit.carry import render
 
     with tempfile.TemporaryDirectory() as tmp:
         templates = ROOT / "templates"
         if diff is not None:
+            if not diff.is_file():
+                raise SystemExit(f"template variant: no diff at {diff}")
             templates = Path(tmp) / "templates"
             shutil.copytree(ROOT / "templates", templates)
+            subprocess.run(["git", "init", "-q"], cwd=tmp, check=True)
             done = subprocess.run(["git", "apply", str(diff.resolve())], cwd=tmp,
                                   capture_output=True, text=True)  # fmt: skip
             if done.returncode:
@@ -69,6 +76,25 @@ def rendered_qmv(read: Callable[[str], str], diff: Path | None = None) -> str:
                 raise SystemExit(f"{diff} does not apply to this checkout's templates: {why}")
         plan = next(p for p in render.load_plans(templates) if p.path == cuda.QMV_PATH)
         return render.render_file(plan, read(cuda.QMV_PATH), render.RenderOptions())
+
+
+CONSTANTS_SPEC = re.compile(rf"^\d+(,\d+){{{len(cuda.LAUNCH_CONSTANTS) - 1}}}$")
+RESERVED = ("stock", "patched", cuda.SHIPPED)  # the arms' own library names
+
+
+def template_variant(spec: str, taken: Collection[str]) -> tuple[str, Path, list[int] | None]:
+    """``NAME=DIFF[:T,S,W,KW,WN,WKW]`` as (name, diff, launch constants or None); a bad
+    spec is a one-line exit. The constants are what follows the last ``:`` when it is six
+    numbers, so a diff's path may hold ``:`` itself."""
+    name, eq, rest = spec.partition("=")
+    if not eq or not re.fullmatch(r"\w+", name) or not rest:
+        raise SystemExit(f"--template-variant {spec!r}: give NAME=DIFF[:T,S,W,KW,WN,WKW]")
+    if name in RESERVED or name in taken:
+        raise SystemExit(f"--template-variant {spec!r}: the name {name!r} is taken")
+    head, colon, tail = rest.rpartition(":")
+    if colon and CONSTANTS_SPEC.match(tail):
+        return name, Path(head), [int(v) for v in tail.split(",")]
+    return name, Path(rest), None
 
 
 def build(out: Path, arch: str, variants: list[str], template_variants: list[str]) -> None:
@@ -98,19 +124,24 @@ def build(out: Path, arch: str, variants: list[str], template_variants: list[str
         constants[name] = [int(v) for v in values.split(",")]
         source.write_text(cuda.with_launch_constants(patched.read_text(), constants[name]))
         sources[f"variants/{name}"] = source
+    diffs = {}  # what each template variant was rendered from: compare's page records it
     for spec in template_variants:
-        name, _, rest = spec.partition("=")
-        diff, _, values = rest.partition(":")
-        text = rendered_qmv(read, Path(diff))
+        name, diff, values = template_variant(spec, constants)
+        text = rendered_qmv(read, diff)
         if values:
-            text = cuda.with_launch_constants(text, [int(v) for v in values.split(",")])
+            text = cuda.with_launch_constants(text, values)
+        if text == patched.read_text():
+            raise SystemExit(f"--template-variant {spec!r}: renders the shipped kernel itself")
         source = out / f"qmv_{name}.cu"
         source.write_text(text)
         constants[name] = cuda.launch_constants(text)
         sources[f"variants/{name}"] = source
+        digest = hashlib.sha256(diff.read_bytes()).hexdigest()
+        diffs[name] = {"diff": diff.as_posix(), "sha256": digest}
     constants[cuda.SHIPPED] = cuda.launch_constants(patched.read_text())
     (out / "variants").mkdir(parents=True, exist_ok=True)
     (out / "variants" / cuda.VARIANT_CONSTANTS).write_text(json.dumps(constants, indent=1))
+    (out / "variants" / cuda.TEMPLATE_VARIANTS).write_text(json.dumps(diffs, indent=1))
     libs = cuda.build(sources, out, flags, arch)
     from patchkit.carry import mlx_build
 

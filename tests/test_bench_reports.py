@@ -353,3 +353,29 @@ def test_mlx_tests_reruns_beside_stock_what_the_builds_run_failed(tmp_path: Path
     data, page = run({"test_a": "passed", "test_b": "passed"})
     assert data["arms"] == {"pr": {}, "stock": {}}
     assert "- Methods compared: none (those the build's own run of the file failed)" in page
+
+
+def test_cuda_qmv_template_variant_specs_and_their_one_line_errors(tmp_path: Path) -> None:
+    """--template-variant NAME=DIFF[:six constants]: the constants are what follows the
+    last ':' when it is six numbers (a path may hold ':'); names of the arms or of another
+    variant, and specs without a diff, are one-line exits."""
+    bench = load_script("bench/cuda_qmv.py")
+    assert bench.template_variant("v=a:b.diff:1,4,16,8,8192,4", {}) == (
+        "v", Path("a:b.diff"), [1, 4, 16, 8, 8192, 4],
+    )  # fmt: skip
+    assert bench.template_variant("v=a:b.diff", {}) == ("v", Path("a:b.diff"), None)
+    assert bench.template_variant("v=b.diff:1,4", {})[2] is None  # not six: part of the path
+    for bad, why in [("v", "give NAME=DIFF"), ("=b.diff", "give NAME=DIFF"),
+                     ("shipped=b.diff", "is taken"), ("st5=b.diff", "is taken")]:  # fmt: skip
+        with pytest.raises(SystemExit, match=why) as exc:
+            bench.template_variant(bad, {"st5": [1, 4, 16, 8, 8192, 4]})
+        assert "\n" not in str(exc.value)
+    # A diff that is missing, or does not apply, is one line too (no clone needed: it fails
+    # before anything is rendered).
+    with pytest.raises(SystemExit, match="no diff at") as exc:
+        bench.rendered_qmv(lambda path: "", tmp_path / "missing.diff")
+    bad = tmp_path / "bad.diff"
+    bad.write_text("--- a/templates/nowhere.j2\n+++ b/templates/nowhere.j2\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(SystemExit, match="does not apply to this checkout's templates") as exc:
+        bench.rendered_qmv(lambda path: "", bad)
+    assert "\n" not in str(exc.value)

@@ -507,6 +507,8 @@ def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
 
 
 VARIANT_CONSTANTS = "constants.json"  # under variants/: {name: LAUNCH_CONSTANTS values}
+# under variants/: {name: {"diff": path, "sha256": ...}} for template variants
+TEMPLATE_VARIANTS = "template-variants.json"
 SHIPPED = "shipped"  # the patched file as rendered (patched.so), in compare's variants
 
 
@@ -567,9 +569,11 @@ def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
         for ref in sorted(set(refs.values()))
         if any(o != orders[ref] for o in orders.values())
     }
+    diffs = lib_dir / "variants" / TEMPLATE_VARIANTS
     payload: dict[str, Any] = {
         "host": host_info(), "variants": names, "constants": constants, "references": refs,
         "controls": controls, "results": [],
+        "template_variants": json.loads(diffs.read_text()) if diffs.is_file() else {},
     }  # fmt: skip
     for bits, (K, N) in itertools.product((4, 8), COMPARE_SHAPES):
         if time.time() > deadline:
