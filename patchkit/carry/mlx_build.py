@@ -749,10 +749,6 @@ def unittest_problems(lines: list[str]) -> set[str]:
     return {ln.strip() for ln in lines if split_unittest.PROBLEM.match(ln)}
 
 
-# unittest's verbose line for one test: "name (id) ... ok" / "... skipped 'why'" / "... "
-VERBOSE = re.compile(r"^(\w+) \(([\w.]+)\) \.\.\. ?(.*)$")
-
-
 def unittest_counts(lines: list[str]) -> dict[str, int]:
     """passed / failed / errors / skipped tests from unittest's output.
 
@@ -774,7 +770,9 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
             counts[key] = value
     reported = {"failures_reported": counts["failed"], "errors_reported": counts["errors"],
                 "skipped_reported": counts["skipped"]}  # fmt: skip
-    verbose = {m.group(2): m.group(3) for ln in lines if (m := VERBOSE.match(ln.strip()))}
+    verbose = {
+        m.group(2): m.group(3) for ln in lines if (m := split_unittest.VERBOSE.match(ln.strip()))
+    }
     if verbose:  # a test skipped as a whole, once however many subtests it skipped
         counts["skipped"] = sum(v.startswith("skipped") for v in verbose.values())
     problems: dict[str, str] = {}

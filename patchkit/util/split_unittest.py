@@ -60,8 +60,9 @@ TAIL = re.compile(r"^(OK|FAILED)(?: \((.*)\))?$")
 # One per failing test or subtest: "FAIL: test_qmv (test_quantized.TestQuantized.test_qmv) ..."
 PROBLEM = re.compile(r"^(FAIL|ERROR): \w+ \(([\w.]+)\)")
 UNFINISHED = re.compile(r"^UNFINISHED: (\w+) \(([\w.]+)\)")
-# unittest's verbose line for a method skipped as a whole (subtests' lines say "(k=v)").
-SKIPPED = re.compile(r"^(\w+) \(([\w.]+)\) \.\.\. skipped")
+# unittest's verbose line for one test: "name (id) ... ok" / "... skipped 'why'" / "... "
+# (a subtest's line says "(k=v)" after the id, so it is not one).
+VERBOSE = re.compile(r"^(\w+) \(([\w.]+)\) \.\.\. ?(.*)$")
 HEADER = re.compile(r"^== ([\w.]+)(?: \[(\d+)/(\d+)\])?: (\w+) in ([\d.]+)s$")
 SHARD = re.compile(
     r"^SHARD (\d+)/(\d+): ran \[(\d+), (\w+)\) of (\d+) counted; (\d+) entered \((\w+)\)"
@@ -359,7 +360,12 @@ def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
                     seen["verdict"] = verdict
                 seen["seconds"] = max(seen["seconds"] or 0.0, seconds)
             current["sections"] = current.get("sections", 0) + 1
-        elif ln.startswith("    ") and current is not None and SKIPPED.match(ln[4:]):
+        elif (
+            ln.startswith("    ")
+            and current is not None
+            and (m := VERBOSE.match(ln[4:]))
+            and m.group(3).startswith("skipped")
+        ):
             current["skipped_sections"] = current.get("skipped_sections", 0) + 1
         elif ln.startswith("    ") and current is not None and PROBLEM.match(ln[4:]):
             if ln[4:].strip() not in current["problems"]:
