@@ -194,11 +194,16 @@ def run(a: argparse.Namespace) -> None:
     print(table(report))
 
 
+def pr_call_us(report: dict[str, Any]) -> float | None:
+    """The PR arm's own cost of a call (:func:`_call_us`), or None where the run timed none."""
+    return (report.get("call_us") or {}).get("pr")
+
+
 def table(report: dict[str, Any]) -> str:
     """Time per call (µs) and the ratio to stock, per layer and M; with a run that timed a
     call's own cost, also the larger of the floor and that cost over the PR's time: no call
     takes less than either, so this is how close it gets to what is within reach."""
-    call = (report.get("call_us") or {}).get("pr")
+    call = pr_call_us(report)
     extra = " max(floor, call) / PR |" if call is not None else ""
     lines = [
         "| bits | K x N | M | stock µs | PR µs | PR / stock | floor µs | floor / PR |" + extra,
@@ -257,8 +262,7 @@ def least_us(report: dict[str, Any], row: dict[str, Any]) -> float:
     copy bandwidth MLX measures), or the PR arm's own cost of a call where the run timed
     one (``call_us``), whichever is larger; never more than the PR's measured time, which
     would disprove it."""
-    call = (report.get("call_us") or {}).get("pr") or 0.0
-    return min(max(row["floor_us"], call), row["pr_us"])
+    return min(max(row["floor_us"], pr_call_us(report) or 0.0), row["pr_us"])
 
 
 def against_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
