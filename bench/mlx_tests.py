@@ -4,16 +4,20 @@ failures are stock's own.
 
   python3 bench/mlx_tests.py run --stock PYTHON[:SITE] --patched PYTHON[:SITE] \\
       --tests MLX_TREE/python/tests --json mlx_tests.json [--md PAGE.md] [--jobs N] \\
-      [--deadline-s S] [--shards N] [--only METHOD ...] [--only-failed-in BUILD.json]
+      [--deadline-s S] [--shards N] [--only METHOD ...] [--only-failed-in BUILD.json] \\
+      [--patched-log BUILD_LOG]
   python3 bench/mlx_tests.py compare --stock STOCK.log --patched PATCHED.log \\
       --stock-mlx VERSION --patched-mlx VERSION --json mlx_tests.json
   python3 bench/mlx_tests.py report mlx_tests.json
 
 Both arms run the same file (the PR's worktree's, so the PR's new tests run on stock too:
 MLX asks that new tests be shown failing on main) through ``patchkit.util.split_unittest``,
-one process per method, at the same time, each with its own JIT cache. ``compare`` reads
-two outputs of that module made another way (the build's own test step, say). Not a
-timed benchmark: the seconds are what each method took with the other arm beside it.
+one process per method, at the same time, each with its own JIT cache. With
+``--patched-log``, the PR's arm is not run again: its output is the build's own run of the
+file (``patchkit build``'s log), and only stock runs, so the step needs half the compiles
+and leaves the build alone (``ci/cuda_records.py`` runs it while another step rebuilds).
+``compare`` reads two outputs of that module made another way. Not a timed benchmark: the
+seconds are what each method took with whatever ran beside it.
 """
 
 from __future__ import annotations
@@ -113,6 +117,25 @@ def write(report: dict[str, Any], path: str, md: Path | None = None) -> None:
     print(text)
 
 
+def logged_arm(log: Path, record: Path | None) -> tuple[list[str], str]:
+    """The PR's arm from a ``patchkit build`` log (its lines) and that build's record (the
+    MLX it built): the log must hold the run of the test file the record counted, so that
+    a log of another build, or of one made with ``--no-test``, never passes for it."""
+    if record is None:
+        raise SystemExit("--patched-log needs --only-failed-in: the record of the same build")
+    if not log.is_file():
+        raise SystemExit(f"--patched-log: no file {log}")
+    lines = log.read_text(errors="replace").splitlines()
+    ran = parse_output(lines)
+    if not ran:
+        raise SystemExit(f"--patched-log: {log} holds no run of {MODULE}.py (--no-test?)")
+    failed = sorted(m for m, r in ran.items() if r["verdict"] == "FAILED")
+    if failed != (counted := sorted(failed_in(record))):
+        raise SystemExit(f"--patched-log: {log} failed {failed or 'nothing'}, but {record} "
+                         f"says {counted or 'nothing'}: not one build's")  # fmt: skip
+    return lines, json.loads(record.read_text()).get("mlx_version") or "unknown"
+
+
 def failed_in(build_record: Path) -> list[str]:
     """The test methods a ``patchkit build`` record's run of the file failed, in its order:
     what to run again beside stock, to tell the PR's failures from stock's own."""
@@ -139,7 +162,8 @@ def page(report: dict[str, Any]) -> str:
         f"- PR: {report['mlx']['pr']}; stock: {report['mlx']['stock']}",
         "- The same test file on both (the PR's, so its new tests run on stock too), one "
         "process per method, both arms at the same time"
-        + (f": {report['how']}" if report.get("how") else "."),
+        + (f"; but {report['how']}." if report.get("patched_log") else
+           f": {report['how']}" if report.get("how") else "."),
         *([f"- Methods compared: {', '.join(report['only']) or 'none'}"
            + (" (those the build's own run of the file failed)"
               if report.get("only_failed_in_build") else "")
@@ -185,7 +209,11 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--stock", required=True, help="PYTHON[:SITE] importing stock MLX")
-    r.add_argument("--patched", required=True, help="PYTHON[:SITE] importing the patched MLX")
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument("--patched", help="PYTHON[:SITE] importing the patched MLX")
+    which.add_argument("--patched-log", type=Path, metavar="BUILD_LOG",
+                       help="the PR's arm: this patchkit build log's test run, not a rerun "
+                       "(with --only-failed-in that build's record)")  # fmt: skip
     r.add_argument("--tests", required=True, type=Path, help="MLX's python/tests, PR's")
     r.add_argument("--json", required=True)
     r.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
@@ -214,16 +242,22 @@ def main() -> None:
         print(page(json.loads(Path(a.json).read_text())))
         return
     if a.cmd == "run":
-        specs = {"stock": a.stock, "pr": a.patched}
+        arms = {"stock": a.stock} if a.patched_log else {"stock": a.stock, "pr": a.patched}
+        mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in arms.items()}
+        hw: dict[str, Any] | None = hardware()
+        tests, how, logged = a.tests / f"{MODULE}.py", None, None
+        if a.patched_log is not None:
+            logged, mlx["pr"] = logged_arm(a.patched_log, a.only_failed_in)
+            how = (f"the PR's arm is its build's own run of the whole file ({a.patched_log.name}"
+                   "), not run again; stock's ran here after it")  # fmt: skip
         if a.only_failed_in is not None:
             a.only = [*a.only, *failed_in(a.only_failed_in)]
         if a.only_failed_in is not None and not a.only:  # nothing failed: nothing to rerun
-            outputs: dict[str, list[str]] = {"stock": [], "pr": []}
+            outputs: dict[str, list[str]] = {name: [] for name in arms}
         else:
-            outputs = run_arms(specs, a.tests, a.jobs, a.deadline_s, a.shards, a.only)
-        mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in specs.items()}
-        hw: dict[str, Any] | None = hardware()
-        tests, how = a.tests / f"{MODULE}.py", None
+            outputs = run_arms(arms, a.tests, a.jobs, a.deadline_s, a.shards, a.only)
+        if logged is not None:
+            outputs["pr"] = logged
     else:
         outputs = {
             "stock": a.stock.read_text(errors="replace").splitlines(),
@@ -238,7 +272,8 @@ def main() -> None:
     selected = a.only or ([] if from_build else methods)
     report = {"command": command, "module": MODULE, "how": how, "mlx": mlx, "hardware": hw,
               "patch": series(), "backend": "cuda", "only": a.only,
-              "only_failed_in_build": from_build}  # fmt: skip
+              "only_failed_in_build": from_build,
+              "patched_log": getattr(a, "patched_log", None) is not None}  # fmt: skip
     write({**report, **side_by_side(outputs, selected)}, a.json, a.md)
 
 

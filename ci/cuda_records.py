@@ -15,7 +15,9 @@ to the CUDA templates needs all of them again, made in this order on one machine
    and optionally an unpacked wheel's folder), once per (dtype, group size) of the speed
    page, then the page (``cuda``);
 3. ``bench/mlx_tests.py run --only-failed-in`` the build's record: the methods its test
-   run failed, on that build and on stock side by side (``cuda-tests``);
+   run failed, on stock, beside the build's own run of them (its log, kept by step 1)
+   (``cuda-tests``). Nothing is timed from here on, so it runs alongside step 4 and costs
+   the run no time of its own: it never imports the build the controls replace;
 4. ``ci/cuda_controls.py`` last: it leaves its control build in patchkit's build folder
    until the next ``patchkit build``, so nothing may time the build after it.
 
@@ -61,6 +63,10 @@ class Step(NamedTuple):
     produces: tuple[Path, ...]
     # Exit statuses that still leave a whole record (the record says what failed).
     recorded_failure: tuple[int, ...] = ()
+    # Files copied into the run's folder once the step ended (a later step rewrites them).
+    keep: tuple[tuple[Path, Path], ...] = ()
+    # Started, then the next steps run while it does; waited for before any record is copied.
+    alongside: bool = False
 
 
 def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Step]:
@@ -72,9 +78,12 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
     build_argv += ["--record-dir", str(build), *build_args]
     plan = [Step("apply", [python, "-m", "patchkit", "apply", "--pin", short], ())]
     # patchkit build exits 1 after writing its record when tests fail or rows differ.
-    plan.append(
-        Step("build", build_argv, (build / "build-cuda.json", build / "build-cuda.md"), (1,))
-    )
+    # Kept for "tests beside stock", which runs while the controls rebuild in that folder:
+    # the log's run of MLX's test file is its PR arm, and stock runs the same file.
+    build_log, test_dir = build / "build.log", build / "tests"
+    keep = ((layout.log, build_log), (layout.worktree / "python" / "tests", test_dir))
+    plan.append(Step("build", build_argv, (build / "build-cuda.json", build / "build-cuda.md"),
+                     (1,), keep=keep))  # fmt: skip
     runs = []
     for dtype, group in SPEED_RUNS:
         run = bench / f"{dtype}-{group}.json"
@@ -87,22 +96,42 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
                  "--build-record", str(build / "build-cuda.json")]  # fmt: skip
     page = (pages / "cuda.json", pages / "cuda.md", pages / "cuda.png")
     plan.append(Step("speed page", page_argv, page))
-    # The methods the build's own test run failed, again on the build and on stock side by
-    # side: whose failures they are (none failed: the page says nothing ran).
-    tests_argv = [python, "bench/mlx_tests.py", "run", "--stock", stock, "--patched",
-                  str(layout.python), "--tests", str(layout.worktree / "python" / "tests"),
+    # The methods the build's own test run failed, on stock, beside that run's output:
+    # whose failures they are (none failed: the page says nothing ran).
+    tests_argv = [python, "bench/mlx_tests.py", "run", "--stock", stock, "--patched-log",
+                  str(build_log), "--tests", str(test_dir),
                   "--json", str(pages / "cuda-tests.json"), "--md", str(pages / "cuda-tests.md"),
                   "--shards", "4", "--only-failed-in", str(build / "build-cuda.json")]  # fmt: skip
     # The build's --test-timeout bounds them too.
     limit = cuda_controls.option_values(build_args, "--test-timeout")
     tests_argv += ["--deadline-s", limit[0]] if limit else []
-    plan.append(Step("tests beside stock", tests_argv,
-                     (pages / "cuda-tests.json", pages / "cuda-tests.md")))  # fmt: skip
+    tests = (pages / "cuda-tests.json", pages / "cuda-tests.md")
+    plan.append(Step("tests beside stock", tests_argv, tests, alongside=True))
     # Exit 1: a control came out otherwise than it must; the page says which.
     controls_argv = [python, "ci/cuda_controls.py", "--out", str(controls), *build_args]
     record = (controls / "cuda-controls.json", controls / "cuda-controls.md")
     plan.append(Step("controls", controls_argv, record, (1,)))
     return plan
+
+
+def ended(step: Step, code: int, out: Path, failures: list[str]) -> bool:
+    """Whether ``step`` left its record (its ``keep`` files then copied into the run's
+    folder); says why not. A failure the record holds is added to ``failures``."""
+    missing = [p for p in step.produces if not p.is_file()]
+    missing += [src for src, _ in step.keep if not src.exists()]
+    if (code and code not in step.recorded_failure) or missing:
+        print(f"cuda_records: {step.name} failed (exit {code}"
+              + (f"; missing {', '.join(p.name for p in missing)}" if missing else "")
+              + f"); nothing copied; its files: {out}", file=sys.stderr)  # fmt: skip
+        return False
+    for src, dst in step.keep:
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+        else:
+            shutil.copyfile(src, dst)
+    if code:
+        failures.append(f"{step.name} (exit {code})")
+    return True
 
 
 def publish(files: list[Path], dest: Path) -> None:
@@ -140,23 +169,37 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
     plan = steps(args.stock, out, build_args, sys.executable)
     if args.plan:
-        print("\n".join(f"# {s.name}\n{shlex.join(s.argv)}" for s in plan))
+        for s in plan:
+            print(f"# {s.name}" + (" (beside the steps after it)" if s.alongside else ""))
+            print(shlex.join(s.argv))
+            for src, dst in s.keep:
+                print(f"# then keep: {src} -> {dst}")
         print(f"# then: copy every record into {os.path.relpath(RESULTS, ROOT)}")
         return 0
     for d in ("build", "bench", "pages", "controls"):
         (out / d).mkdir(parents=True, exist_ok=True)
-    failures = []
-    for s in plan:
-        print(f"cuda_records: {s.name}: {shlex.join(s.argv)}", flush=True)
-        code = subprocess.run(s.argv, cwd=ROOT).returncode
-        missing = [p for p in s.produces if not p.is_file()]
-        if (code and code not in s.recorded_failure) or missing:
-            print(f"cuda_records: {s.name} failed (exit {code}"
-                  + (f"; missing {', '.join(p.name for p in missing)}" if missing else "")
-                  + f"); nothing copied; its files: {out}", file=sys.stderr)  # fmt: skip
-            return 2
-        if code:
-            failures.append(f"{s.name} (exit {code})")
+    failures: list[str] = []
+    beside: list[tuple[Step, subprocess.Popen]] = []
+    try:
+        for s in plan:
+            print(f"cuda_records: {s.name}: {shlex.join(s.argv)}", flush=True)
+            if s.alongside:
+                log = out / (s.name.replace(" ", "-") + ".log")
+                with log.open("w") as output:
+                    beside.append((s, subprocess.Popen(s.argv, cwd=ROOT, stdout=output,
+                                                       stderr=subprocess.STDOUT)))  # fmt: skip
+                print(f"cuda_records: {s.name} runs beside the steps after it; output: {log}")
+                continue
+            if not ended(s, subprocess.run(s.argv, cwd=ROOT).returncode, out, failures):
+                return 2
+        for s, child in beside:
+            if not ended(s, child.wait(), out, failures):
+                return 2
+    finally:  # a run that stops leaves nothing of its own running
+        for _, child in beside:
+            if child.poll() is None:
+                child.terminate()
+                child.wait()
     publish([p for s in plan for p in s.produces if p.parent != out / "bench"], RESULTS)
     print(f"cuda_records: records copied into {os.path.relpath(RESULTS, ROOT)}; runs kept in {out}")
     if failures:

@@ -355,6 +355,52 @@ def test_mlx_tests_reruns_beside_stock_what_the_builds_run_failed(tmp_path: Path
     assert "- Methods compared: none (those the build's own run of the file failed)" in page
 
 
+def test_mlx_tests_takes_the_prs_arm_from_its_builds_log(tmp_path: Path) -> None:
+    """``--patched-log BUILD_LOG``: only stock runs; the PR's arm is the log's run of the
+    file, labelled with its record's MLX. A log that is not of that record's build (another
+    run, or a build without tests) and a log without its record are one-line errors."""
+    (tmp_path / "test_quantized.py").write_text(
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+        "        self.assertEqual(1, 2)\n\n    def test_b(self):\n        pass\n"
+    )
+    record, log = tmp_path / "build-cuda.json", tmp_path / "build.log"
+    verdicts = {"test_a": "failed", "test_b": "passed"}
+    record.write_text(json.dumps({"mlx_version": "0.32.1+patchkit.abc",
+                                  "tests": {"per_test": verdicts}}))  # fmt: skip
+    compiled = ["[1/2] nvcc qmv.cu", "$ python -m patchkit.util.split_unittest test_quantized"]
+    log.write_text("\n".join(compiled + _split_output({"test_a": ["k=1"]}, ["test_b"])) + "\n")
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, str(ROOT / "bench" / "mlx_tests.py"), "run",
+                "--stock", sys.executable, "--patched-log", str(log), "--tests", str(tmp_path),
+                "--json", str(tmp_path / "t.json"), "--md", str(tmp_path / "t.md"),
+                "--jobs", "1", *extra]  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+    done = run("--only-failed-in", str(record))
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["mlx"]["pr"] == "0.32.1+patchkit.abc" and data["patched_log"] is True
+    assert data["arms"]["pr"]["test_a"]["problems"] == [
+        "FAIL: test_a (test_quantized.TestQuantized.test_a) (k=1)"
+    ]
+    assert data["arms"]["stock"]["test_a"]["verdict"] == "FAILED"  # run here, really
+    assert set(data["arms"]["stock"]) == {"test_a"}
+    assert (
+        "its build's own run of the whole file (build.log), not run again"
+        in (tmp_path / "t.md").read_text()
+    )
+    # Controls: another build's record, a build without tests, no record at all.
+    record.write_text(json.dumps({"tests": {"per_test": {"test_b": "failed"}}}))
+    done = run("--only-failed-in", str(record))
+    assert done.returncode != 0 and "not one build's" in done.stderr.strip().splitlines()[-1]
+    record.write_text(json.dumps({"tests": {"per_test": {"test_a": "failed"}}}))
+    log.write_text("\n".join(compiled) + "\n")
+    done = run("--only-failed-in", str(record))
+    assert done.returncode != 0 and "holds no run of test_quantized.py" in done.stderr
+    assert "needs --only-failed-in" in run().stderr
+
+
 def test_cuda_qmv_template_variant_specs_and_their_one_line_errors(tmp_path: Path) -> None:
     """--template-variant NAME=DIFF[:six constants]: the constants are what follows the
     last ':' when it is six numbers (a path may hold ':'); names of the arms or of another

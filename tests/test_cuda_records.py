@@ -7,7 +7,9 @@ failures, or leave no record, with commands that stand in for the real ones.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,33 +43,48 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
             for s in speed} == set(records.SPEED_RUNS)  # fmt: skip
     assert page.argv[2] == "page" and all(str(p) in page.argv for s in speed for p in s.produces)
     assert page.argv[page.argv.index("--build-record") + 1] == str(build.produces[0])
-    # What the build's test run failed, again on that build beside the stock given.
-    assert tests.argv[1:3] == ["bench/mlx_tests.py", "run"]
+    # What the build's test run failed, on the stock given, beside that run's own output
+    # (the build's log) and with the test file it ran, both kept before the controls
+    # rebuild: it runs beside them.
+    assert tests.argv[1:3] == ["bench/mlx_tests.py", "run"] and tests.alongside
+    assert not any(s.alongside for s in plan if s is not tests)
     assert tests.argv[tests.argv.index("--only-failed-in") + 1] == str(build.produces[0])
-    assert tests.argv[tests.argv.index("--patched") + 1] == speed[0].argv[
-        speed[0].argv.index("--patched") + 1]  # fmt: skip
-    assert tests.argv[tests.argv.index("--tests") + 1].endswith("python/tests")
+    kept = {src.name if src.name == "build.log" else "tests": str(dst) for src, dst in build.keep}
+    assert tests.argv[tests.argv.index("--patched-log") + 1] == kept["build.log"]
+    assert tests.argv[tests.argv.index("--tests") + 1] == kept["tests"]
+    assert {src.parts[-2:] for src, _ in build.keep} >= {("python", "tests")}
+    assert "--patched" not in tests.argv  # the build the controls replace is never imported
     assert "--deadline-s" not in tests.argv  # the build's tests had no time limit either
     for limit in (["--test-timeout", "600"], ["--test-timeout=600"]):
         bounded = records.steps("python3", Path("/tmp/cr"), limit, sys.executable)[-2]
         assert bounded.argv[bounded.argv.index("--deadline-s") + 1] == "600"
 
 
-def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = ""):
-    """Each step writes its records (not ``skip``'s) and exits as ``exits`` says."""
+def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = "",
+                before: dict[str, str] | None = None, in_turn: bool = False):  # fmt: skip
+    """Each step runs ``before``'s code for it, writes its records (not ``skip``'s) and
+    exits as ``exits`` says; what the build keeps is a file the fake build writes. With
+    ``in_turn``, no step runs beside others."""
     original = records.steps
+    kept = out / "cache" / "build.log"
 
     def steps(stock, out_dir, build_args, python):
         real = original(stock, out_dir, build_args, python)
         fake = []
         for s in real:
             files = [str(p) for p in s.produces if s.name != skip]
-            code = (f"import sys\nfor f in {files!r}: open(f, 'w').write('new {s.name}')\n"
+            if s.name == "build":
+                files.append(str(kept))
+            code = (f"import sys, time, pathlib\n{(before or {}).get(s.name, '')}\n"
+                    f"for f in {files!r}: open(f, 'w').write('new {s.name}')\n"
                     f"sys.exit({exits.get(s.name, 0)})")  # fmt: skip
+            keep = tuple((kept, out_dir / "build" / "build.log") for _ in s.keep[:1])
+            beside = s.alongside and not in_turn
             fake.append(records.Step(s.name, [python, "-c", code], s.produces,
-                                     s.recorded_failure))  # fmt: skip
+                                     s.recorded_failure, keep, beside))  # fmt: skip
         return fake
 
+    kept.parent.mkdir(parents=True, exist_ok=True)
     return steps
 
 
@@ -123,3 +140,48 @@ def test_an_out_folder_with_files_is_refused(results, tmp_path: Path, monkeypatc
     monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}, skip="build"))
     assert records.main(["--stock", "python3", "--out", str(out)]) == 2
     assert (dest / "build-cuda.json").read_text() == "old"
+
+
+def test_the_tests_step_runs_beside_the_controls_and_is_waited_for(
+    results, tmp_path: Path, monkeypatch
+) -> None:
+    """It starts before the controls and ends after them (it waits for a file the controls
+    write): the run waits for it, then copies its record; the build's log was kept for it."""
+    records, dest = results
+    started = tmp_path / "controls-started"
+    before = {"controls": f"pathlib.Path({str(started)!r}).write_text('x')",
+              "tests beside stock": f"p = pathlib.Path({str(started)!r})\n"
+              "end = time.time() + 8\nwhile not p.exists() and time.time() < end:\n"
+              "    time.sleep(0.05)\np.exists() or sys.exit(9)"}  # fmt: skip
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}, before=before))
+    out = tmp_path / "out"
+    assert records.main(["--stock", "python3", "--out", str(out)]) == 0
+    assert (dest / "cuda-tests.json").read_text() == "new tests beside stock"
+    assert (out / "build" / "build.log").read_text() == "new build"
+    # Control: run in its turn, it waits for controls that have not started, and fails.
+    started.unlink()
+    for f in dest.iterdir():
+        f.write_text("old")
+    steps = _fake_steps(records, tmp_path, {}, before=before, in_turn=True)
+    monkeypatch.setattr(records, "steps", steps)
+    assert records.main(["--stock", "python3", "--out", str(tmp_path / "out2")]) == 2
+    assert (dest / "cuda-tests.json").read_text() == "old"
+
+
+def test_a_failing_step_stops_what_runs_beside_it(results, tmp_path: Path, monkeypatch) -> None:
+    """The controls fail while the tests step still runs: the run ends (2), copies nothing
+    and leaves no process of its own running."""
+    records, dest = results
+    pid = tmp_path / "pid"
+    write_pid = f"import os\npathlib.Path({str(pid)!r}).write_text(str(os.getpid()))"
+    before = {"tests beside stock": write_pid + "\ntime.sleep(60)",
+              "controls": f"p = pathlib.Path({str(pid)!r})\nend = time.time() + 20\n"
+              "while not p.exists() and time.time() < end: time.sleep(0.05)"}  # fmt: skip
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {"controls": 3},
+                                                      before=before))  # fmt: skip
+    start = time.monotonic()
+    assert records.main(["--stock", "python3", "--out", str(tmp_path / "out")]) == 2
+    assert time.monotonic() - start < 40  # not the tests step's 60 s
+    assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid.read_text()), 0)
