@@ -268,9 +268,15 @@ def test_cuda_body_says_where_its_test_fails_on_main() -> None:
     assert "`test_qqmm_tensor_cores_match_single_vector` passes on main too" in flat
     assert "change in their last bits against main" in flat
     assert "Apple GPU" not in body.split("## Still")[1]
-    # The benchmark script is the Metal PR's: the body takes it from that branch.
+    # The benchmark script is the Metal PR's: the body takes it from that branch, to its own
+    # place in the tree, where it finds the time_utils it imports (not to /tmp: there,
+    # `import time_utils` fails).
     body = _body(backend="cuda", benchmarks=[])
-    assert f"git show {export_pr.DEFAULT_BRANCHES['metal']}:{export_pr.BENCH_FILE}" in body
+    bench = export_pr.BENCH_FILE
+    commands = body.split("## Benchmark")[1].split("```sh\n")[1].split("```")[0]
+    assert f"git show {export_pr.DEFAULT_BRANCHES['metal']}:{bench} > {bench}\n" in commands
+    runs = re.findall(r"python (\S+)", commands)
+    assert len(runs) == 3 and set(runs) == {bench} and "/tmp" not in commands
 
 
 def test_commit_messages_are_the_submitters() -> None:
@@ -405,6 +411,27 @@ def test_kernel_text_is_the_pr_flavour_render(pr: export_pr.PrResult) -> None:
         plan = next(p for p in render.selected_plans(options) if p.path == path)
         fresh = render.render_file(plan, git.show_file(pr.repository, PIN_SHA, path), options)
         assert git.show_file(pr.repository, pr.commit, path) == fresh, path
+
+
+@needs_clone
+def test_the_benchmark_runs_from_its_place_beside_time_utils(
+    pr: export_pr.PrResult, tmp_path: Path
+) -> None:
+    """The bodies run the script as ``python benchmarks/python/...``: from there it imports
+    upstream's ``time_utils``; copied elsewhere (the control), it cannot."""
+    pytest.importorskip("mlx.core")
+    here = tmp_path / Path(BENCH_PATH).parent
+    here.mkdir(parents=True)
+    for path in (BENCH_PATH, "benchmarks/python/time_utils.py"):
+        (tmp_path / path).write_text(git.show_file(pr.repository, pr.commit, path))
+    alone = tmp_path / "elsewhere" / Path(BENCH_PATH).name
+    alone.parent.mkdir()
+    shutil.copy(tmp_path / BENCH_PATH, alone)
+    for script, ok in ((BENCH_PATH, True), (str(alone), False)):
+        proc = subprocess.run([sys.executable, script, "--help"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert (proc.returncode == 0) == ok, proc.stderr[-2000:]
+        assert ("No module named 'time_utils'" in proc.stderr) != ok
 
 
 @needs_clone
