@@ -279,6 +279,17 @@ def test_cuda_body_says_where_its_test_fails_on_main() -> None:
     assert len(runs) == 3 and set(runs) == {bench} and "/tmp" not in commands
 
 
+def test_each_body_names_the_upstream_work_on_its_problem() -> None:
+    """The submitter must answer prior work: the other fix of #4350, and the opt-in
+    batch-invariant mode (#4279) the Metal PR's approach differs from."""
+    related = {b: " ".join(_body(backend=b).split("## Related upstream work")[1].split())
+               for b in ("jit-fix", "metal", "cuda")}  # fmt: skip
+    assert "#4372 fixes #4350 too" in related["jit-fix"] and "#4279" not in related["jit-fix"]
+    assert "#4279" in related["metal"] and "ml-explore/mlx-c#124" in related["metal"]
+    assert "needs a rebase if it lands first" in related["metal"]
+    assert "#4" not in related["cuda"].split("## Files")[0]
+
+
 def test_commit_messages_are_the_submitters() -> None:
     """MLX's AGENTS.md: no tool writes a commit message for the user. Without --title the
     subject is a placeholder that says so, with no body; the facts a message would state
