@@ -909,7 +909,8 @@ def speed_fact(data: dict) -> list[str]:
     return [
         f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
         f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
-        f"this change, taking turns; {len({(r['K'], r['N']) for r in rows})} "
+        f"this change and the other PRs of its series, taking turns; "
+        f"{len({(r['K'], r['N']) for r in rows})} "
         f"layers of {sizes[0]:,} to {sizes[-1]:,} weights, {'- and '.join(map(str, bits))}-bit, "
         f"{pairs}",
         f"timing: {first['repeats']} calls in one graph after a warm-up, each reading a cold "
