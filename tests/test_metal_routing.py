@@ -102,7 +102,7 @@ def test_every_shape_takes_the_stock_branch(rendered: str) -> None:
 def test_the_batched_branch_calls_qmv_with_the_tile_size(rendered: str) -> None:
     body = _squash(_fn(rendered, "dispatch_qmv"))
     args = "x, w, scales, biases, global_scale, out, group_size, bits, M, N, K, d, s, mode"
-    assert f"qmv({args}, qmv_vecs_per_tg(M, K));" in body
+    assert f"qmv({args}, qmv_vecs_per_tg(M));" in body
     # The M = 1 call and every branch before and after it are stock's.
     stock_body = _squash(_fn(_upstream(METAL_CPP), "dispatch_qmv"))
     tail = stock_body[stock_body.index("return; } qmv(x,", stock_body.index("qmv_wide(")) :]
@@ -116,7 +116,7 @@ def test_tile_size_rule_matches_the_dispatch_facts(rendered: str) -> None:
     assert f"return M == 2 ? {dispatch.STREAMED_VECS[0]} : {dispatch.STREAMED_VECS[1]};" in body
     # Tiles of 5 read the weights as often as qmv_wide's tiles (at most 5 vectors each).
     for m in range(2, 33):
-        tiles = -(-m // dispatch.vecs_per_tg(m, 4096))
+        tiles = -(-m // dispatch.vecs_per_tg(m))
         assert tiles == -(-m // dispatch.wide_vecs_per_tg(m)), m
 
 

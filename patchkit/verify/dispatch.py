@@ -47,16 +47,10 @@ def wide_vecs_per_tg(M: int) -> int:
 STREAMED_VECS = (2, 5)
 
 
-# A tile takes a lane's last block of K as whole, so it runs where K is a multiple of this
-# (the largest values_per_thread of the affine and fp qmv kernels).
-TILE_K_MULTIPLE = 16
-
-
-def vecs_per_tg(M: int, K: int) -> int:
-    """The patched ``qmv_vecs_per_tg``: tiles of 5 (as many as ``qmv_wide``'s), 2 for M = 2;
-    1 (each vector alone) where K is not a multiple of ``TILE_K_MULTIPLE``."""
-    if K % TILE_K_MULTIPLE:
-        return 1
+def vecs_per_tg(M: int) -> int:
+    """The patched ``qmv_vecs_per_tg``: tiles of 5 (as many as ``qmv_wide``'s), 2 for M = 2.
+    A tile takes a lane's last block of K whole: K is a multiple of the group size (MLX's
+    ``quantized_matmul`` checks it), so of 16, the largest ``values_per_thread``."""
     return 2 if M == 2 else 5
 
 

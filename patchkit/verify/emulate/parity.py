@@ -127,8 +127,8 @@ class Case:
 
     @property
     def V(self) -> int:
-        """The patched dispatch's vectors per threadgroup (2 or 5; 1 for a K it leaves alone)."""
-        return vecs_per_tg(self.M, self.K)
+        """The patched dispatch's vectors per threadgroup (2 or 5)."""
+        return vecs_per_tg(self.M)
 
     def vecs(self, kernel: str) -> int:
         """Vectors per threadgroup of a batched ``kernel``: the control keeps qmv_wide's tile."""

@@ -115,7 +115,7 @@ class MetalStreamed:
         m = x.shape[0]
         if m == 1:
             return self.stock(x, w)
-        v = dispatch.vecs_per_tg(m, w.in_dim)
+        v = dispatch.vecs_per_tg(m)
         kern = self.kernels[self.metal.is_fast(w.in_dim, w.out_dim, w.bits)]
         return self.metal.run_streamed(
             _mx(), kern, w.wq, w.scales, w.biases, _mx().contiguous(x), w.group_size, w.bits, v

@@ -7,8 +7,8 @@
 //   @@ -472,7 +472,8 @@ void qmv(
 //   @@ -483,13 +484,16 @@ void qmv(
 //   @@ -501,18 +505,38 @@ void qmv(
-//   @@ -530,15 +554,42 @@ void qmv(
-//   @@ -1756,10 +1807,31 @@ void dispatch_qmv(
+//   @@ -530,15 +554,36 @@ void qmv(
+//   @@ -1756,10 +1801,30 @@ void dispatch_qmv(
 // end of patchkit header
 // Copyright © 2023-2026 Apple Inc.
 
@@ -582,15 +582,9 @@ inline bool use_batched_qmv(const std::string& mode, metal::Device& d) {
   return mode != "affine" || d.get_architecture_gen() >= 15;
 }
 
-// Vectors per threadgroup for a batched qmv: each threadgroup reads the
-// weights once for its tile. Tiles of 5, the last one skipping the vectors it
-// lacks; M = 2 gets a tile of its own size. A tile takes a lane's last block
-// of K as whole, which it is where K is a multiple of 16 (every group size
-// MLX ships); elsewhere each vector runs alone.
-inline int qmv_vecs_per_tg(int M, int K) {
-  if (K % 16 != 0) {
-    return 1;
-  }
+// Vectors per threadgroup of a batched qmv: tiles of 5, the last one skipping
+// the vectors it lacks; M = 2 gets a tile of 2.
+inline int qmv_vecs_per_tg(int M) {
   return M == 2 ? 2 : 5;
 }
 
@@ -1819,10 +1813,9 @@ void dispatch_qmv(
     return;
   }
 
-  // Small batch so stream the M vectors through qmv: each weight block is read
-  // once per tile of vectors and every vector is summed as alone, so row i
-  // equals the same vector at M = 1, bit for bit. MLX_QMV_STREAMED=0 runs
-  // upstream's qmv_wide instead (another summation order).
+  // Small batch: stream tiles of the M vectors through qmv, each weight block
+  // read once per tile; row i equals vector i alone (M = 1), bit for bit.
+  // MLX_QMV_STREAMED=0 runs upstream's qmv_wide (another summation order).
   if (M >= 2 && use_batched_qmv(mode, d) && !global_scale) {
     if (qmv_streamed_enabled()) {
       qmv(x,
@@ -1839,7 +1832,7 @@ void dispatch_qmv(
           d,
           s,
           mode,
-          qmv_vecs_per_tg(M, K));
+          qmv_vecs_per_tg(M));
     } else {
       qmv_wide(
           x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);

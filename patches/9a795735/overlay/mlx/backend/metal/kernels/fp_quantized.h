@@ -4,25 +4,25 @@
 // base blob:  8c963030f263b2679d8f504a76a58100218d582e
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -322,12 +322,16 @@ METAL_FUNC void fp_qmv_quad_impl(
-//   @@ -338,7 +342,11 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -350,8 +358,8 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -361,18 +369,31 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -385,19 +406,35 @@ METAL_FUNC void fp_qmv_fast_impl(
-//   @@ -408,7 +445,11 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -423,8 +464,8 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -448,12 +489,20 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -462,7 +511,26 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -474,7 +542,18 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -483,19 +562,46 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -506,19 +612,43 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -530,24 +660,59 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -1173,7 +1338,8 @@ template <
-//   @@ -1214,7 +1380,8 @@ template <
-//   @@ -1224,7 +1391,10 @@ template <
-//   @@ -1232,7 +1402,8 @@ template <
-//   @@ -1268,7 +1439,7 @@ template <
-//   @@ -1278,7 +1449,10 @@ template <
+//   @@ -322,12 +322,15 @@ METAL_FUNC void fp_qmv_quad_impl(
+//   @@ -338,7 +341,11 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -350,8 +357,8 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -361,18 +368,30 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -385,19 +404,34 @@ METAL_FUNC void fp_qmv_fast_impl(
+//   @@ -408,7 +442,11 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -423,8 +461,8 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -448,12 +486,19 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -462,7 +507,26 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -474,7 +538,16 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -483,19 +556,46 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -506,19 +606,43 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -530,24 +654,59 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -1173,7 +1332,8 @@ template <
+//   @@ -1214,7 +1374,8 @@ template <
+//   @@ -1224,7 +1385,10 @@ template <
+//   @@ -1232,7 +1396,8 @@ template <
+//   @@ -1268,7 +1433,7 @@ template <
+//   @@ -1278,7 +1443,10 @@ template <
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -348,9 +348,8 @@ METAL_FUNC void fp_qmv_quad_impl(
   }
 }
 
-// Streams vecs_per_tg input vectors through each weight block. Every vector
-// is summed exactly as alone, so each row equals M = 1's bit for bit, and
-// vecs_per_tg = 1 is the M = 1 kernel.
+// Streams vecs_per_tg vectors through each weight block; each row equals
+// M = 1's bit for bit (vecs_per_tg = 1 is the M = 1 kernel).
 template <
     typename T,
     int group_size,
@@ -399,9 +398,8 @@ METAL_FUNC void fp_qmv_fast_impl(
   y += tid.x * vecs_per_tg * out_vec_size + out_row;
 
   for (int k = 0; k < in_vec_size; k += block_size) {
-    // Every v of the tile runs, unrolled, so the per-vector arrays stay in
-    // registers: a missing vector reads the last real one's input and
-    // stores nothing. Each real vector's operations are M = 1's.
+    // Unrolled over the tile to keep per-vector arrays in registers; a
+    // missing vector reads the last real input and stores nothing.
 #pragma unroll
     for (int v = 0; v < vecs_per_tg; v++) {
       load_vector<T, U, values_per_thread>(
@@ -452,9 +450,8 @@ METAL_FUNC void fp_qmv_fast_impl(
   }
 }
 
-// Streams vecs_per_tg input vectors through each weight block. Every vector
-// is summed exactly as alone, so each row equals M = 1's bit for bit, and
-// vecs_per_tg = 1 is the M = 1 kernel.
+// Streams vecs_per_tg vectors through each weight block; each row equals
+// M = 1's bit for bit (vecs_per_tg = 1 is the M = 1 kernel).
 template <
     typename T,
     int group_size,
@@ -520,9 +517,8 @@ METAL_FUNC void fp_qmv_impl(
 
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
-      // Every v of the tile runs, unrolled, so the per-vector arrays stay in
-      // registers: a missing vector reads the last real one's input and
-      // stores nothing. Each real vector's operations are M = 1's.
+      // Unrolled over the tile to keep per-vector arrays in registers; a
+      // missing vector reads the last real input and stores nothing.
 #pragma unroll
       for (int v = 0; v < vecs_per_tg; v++) {
         load_vector<T, U, values_per_thread>(
@@ -568,10 +564,8 @@ METAL_FUNC void fp_qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      // Tiles run only where K is a multiple of 16 (qmv_vecs_per_tg), so a
-      // lane's last block is whole or empty and a tile passes the guarded
-      // helpers its length as a constant: the value M = 1 passes them, and
-      // their vecs_per_tg calls can share the block's loads.
+      // K, a multiple of the group size, is one of 16: a lane's last
+      // block is whole or empty, and a tile passes M = 1's constant length.
       const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;
 #pragma unroll
       for (int v = 0; v < vecs_per_tg; v++) {

@@ -4,28 +4,28 @@
 // base blob:  f628c0561227b709e455d91dc0a0f5885368f26a
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -754,7 +754,10 @@ METAL_FUNC void qmv_quad_impl(
-//   @@ -765,7 +768,11 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -779,8 +786,8 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -791,11 +798,20 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -804,7 +820,12 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -813,15 +834,25 @@ METAL_FUNC void qmv_fast_impl(
-//   @@ -832,7 +863,11 @@ METAL_FUNC void qmv_impl(
-//   @@ -847,8 +882,8 @@ METAL_FUNC void qmv_impl(
-//   @@ -868,12 +903,21 @@ METAL_FUNC void qmv_impl(
-//   @@ -884,8 +928,27 @@ METAL_FUNC void qmv_impl(
-//   @@ -898,8 +961,19 @@ METAL_FUNC void qmv_impl(
-//   @@ -910,17 +984,43 @@ METAL_FUNC void qmv_impl(
-//   @@ -931,12 +1031,18 @@ METAL_FUNC void qmv_impl(
-//   @@ -945,8 +1051,27 @@ METAL_FUNC void qmv_impl(
-//   @@ -959,8 +1084,16 @@ METAL_FUNC void qmv_impl(
-//   @@ -969,14 +1102,40 @@ METAL_FUNC void qmv_impl(
-//   @@ -1603,7 +1762,8 @@ template <
-//   @@ -1642,7 +1802,7 @@ template <
-//   @@ -1652,7 +1812,10 @@ template <
-//   @@ -1660,7 +1823,8 @@ template <
-//   @@ -1699,7 +1863,7 @@ template <
-//   @@ -1709,7 +1873,10 @@ template <
+//   @@ -754,7 +754,9 @@ METAL_FUNC void qmv_quad_impl(
+//   @@ -765,7 +767,11 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -779,8 +785,8 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -791,11 +797,19 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -804,7 +818,12 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -813,15 +832,24 @@ METAL_FUNC void qmv_fast_impl(
+//   @@ -832,7 +860,11 @@ METAL_FUNC void qmv_impl(
+//   @@ -847,8 +879,8 @@ METAL_FUNC void qmv_impl(
+//   @@ -868,12 +900,20 @@ METAL_FUNC void qmv_impl(
+//   @@ -884,8 +924,27 @@ METAL_FUNC void qmv_impl(
+//   @@ -898,8 +957,17 @@ METAL_FUNC void qmv_impl(
+//   @@ -910,17 +978,43 @@ METAL_FUNC void qmv_impl(
+//   @@ -931,12 +1025,18 @@ METAL_FUNC void qmv_impl(
+//   @@ -945,8 +1045,27 @@ METAL_FUNC void qmv_impl(
+//   @@ -959,8 +1078,16 @@ METAL_FUNC void qmv_impl(
+//   @@ -969,14 +1096,40 @@ METAL_FUNC void qmv_impl(
+//   @@ -1603,7 +1756,8 @@ template <
+//   @@ -1642,7 +1796,7 @@ template <
+//   @@ -1652,7 +1806,10 @@ template <
+//   @@ -1660,7 +1817,8 @@ template <
+//   @@ -1699,7 +1857,7 @@ template <
+//   @@ -1709,7 +1867,10 @@ template <
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -783,9 +783,8 @@ METAL_FUNC void qmv_quad_impl(
   }
 }
 
-// Streams vecs_per_tg input vectors through each weight block. Every vector
-// is summed exactly as alone, so each row equals M = 1's bit for bit, and
-// vecs_per_tg = 1 is the M = 1 kernel.
+// Streams vecs_per_tg vectors through each weight block; each row equals
+// M = 1's bit for bit (vecs_per_tg = 1 is the M = 1 kernel).
 template <typename T, int group_size, int bits, int vecs_per_tg = 1>
 METAL_FUNC void qmv_fast_impl(
     const device uint32_t* w,
@@ -832,9 +831,8 @@ METAL_FUNC void qmv_fast_impl(
 
   for (int k = 0; k < in_vec_size; k += block_size) {
     U sum[vecs_per_tg];
-    // Every v of the tile runs, unrolled, so the per-vector arrays stay in
-    // registers: a missing vector reads the last real one's input and
-    // stores nothing. Each real vector's operations are M = 1's.
+    // Unrolled over the tile to keep per-vector arrays in registers; a
+    // missing vector reads the last real input and stores nothing.
 #pragma unroll
     for (int v = 0; v < vecs_per_tg; v++) {
       sum[v] = load_vector<T, U, values_per_thread, bits>(
@@ -878,9 +876,8 @@ METAL_FUNC void qmv_fast_impl(
   }
 }
 
-// Streams vecs_per_tg input vectors through each weight block. Every vector
-// is summed exactly as alone, so each row equals M = 1's bit for bit, and
-// vecs_per_tg = 1 is the M = 1 kernel.
+// Streams vecs_per_tg vectors through each weight block; each row equals
+// M = 1's bit for bit (vecs_per_tg = 1 is the M = 1 kernel).
 template <typename T, int group_size, int bits, int vecs_per_tg = 1>
 METAL_FUNC void qmv_impl(
     const device uint32_t* w,
@@ -938,9 +935,8 @@ METAL_FUNC void qmv_impl(
     int k = 0;
     for (; k < in_vec_size - block_size; k += block_size) {
       U sum[vecs_per_tg];
-      // Every v of the tile runs, unrolled, so the per-vector arrays stay in
-      // registers: a missing vector reads the last real one's input and
-      // stores nothing. Each real vector's operations are M = 1's.
+      // Unrolled over the tile to keep per-vector arrays in registers; a
+      // missing vector reads the last real input and stores nothing.
 #pragma unroll
       for (int v = 0; v < vecs_per_tg; v++) {
         sum[v] = load_vector<T, U, values_per_thread, bits>(
@@ -990,10 +986,8 @@ METAL_FUNC void qmv_impl(
         0,
         values_per_thread);
     if (remaining > 0) {
-      // Tiles run only where K is a multiple of 16 (qmv_vecs_per_tg), so a
-      // lane's last block is whole or empty and a tile passes the guarded
-      // helpers its length as a constant: the value M = 1 passes them, and
-      // their vecs_per_tg calls can share the block's loads.
+      // K, a multiple of the group size, is one of 16: a lane's last
+      // block is whole or empty, and a tile passes M = 1's constant length.
       const int tail = vecs_per_tg == 1 ? remaining : values_per_thread;
       U sum[vecs_per_tg];
 #pragma unroll
