@@ -100,13 +100,16 @@ def test_every_shape_takes_the_stock_branch(rendered: str) -> None:
 
 
 def test_the_batched_branch_calls_qmv_with_the_tile_size(rendered: str) -> None:
+    """One qmv call, stock's, given the tile: 1 (the M = 1 kernel) unless the batched
+    branch picks one; every branch before it is stock's."""
     body = _squash(_fn(rendered, "dispatch_qmv"))
     args = "x, w, scales, biases, global_scale, out, group_size, bits, M, N, K, d, s, mode"
-    assert f"qmv({args}, qmv_vecs_per_tg(M));" in body
-    # The M = 1 call and every branch before and after it are stock's.
+    assert body.endswith(f"qmv({args}, vecs_per_tg); }}")
+    assert body.count(f"qmv({args}") == 1
+    batched = body[body.index("int vecs_per_tg = 1; if (M >= 2") : body.rindex(f"qmv({args}")]
+    assert batched.endswith("vecs_per_tg = qmv_vecs_per_tg(M); } ")
     stock_body = _squash(_fn(_upstream(METAL_CPP), "dispatch_qmv"))
-    tail = stock_body[stock_body.index("return; } qmv(x,", stock_body.index("qmv_wide(")) :]
-    assert body.endswith(tail)
+    assert stock_body.endswith(f"qmv({args}); }}")  # the call the PR gives the tile
     head = stock_body[: stock_body.index("// Small batch")]
     assert body.startswith(head)
 
@@ -134,11 +137,10 @@ def test_overlay_switch_restores_stock_qmv_wide(stock: str) -> None:
     assert 'static bool enabled_ = env::get_var("MLX_QMV_STREAMED", 1);' in body
     assert _fn(overlay, "qmv_wide") == _fn(stock, "qmv_wide")
     branch = _squash(_fn(overlay, "dispatch_qmv"))
-    assert "if (qmv_streamed_enabled()) { qmv(x," in branch
     assert (
-        "} else { qmv_wide( x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode); }"
-        in branch
-    )
+        "if (!qmv_streamed_enabled()) { qmv_wide( x, w, scales, biases, out, group_size, bits, "
+        "M, N, K, d, s, mode); return; } vecs_per_tg = qmv_vecs_per_tg(M); }"
+    ) in branch
     # Read once, as MLX reads its other switches (a function-local static).
     assert overlay.index("inline bool qmv_streamed_enabled()") < overlay.index("void dispatch_qmv(")
     impls = {path: ("fp_" if "fp_" in path else "") + "qmv_wide_impl" for path in HEADERS}

@@ -8,7 +8,8 @@
 //   @@ -483,13 +484,16 @@ void qmv(
 //   @@ -501,18 +505,38 @@ void qmv(
 //   @@ -530,15 +554,36 @@ void qmv(
-//   @@ -1756,10 +1801,30 @@ void dispatch_qmv(
+//   @@ -1756,11 +1801,17 @@ void dispatch_qmv(
+//   @@ -1775,7 +1826,8 @@ void dispatch_qmv(
 // end of patchkit header
 // Copyright © 2023-2026 Apple Inc.
 
@@ -1816,28 +1817,14 @@ void dispatch_qmv(
   // Small batch: stream tiles of the M vectors through qmv, each weight block
   // read once per tile; row i equals vector i alone (M = 1), bit for bit.
   // MLX_QMV_STREAMED=0 runs upstream's qmv_wide (another summation order).
+  int vecs_per_tg = 1;
   if (M >= 2 && use_batched_qmv(mode, d) && !global_scale) {
-    if (qmv_streamed_enabled()) {
-      qmv(x,
-          w,
-          scales,
-          biases,
-          global_scale,
-          out,
-          group_size,
-          bits,
-          M,
-          N,
-          K,
-          d,
-          s,
-          mode,
-          qmv_vecs_per_tg(M));
-    } else {
+    if (!qmv_streamed_enabled()) {
       qmv_wide(
           x, w, scales, biases, out, group_size, bits, M, N, K, d, s, mode);
+      return;
     }
-    return;
+    vecs_per_tg = qmv_vecs_per_tg(M);
   }
   qmv(x,
       w,
@@ -1852,7 +1839,8 @@ void dispatch_qmv(
       K,
       d,
       s,
-      mode);
+      mode,
+      vecs_per_tg);
 }
 
 void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
