@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -277,6 +278,70 @@ def test_cuda_body_says_where_its_test_fails_on_main() -> None:
     assert f"git show {export_pr.DEFAULT_BRANCHES['metal']}:{bench} > {bench}\n" in commands
     runs = re.findall(r"python (\S+)", commands)
     assert len(runs) == 3 and set(runs) == {bench} and "/tmp" not in commands
+    # Both checkouts are built for CUDA (MLX builds the CPU backend alone by default).
+    assert commands.count('CMAKE_ARGS="-DMLX_BUILD_CUDA=ON" pip install .') == 2
+    assert "&& pip install" not in commands
+
+
+def _run_bench_commands(body: str, repo: Path) -> None:
+    """The body's benchmark lines, run in ``repo`` as a user would, with the build and the
+    script's work stood in for (``pip install`` a no-op; ``python SCRIPT ...`` fails unless
+    SCRIPT is there, and writes its --json file)."""
+    commands = body.split("## Benchmark")[1].split("```sh\n")[1].split("```")[0]
+    stand_in = repo.parent / "bin"
+    stand_in.mkdir(exist_ok=True)
+    (stand_in / "pip").write_text("#!/bin/sh\nexit 0\n")
+    (stand_in / "python").write_text(
+        '#!/bin/sh\ntest -f "$1" || { echo "no $1" >&2; exit 2; }\n'
+        '[ "$2" = --json ] && touch "$3"\nexit 0\n'
+    )
+    for tool in ("pip", "python"):
+        (stand_in / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stand_in}{os.pathsep}{os.environ['PATH']}"}
+    for line in commands.splitlines():
+        done = subprocess.run(["bash", "-ec", line], cwd=repo, env=env, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode == 0, f"{line}\n{done.stderr}"
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_the_cuda_bodys_benchmark_commands_run_on_its_branch(tmp_path: Path,
+                                                             stacked: bool) -> None:  # fmt: skip
+    """Standalone, the CUDA branch lacks the script (the Metal PR adds it); stacked, it
+    tracks it. From the CUDA branch checked out, the body's lines run to the end either way
+    and leave the tree clean; the other way's lines fail there (the control)."""
+    bench, metal, cuda = export_pr.BENCH_FILE, export_pr.DEFAULT_BRANCHES["metal"], "cuda-pr"
+    repo = tmp_path / "mlx"
+    git.init(repo)
+    (repo / Path(bench).parent).mkdir(parents=True)
+    (repo / Path(bench).parent / "time_utils.py").write_text("")
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t.invalid"]
+
+    def commit(msg: str) -> None:
+        subprocess.run(["git", *ident, "add", "-A"], cwd=repo, check=True)
+        subprocess.run(["git", *ident, "commit", "-qm", msg], cwd=repo, check=True)
+
+    commit("main")
+    main = git.rev_parse(repo, "HEAD")
+    subprocess.run(["git", "checkout", "-qb", metal], cwd=repo, check=True)
+    (repo / bench).write_text("")
+    commit("metal")
+    subprocess.run(["git", "checkout", "-qb", cuda, metal if stacked else main], cwd=repo,
+                   check=True)  # fmt: skip
+    (repo / "cuda.txt").write_text("")
+    commit("cuda")
+
+    def body(on_branch: bool) -> str:
+        return _body(backend="cuda", benchmarks=[], branch=cuda, upstream_base=main,
+                     bench_on_branch=on_branch)  # fmt: skip
+
+    _run_bench_commands(body(stacked), repo)
+    assert git.status_porcelain(repo).split() in ([], ["??", "main.json", "??", "pr.json"])
+    subprocess.run(["git", "checkout", "-q", cuda], cwd=repo, check=True)
+    for f in ("main.json", "pr.json"):
+        (repo / f).unlink(missing_ok=True)
+    with pytest.raises(AssertionError):
+        _run_bench_commands(body(not stacked), repo)
 
 
 def test_each_body_names_the_upstream_work_on_its_problem() -> None:
@@ -656,8 +721,8 @@ def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path
     tests = {"file": "python/tests/test_quantized.py", "passed": 40, "failed": 0, "skipped": 0}
     record = {"mlx_commit": "9a795735ad9a", "backend": "cuda", "date": "2026-12-04",
               "machine": {"gpu": "NVIDIA H200"}, "tests": tests, "wheel_version": wheel,
-              "patch": {"build_inputs_sha256":
-                        mlx_build.build_inputs_id(tmp_path, short, "cuda")}}  # fmt: skip
+              "patch": {"build_inputs_sha256": mlx_build.build_inputs_id(tmp_path, short, "cuda"),
+                        "pr_files_sha256": mlx_build.pr_files_id(tmp_path)}}  # fmt: skip
     (tmp_path / "build-cuda.json").write_text(json.dumps(record))
     rows = [{"K": 4096, "N": 4096, "bits": 4, "M": m, "stock_us": 40.0, "pr_us": 20.0}
             for m in (1, 2, 8)]  # fmt: skip
@@ -674,6 +739,13 @@ def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path
 
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert notes == [] and [f["source"] for f in found] == ["build-cuda.json", "cuda.json"]
+    # a build whose test run ran other PR tests than templates/ renders now
+    other = {**record, "patch": {**record["patch"], "pr_files_sha256": "0" * 64}}
+    (tmp_path / "build-cuda.json").write_text(json.dumps(other))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert [f["source"] for f in found] == ["cuda.json"]
+    assert "build-cuda.json: ran other PR tests than templates/ renders now" in notes[0]
+    (tmp_path / "build-cuda.json").write_text(json.dumps(record))
     # a Metal edit is not what the CUDA build compiled; a CUDA one is
     (series_dir / "0001-a.patch").write_text(diff + diff.replace("cuda/x.cu", "metal/x.metal"))
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")

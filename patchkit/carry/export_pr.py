@@ -965,13 +965,19 @@ def read_results(root: Path, entries: Sequence[dict]) -> dict[str, dict | Except
     return out
 
 
+# current_build_inputs' key for the id of the PR's tests as templates/ renders them now.
+PR_TESTS = "pr tests"
+
+
 def current_build_inputs(root: Path) -> dict[str, str] | None:
     """``{backend: mlx_build.build_inputs_id}`` of what ``patches/`` holds now, once per
-    backend; None where the checkout has no pin file (nothing to compare against)."""
+    backend, and the PR tests' id (``PR_TESTS``); None where the checkout has no pin file
+    (nothing to compare against)."""
     if not (root / pin.PIN_FILE).is_file():
         return None
     short = pin.load(root / pin.PIN_FILE).short
-    return {b: mlx_build.build_inputs_id(root, short, b) for b in mlx_build.BACKENDS}
+    ids = {b: mlx_build.build_inputs_id(root, short, b) for b in mlx_build.BACKENDS}
+    return {**ids, PR_TESTS: mlx_build.pr_files_id(root)}
 
 
 def is_current_build(data: dict, inputs: dict[str, str]) -> bool:
@@ -990,6 +996,9 @@ def stale_reason(data: dict, kind: str, inputs: dict[str, str] | None) -> str | 
     built = kind in ("build", "tests") and data.get("backend") in inputs
     if built and not is_current_build(data, inputs):
         return "built from another patch series than patches/ holds now (rebuild it)"
+    ran = data.get("tests") is not None or data.get("arms") is not None
+    if built and ran and data.get("patch", {}).get("pr_files_sha256") != inputs[PR_TESTS]:
+        return "ran other PR tests than templates/ renders now (rerun it)"
     if kind == "speed":
         build = data.get("build")
         if not isinstance(build, dict):
@@ -1066,6 +1075,7 @@ def body_context(
     carries: list[dict[str, str]] | None = None,
     upstream_base: str | None = None,
     change_text: str = "",
+    bench_on_branch: bool = False,
 ) -> dict[str, object]:
     """Everything the body template states, each value computed or read, none written here."""
     return {
@@ -1089,6 +1099,8 @@ def body_context(
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
         "bench_file": BENCH_FILE,
+        # Whether the branch holds the script without adding it (stacked on the Metal PR).
+        "bench_on_branch": bench_on_branch,
         "metal_branch": DEFAULT_BRANCHES["metal"],
         # The upstream commit under the PR (below any earlier PR of a stack): "main".
         "upstream_base": upstream_base or base,
@@ -1216,6 +1228,7 @@ def export_pr(
     context = body_context(
         req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results, carries,
         upstream_below(clone, base), change_facts(templates_dir, req.backend),
+        git.blob_id(clone, head, BENCH_FILE) is not None,
     )  # fmt: skip
     out = req.out or fresh_out_dir(root / "build" / "pr", f"{req.backend}-{base[:8]}")
     out.parent.mkdir(parents=True, exist_ok=True)
