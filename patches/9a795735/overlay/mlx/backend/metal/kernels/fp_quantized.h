@@ -14,15 +14,15 @@
 //   @@ -448,12 +486,19 @@ METAL_FUNC void fp_qmv_impl(
 //   @@ -462,7 +507,26 @@ METAL_FUNC void fp_qmv_impl(
 //   @@ -474,7 +538,16 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -483,19 +556,46 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -506,19 +606,43 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -530,24 +654,59 @@ METAL_FUNC void fp_qmv_impl(
-//   @@ -1173,7 +1332,8 @@ template <
-//   @@ -1214,7 +1374,8 @@ template <
-//   @@ -1224,7 +1385,10 @@ template <
-//   @@ -1232,7 +1396,8 @@ template <
-//   @@ -1268,7 +1433,7 @@ template <
-//   @@ -1278,7 +1443,10 @@ template <
+//   @@ -483,19 +556,44 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -506,19 +604,41 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -530,24 +650,57 @@ METAL_FUNC void fp_qmv_impl(
+//   @@ -1173,7 +1326,8 @@ template <
+//   @@ -1214,7 +1368,8 @@ template <
+//   @@ -1224,7 +1379,10 @@ template <
+//   @@ -1232,7 +1390,8 @@ template <
+//   @@ -1268,7 +1427,7 @@ template <
+//   @@ -1278,7 +1437,10 @@ template <
 // end of patchkit header
 // Copyright © 2025-2026 Apple Inc.
 
@@ -585,8 +585,6 @@ METAL_FUNC void fp_qmv_impl(
         if constexpr (vecs_per_tg == 1) {
           result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
         } else {
-          // The row's sums stay in registers while the vectors' calls read its
-          // weights: with no store between them, the calls share the loads.
           U acc[vecs_per_tg];
 #pragma unroll
           for (int v = 0; v < vecs_per_tg; v++) {
@@ -652,8 +650,6 @@ METAL_FUNC void fp_qmv_impl(
         if constexpr (vecs_per_tg == 1) {
           result[row] += qdot<U, values_per_thread, bits>(wl, x_thread, s);
         } else {
-          // The row's sums stay in registers while the vectors' calls read its
-          // weights: with no store between them, the calls share the loads.
           U acc[vecs_per_tg];
 #pragma unroll
           for (int v = 0; v < vecs_per_tg; v++) {
@@ -699,8 +695,6 @@ METAL_FUNC void fp_qmv_impl(
           result[row] +=
               qdot_safe<U, values_per_thread, bits>(wl, x_thread, s, tail);
         } else {
-          // The row's sums stay in registers while the vectors' calls read its
-          // weights: with no store between them, the calls share the loads.
           U acc[vecs_per_tg];
 #pragma unroll
           for (int v = 0; v < vecs_per_tg; v++) {

@@ -15,17 +15,17 @@
 //   @@ -868,12 +900,20 @@ METAL_FUNC void qmv_impl(
 //   @@ -884,8 +924,27 @@ METAL_FUNC void qmv_impl(
 //   @@ -898,8 +957,17 @@ METAL_FUNC void qmv_impl(
-//   @@ -910,17 +978,43 @@ METAL_FUNC void qmv_impl(
-//   @@ -931,12 +1025,18 @@ METAL_FUNC void qmv_impl(
-//   @@ -945,8 +1045,27 @@ METAL_FUNC void qmv_impl(
-//   @@ -959,8 +1078,16 @@ METAL_FUNC void qmv_impl(
-//   @@ -969,14 +1096,40 @@ METAL_FUNC void qmv_impl(
-//   @@ -1603,7 +1756,8 @@ template <
-//   @@ -1642,7 +1796,7 @@ template <
-//   @@ -1652,7 +1806,10 @@ template <
-//   @@ -1660,7 +1817,8 @@ template <
-//   @@ -1699,7 +1857,7 @@ template <
-//   @@ -1709,7 +1867,10 @@ template <
+//   @@ -910,17 +978,41 @@ METAL_FUNC void qmv_impl(
+//   @@ -931,12 +1023,18 @@ METAL_FUNC void qmv_impl(
+//   @@ -945,8 +1043,25 @@ METAL_FUNC void qmv_impl(
+//   @@ -959,8 +1074,16 @@ METAL_FUNC void qmv_impl(
+//   @@ -969,14 +1092,38 @@ METAL_FUNC void qmv_impl(
+//   @@ -1603,7 +1750,8 @@ template <
+//   @@ -1642,7 +1790,7 @@ template <
+//   @@ -1652,7 +1800,10 @@ template <
+//   @@ -1660,7 +1811,8 @@ template <
+//   @@ -1699,7 +1851,7 @@ template <
+//   @@ -1709,7 +1861,10 @@ template <
 // end of patchkit header
 // Copyright © 2023-2024 Apple Inc.
 
@@ -1011,8 +1011,6 @@ METAL_FUNC void qmv_impl(
           result[row] += qdot_safe<U, values_per_thread, bits>(
               wl, x_thread, s, b, sum[0], tail);
         } else {
-          // The row's sums stay in registers while the vectors' calls read its
-          // weights: with no store between them, the calls share the loads.
           U acc[vecs_per_tg];
 #pragma unroll
           for (int v = 0; v < vecs_per_tg; v++) {
@@ -1078,8 +1076,6 @@ METAL_FUNC void qmv_impl(
           result[row] +=
               qdot<U, values_per_thread, bits>(wl, x_thread, s, b, sum[0]);
         } else {
-          // The row's sums stay in registers while the vectors' calls read its
-          // weights: with no store between them, the calls share the loads.
           U acc[vecs_per_tg];
 #pragma unroll
           for (int v = 0; v < vecs_per_tg; v++) {
@@ -1129,8 +1125,6 @@ METAL_FUNC void qmv_impl(
           result[row] += qdot_safe<U, values_per_thread, bits>(
               wl, x_thread, s, b, sum[0], tail);
         } else {
-          // The row's sums stay in registers while the vectors' calls read its
-          // weights: with no store between them, the calls share the loads.
           U acc[vecs_per_tg];
 #pragma unroll
           for (int v = 0; v < vecs_per_tg; v++) {
