@@ -120,6 +120,22 @@ def test_the_stack_adds_no_file_or_test_twice(exports: dict[str, export_pr.PrRes
         assert message == export_pr.commit_message(None, pr.backend).strip(), name
 
 
+def test_a_stacked_body_names_the_prs_under_it(exports: dict[str, export_pr.PrResult]) -> None:
+    """Stacked, a body names the earlier PRs' commits its branch is on (they go first); a
+    PR on main names none, and the Metal PR alone says it carries the fix instead."""
+    lines = {name: [ln for ln in pr.body.read_text().splitlines()
+                    if ln.startswith(("This branch is on top of", "This branch carries"))]
+             for name, pr in exports.items()}  # fmt: skip
+    assert lines["jit-fix"] == [] and lines["cuda"] == []
+    assert lines["metal"][0].startswith("This branch carries")
+    metal = exports["metal-stacked"]
+    fix = git.rev_parse(metal.repository, f"{metal.commit}~1")
+    (on_fix,) = lines["metal-stacked"]
+    assert fix[:8] in on_fix
+    (on_both,) = lines["cuda-stacked"]
+    assert on_both.index(fix[:8]) < on_both.index(metal.commit[:8])  # oldest first
+
+
 def test_stacking_onto_a_base_without_the_fix_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(export_pr.UserError, match="lacks the jit-fix PR") as err:
         export_pr.export_pr(

@@ -560,6 +560,15 @@ def upstream_below(clone: Path, base: str) -> str:
     return found or base
 
 
+def stacked_commits(clone: Path, base: str, upstream: str) -> list[dict[str, str]]:
+    """The commits of earlier PRs under a stacked export (``upstream..base``, oldest first):
+    their PRs go first, and this one's description names them."""
+    if base == upstream:
+        return []
+    listed = git.out(clone, "rev-list", "--reverse", f"{upstream}..{base}").split()
+    return [{"subject": git.subject(clone, c), "commit": c} for c in listed]
+
+
 def changes_onto(
     read: Read, backend: str, options: render.RenderOptions, templates_dir: Path, stacked: bool
 ) -> list[str]:
@@ -1076,6 +1085,7 @@ def body_context(
     upstream_base: str | None = None,
     change_text: str = "",
     bench_on_branch: bool = False,
+    stacked_on: list[dict[str, str]] | None = None,
 ) -> dict[str, object]:
     """Everything the body template states, each value computed or read, none written here."""
     return {
@@ -1098,6 +1108,8 @@ def body_context(
         ),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
+        # Commits of earlier PRs the base holds (a stacked export), not in upstream's main.
+        "stacked_on": stacked_on or [],
         "bench_file": BENCH_FILE,
         # Whether the branch holds the script without adding it (stacked on the Metal PR).
         "bench_on_branch": bench_on_branch,
@@ -1225,10 +1237,11 @@ def export_pr(
             "commit messages are placeholders: write your own before pushing "
             "(git commit --amend; git rebase -i for the carried commits)"
         )
+    upstream = upstream_below(clone, base)
     context = body_context(
         req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results, carries,
-        upstream_below(clone, base), change_facts(templates_dir, req.backend),
-        git.blob_id(clone, head, BENCH_FILE) is not None,
+        upstream, change_facts(templates_dir, req.backend),
+        git.blob_id(clone, head, BENCH_FILE) is not None, stacked_commits(clone, base, upstream),
     )  # fmt: skip
     out = req.out or fresh_out_dir(root / "build" / "pr", f"{req.backend}-{base[:8]}")
     out.parent.mkdir(parents=True, exist_ok=True)
