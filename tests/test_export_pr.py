@@ -274,7 +274,7 @@ def test_cuda_body_says_where_its_test_fails_on_main() -> None:
     # `import time_utils` fails).
     body = _body(backend="cuda", benchmarks=[])
     bench = export_pr.BENCH_FILE
-    commands = body.split("## Benchmark")[1].split("```sh\n")[1].split("```")[0]
+    commands = _bench_commands(body)
     assert f"git show {export_pr.DEFAULT_BRANCHES['metal']}:{bench} > {bench}\n" in commands
     runs = re.findall(r"python (\S+)", commands)
     assert len(runs) == 3 and set(runs) == {bench} and "/tmp" not in commands
@@ -283,11 +283,16 @@ def test_cuda_body_says_where_its_test_fails_on_main() -> None:
     assert "&& pip install" not in commands
 
 
+def _bench_commands(body: str) -> str:
+    """The shell lines of a body's Benchmark section."""
+    return body.split("## Benchmark")[1].split("```sh\n")[1].split("```")[0]
+
+
 def _run_bench_commands(body: str, repo: Path) -> None:
     """The body's benchmark lines, run in ``repo`` as a user would, with the build and the
     script's work stood in for (``pip install`` a no-op; ``python SCRIPT ...`` fails unless
     SCRIPT is there, and writes its --json file)."""
-    commands = body.split("## Benchmark")[1].split("```sh\n")[1].split("```")[0]
+    commands = _bench_commands(body)
     stand_in = repo.parent / "bin"
     stand_in.mkdir(exist_ok=True)
     (stand_in / "pip").write_text("#!/bin/sh\nexit 0\n")
