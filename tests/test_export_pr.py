@@ -124,6 +124,77 @@ def test_python_anchor_errors_name_the_problem() -> None:
     assert pyedit.apply_edit(None, "new_file", "", "y = 2\n\n\n") == "y = 2\n"
 
 
+# test_b's comment line also sits in test_c (other class): patch_method must change only
+# the anchored method's.
+PATCH_B = """--- a/TestQuantized.test_b
++++ b/TestQuantized.test_b
+@@ -1,4 +1,4 @@
+     def test_b(self):
+         x = 1
+-        # trailing comment inside the method
++        # the PR's comment
+         self.assertEqual(x, 1)
+"""
+
+
+def test_patch_method_edits_the_named_method_only() -> None:
+    upstream = UPSTREAM_TEST.replace(
+        "    def test_c(self):\n        pass\n",
+        "    def test_c(self):\n        x = 1\n        # trailing comment inside the method\n"
+        "        self.assertEqual(x, 1)\n",
+    )
+    # a hunk of lines both methods hold: the anchor alone says which copy changes
+    body_only = "--- a/m\n+++ b/m\n" + PATCH_B[PATCH_B.index("@@") :].replace(
+        "@@ -1,4 +1,4 @@\n     def test_b(self):\n", "@@ -2,3 +2,3 @@\n"
+    )
+    in_b = pyedit.apply_edit(upstream, "patch_method", "TestQuantized.test_b", body_only)
+    in_c = pyedit.apply_edit(upstream, "patch_method", "TestOther.test_c", body_only)
+    assert in_b.index("# the PR's comment") < in_b.index("class TestOther")
+    assert in_c.index("# the PR's comment") > in_c.index("class TestOther")
+    for out in (in_b, in_c):
+        assert out.count("# the PR's comment") == 1
+        assert out.replace("# the PR's comment", "# trailing comment inside the method") == upstream
+
+
+def test_patch_method_counts_from_the_first_decorator() -> None:
+    upstream = UPSTREAM_TEST.replace(
+        "    def test_b(self):", '    @unittest.skipIf(True, "why")\n    def test_b(self):'
+    )
+    decorated = '@@ -1,5 +1,5 @@\n     @unittest.skipIf(True, "why")\n'
+    diff = PATCH_B.replace("@@ -1,4 +1,4 @@\n", decorated)
+    out = pyedit.patch_method(upstream, "TestQuantized.test_b", diff)
+    assert '    @unittest.skipIf(True, "why")\n    def test_b(self):\n        x = 1\n' in out
+    assert "# the PR's comment" in out
+
+
+def test_patch_method_errors_name_the_method() -> None:
+    stale = PATCH_B.replace("# trailing comment inside", "# another comment inside")
+    with pytest.raises(AnchorError, match=r"TestQuantized\.test_b, hunk 1: its upstream lines"):
+        pyedit.patch_method(UPSTREAM_TEST, "TestQuantized.test_b", stale)
+    with pytest.raises(AnchorError, match="has 0 methods 'test_z', not one"):
+        pyedit.patch_method(UPSTREAM_TEST, "TestQuantized.test_z", PATCH_B)
+    with pytest.raises(AnchorError, match="does not exist upstream"):
+        pyedit.apply_edit(None, "patch_method", "TestQuantized.test_b", PATCH_B)
+
+
+def test_patch_method_renders_from_edits_toml(tmp_path: Path) -> None:
+    """Through render: the diff template's hunk counts are recounted from what rendered,
+    and a PR whose backends leave the template empty leaves the method as it is."""
+    folder = tmp_path / "templates" / "python" / "tests" / "test_quantized.py"
+    folder.mkdir(parents=True)
+    body = PATCH_B.replace("@@ -1,4 +1,4 @@", "@@ -1,9 +1,9 @@")  # wrong counts
+    (folder / "b.diff.j2").write_text('{% if "metal" in backends %}\n' + body + "{% endif %}\n")
+    (folder / "edits.toml").write_text(
+        'backend = "pr"\n\n[[edit]]\nop = "patch_method"\n'
+        'anchor = "TestQuantized.test_b"\ntemplate = "b.diff.j2"\n'
+    )
+    (plan,) = render.pr_plans(tmp_path / "templates")
+    metal = render.render_pr_file(plan, UPSTREAM_TEST, render.RenderOptions(("metal",)))
+    assert "# the PR's comment" in metal and "# trailing comment inside" not in metal
+    cuda = render.render_pr_file(plan, UPSTREAM_TEST, render.RenderOptions(("cuda",)))
+    assert cuda == UPSTREAM_TEST
+
+
 def test_pr_plans_are_invisible_to_apply_and_overlay() -> None:
     plans = render.pr_plans(TEMPLATES)
     assert sorted(p.path for p in plans) == [BENCH_PATH, TEST_PATH]

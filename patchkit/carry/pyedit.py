@@ -10,6 +10,10 @@ Ops:
 
 * ``append_to_class``: add a snippet (written at method indentation) as the last
   member of class ``anchor``, separated from the previous member by a blank line.
+* ``after_method``: add a snippet as a new member right after method ``Class.method``.
+* ``patch_method``: apply a diff (``*.diff.j2``, hunks numbered from the method's first
+  line) inside method ``Class.method``: an upstream test the PR makes stale is edited in
+  place, and a hunk can match nowhere else in the file.
 * ``new_file``: the file does not exist upstream; the snippet is the whole file.
 """
 
@@ -17,9 +21,10 @@ from __future__ import annotations
 
 import ast
 
+from patchkit.carry import hunks
 from patchkit.errors import AnchorError
 
-PY_OPS = ("append_to_class", "after_method", "new_file")
+PY_OPS = ("append_to_class", "after_method", "patch_method", "new_file")
 
 
 def find_class(source: str, name: str) -> ast.ClassDef:
@@ -69,12 +74,9 @@ def append_to_class(source: str, name: str, snippet: str) -> str:
     return head + "\n" + body + "".join(lines[end:])
 
 
-def after_method(source: str, anchor: str, snippet: str) -> str:
-    """``source`` with ``snippet`` as a new member right after method ``Class.method``.
-
-    Two PRs that each add a test method at their own anchor in one class apply in
-    either order; both appended at the class's end would conflict.
-    """
+def find_method(source: str, anchor: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    """Method ``Class.method`` of a top-level class; missing or defined twice is an
+    :class:`AnchorError`."""
     cls_name, _, method = anchor.partition(".")
     found = [
         n
@@ -83,9 +85,30 @@ def after_method(source: str, anchor: str, snippet: str) -> str:
     ]
     if len(found) != 1:
         raise AnchorError(f"class '{cls_name}' has {len(found)} methods '{method}', not one")
-    end = found[0].end_lineno or 0
+    return found[0]
+
+
+def after_method(source: str, anchor: str, snippet: str) -> str:
+    """``source`` with ``snippet`` as a new member right after method ``Class.method``.
+
+    Two PRs that each add a test method at their own anchor in one class apply in
+    either order; both appended at the class's end would conflict.
+    """
+    end = find_method(source, anchor).end_lineno or 0
     lines = source.splitlines(keepends=True)
     return "".join(lines[:end]) + "\n" + snippet.strip("\n") + "\n" + "".join(lines[end:])
+
+
+def patch_method(source: str, anchor: str, diff: str) -> str:
+    """``source`` with ``diff`` applied inside method ``Class.method`` (decorators
+    included), as ``patch_function`` does for C++: the hunks are found in that method
+    only, so the same lines elsewhere in the file are never the ones changed."""
+    node = find_method(source, anchor)
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+    end = node.end_lineno or 0
+    lines = source.splitlines(keepends=True)
+    method = hunks.apply_diff("".join(lines[start:end]), diff, anchor)
+    return "".join(lines[:start]) + method + "".join(lines[end:])
 
 
 def new_file(existing: str | None, snippet: str) -> str:
@@ -113,4 +136,8 @@ def apply_edit(text: str | None, op: str, anchor: str, snippet: str) -> str:
         if text is None:
             raise AnchorError(f"after_method '{anchor}': the file does not exist upstream")
         return after_method(text, anchor, snippet)
+    if op == "patch_method":
+        if text is None:
+            raise AnchorError(f"patch_method '{anchor}': the file does not exist upstream")
+        return patch_method(text, anchor, snippet)
     raise AnchorError(f"unknown Python edit op '{op}'; choose from {list(PY_OPS)}")

@@ -48,7 +48,7 @@ REQUIRES = {"metal": ("jit-fix",)}
 STREAMED_VECS = (2, 3, 4, 5)
 # Edits whose template is a unified diff of upstream text (hunks.apply_diff), and
 # edits that delete an upstream definition by name (no template).
-PATCH_OPS = ("patch_function", "patch_file")
+PATCH_OPS = ("patch_function", "patch_file", "patch_method")
 REMOVE_OPS = ("remove_function", "remove_macro")
 # Plans of the files only the pull request carries (MLX's test and benchmark).
 PR_BACKEND = "pr"
