@@ -6,9 +6,12 @@
   run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
-                                           --json variants.json
+                                           --json variants.json [--group-size 64]
   resources (here: cuobjdump)          python3 bench/cuda_qmv.py resources --libs .device/qmv \
                                            --out docs/results/cuda-kernel-resources
+  sass (here: cuobjdump, nvdisasm)     python3 bench/cuda_qmv.py sass --libs .device/qmv \
+                                           [--mode 'affine 4-bit'] [--dtype bfloat16] \
+                                           [--json sass.json]
   profile (GPU host, under Nsight Compute)
       ncu -k regex:qmv --launch-skip 1 --launch-count 1 python3 bench/cuda_qmv.py profile \
           --lib .device/qmv/patched.so --K 8192 --N 28672 --bits 4 [--m M]
@@ -24,9 +27,12 @@ the launch constants its source declares or those given after ``:``. ``compare``
 the rows of each and of the shipped file (against its own M = 1, and against the M = 1 of
 the shipped kernel or another variant with the same warps over K, which sums every vector
 in the same order; a variant of other warps is the control that must differ) and times
-them all beside stock's kernel. ``resources`` reads registers, spills and shared memory of the
-patched library's tensor-core instances (``patchkit.verify.harness.cuda_resources``).
-See docs/results/cuda-kernel.md.
+them all beside stock's kernel; a template variant whose diff declares its own summation
+order in its header (``cuda.OWN_ORDER``) is held to its own M = 1 only. ``resources``
+reads registers, spills and shared memory of the patched library's tensor-core instances
+(``patchkit.verify.harness.cuda_resources``); ``sass`` counts the instructions one step of
+K issues in each instance's main loop, and their opcodes (``cuda_sass``): a static proxy
+for kernel work without a GPU. See docs/results/cuda-kernel.md.
 """
 
 from __future__ import annotations
@@ -44,11 +50,12 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Collection
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from patchkit.verify.harness import cuda, cuda_resources
+from patchkit.verify.harness import cuda, cuda_resources, cuda_sass
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_META = "build.json"  # under --out: what build compiled, and with which nvcc
@@ -137,7 +144,8 @@ def build(out: Path, arch: str, variants: list[str], template_variants: list[str
         constants[name] = cuda.launch_constants(text)
         sources[f"variants/{name}"] = source
         digest = hashlib.sha256(diff.read_bytes()).hexdigest()
-        diffs[name] = {"diff": diff.as_posix(), "sha256": digest}
+        own = cuda.declares_own_order(diff.read_text())
+        diffs[name] = {"diff": diff.as_posix(), "sha256": digest, "own_order": own}
     constants[cuda.SHIPPED] = cuda.launch_constants(patched.read_text())
     (out / "variants").mkdir(parents=True, exist_ok=True)
     (out / "variants" / cuda.VARIANT_CONSTANTS).write_text(json.dumps(constants, indent=1))
@@ -173,6 +181,24 @@ def resources(libs: Path, out: Path, cuobjdump: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     out.with_suffix(".md").write_text(cuda_resources.page(data))
+
+
+def sass(libs: Path, mode: str | None, dtype: str | None, tools: tuple[str, str]) -> dict:
+    """Main-loop instructions per step of K for the patched library and each variant:
+    {library: [cuda_sass.LoopCount as a dict]} for the instances of ``mode`` and ``dtype``
+    (all when None); a library without one is a one-line exit."""
+    paths = {cuda.SHIPPED: libs / "patched.so"}
+    paths.update((p.stem, p) for p in sorted((libs / "variants").glob("*.so")))
+    if missing := [str(p) for p in paths.values() if not p.is_file()]:
+        raise SystemExit(f"no {', '.join(missing)}: run `bench/cuda_qmv.py build` first")
+    found = {}
+    for name, path in paths.items():
+        counts = [c for c in cuda_sass.count(cuda_sass.disassemble(path, *tools))
+                  if mode in (None, c.mode) and dtype in (None, c.dtype)]  # fmt: skip
+        if not counts:
+            raise SystemExit(f"{path}: no qmv_mma_kernel instance of {mode or 'any mode'}")
+        found[name] = counts
+    return found
 
 
 def main() -> int:
@@ -211,6 +237,7 @@ def main() -> int:
     c.add_argument("--libs", type=Path, default=Path(".device/qmv"))
     c.add_argument("--json", type=Path, required=True)
     c.add_argument("--deadline", type=float, default=480.0, help="seconds from start")
+    c.add_argument("--group-size", type=int, default=64, choices=cuda.GROUPS)
     crep = sub.add_parser("compare-report")
     crep.add_argument("results", type=Path)
     res = sub.add_parser("resources", help="registers, spills, shared memory (cuobjdump)")
@@ -218,6 +245,13 @@ def main() -> int:
     res.add_argument("--out", type=Path, required=True,
                      help="e.g. docs/results/cuda-kernel-resources")  # fmt: skip
     res.add_argument("--cuobjdump", default=os.environ.get("CUOBJDUMP", "cuobjdump"))
+    sa = sub.add_parser("sass", help="main-loop instructions per step (nvdisasm)")
+    sa.add_argument("--libs", type=Path, default=Path(".device/qmv"))
+    sa.add_argument("--mode", choices=["affine 4-bit", "affine 8-bit", "nvfp4", "mxfp4", "mxfp8"])
+    sa.add_argument("--dtype", choices=list(cuda.DTYPES))
+    sa.add_argument("--json", type=Path, help="also the counts as JSON")
+    sa.add_argument("--cuobjdump", default=os.environ.get("CUOBJDUMP", "cuobjdump"))
+    sa.add_argument("--nvdisasm", default=os.environ.get("NVDISASM", "nvdisasm"))
     prof = sub.add_parser("profile", help="two calls of one library, for ncu -k regex:qmv")
     prof.add_argument("--lib", type=Path, default=Path(".device/qmv/patched.so"))
     prof.add_argument("--K", type=int, required=True)
@@ -230,6 +264,13 @@ def main() -> int:
     if args.cmd == "profile":
         cfg = cuda.Config(args.K, args.N, args.bits, args.group, args.dtype)
         cuda.profile_call(args.lib, cfg, args.m)
+        return 0
+    if args.cmd == "sass":
+        found = sass(args.libs, args.mode, args.dtype, (args.cuobjdump, args.nvdisasm))
+        if args.json:
+            rows = {n: [asdict(c) for c in counts] for n, counts in found.items()}
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        print(cuda_sass.table(found), end="")
         return 0
     if args.cmd == "resources":
         resources(args.libs, args.out, args.cuobjdump)
@@ -244,7 +285,8 @@ def main() -> int:
         print(cuda.compare_report(json.loads(args.results.read_text())), end="")
         return 0
     if args.cmd == "compare":
-        payload = cuda.compare(args.libs, args.json, time.time() + args.deadline)
+        deadline = time.time() + args.deadline
+        payload = cuda.compare(args.libs, args.json, deadline, args.group_size)
         bad = sum(
             p["differing"] + p["odd_neighbours_differing"]
             for r in payload["results"]

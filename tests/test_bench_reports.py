@@ -225,6 +225,26 @@ def test_variants_that_sum_in_one_order_are_held_to_one_reference() -> None:
     ) == {"a": cuda.SHIPPED}
 
 
+def test_a_variant_of_its_own_order_is_held_to_its_own_m1_only() -> None:
+    """A template variant whose diff header declares its own summation order is nobody's
+    reference and has none, whatever its launch constants; the same constants without the
+    declaration are held to the shipped kernel (the control)."""
+    shipped = [1, 4, 16, 8, 8192, 4]
+    both = {cuda.SHIPPED: shipped, "mine": shipped, "other": [1, 3, 16, 8, 8192, 4]}
+    assert cuda.same_order_references(both) == {"mine": cuda.SHIPPED, "other": cuda.SHIPPED}
+    assert cuda.same_order_references(both, {"mine"}) == {"other": cuda.SHIPPED}
+    assert cuda.same_order_references({"mine": shipped, "b": shipped}, {"mine"}) == {}
+
+
+def test_own_order_is_read_from_the_diff_header_only() -> None:
+    body = "diff --git a/t b/t\n--- a/t\n+++ b/t\n@@ -1 +1 @@\n-a\n+b\n"
+    assert cuda.declares_own_order(f"Why this variant.\n{cuda.OWN_ORDER}\n\n{body}")
+    assert not cuda.declares_own_order(f"Why this variant.\n\n{body}")
+    # the words inside the diff (an added line) do not declare it
+    assert not cuda.declares_own_order(body + f"+{cuda.OWN_ORDER}\n")
+    assert not cuda.declares_own_order(f"{body}diff --git a/u b/u\n{cuda.OWN_ORDER}\n")
+
+
 def test_variant_report_counts_rows_across_variants() -> None:
     """A differing row between variants of one order shows in the report's first lines."""
     one = _harness_result(4e-6, 5e-6)
@@ -237,7 +257,8 @@ def test_variant_report_counts_rows_across_variants() -> None:
     }
     data = {"variants": ["a", "b"], "references": {"b": "a"}, "controls": {"a": "c"},
             "results": [result]}  # fmt: skip
-    text = cuda.compare_report(data)
+    text = cuda.compare_report({**data, "group_size": 128})
+    assert text.startswith("bfloat16, group 128. Rows of each variant")
     assert "b against a's M = 1: 3 of 186 differ;" in text
     # a control that finds no difference says the check is blind
     assert "c (other warps over K) against a's M = 1: 0 of 186 differ: NONE" in text

@@ -160,14 +160,19 @@ def test_wrapper_asks_each_arm_for_its_kernel() -> None:
 
 @pytest.mark.parametrize(
     ("diff", "marker"),
-    [("persistent-tiles.diff", "tile_row(fetch_j)"), ("row-pointers.diff", "int vec_mmas,")],
+    [
+        ("persistent-tiles.diff", "tile_row(fetch_j)"),
+        ("row-pointers.diff", "int vec_mmas,"),
+        ("scale-after.diff", "qmv_mma_scale_after<T, Q, has_bias>"),
+    ],
 )
 def test_template_variants_apply_and_keep_the_launch_constants(
     renders: dict, diff: str, marker: str
 ) -> None:
     """Each kernel experiment kept in bench/variants applies to this checkout's templates,
     makes its change (its marker), and keeps the six launch constants (so compare holds its
-    rows to the shipped kernel's, which sum every vector in the same order)."""
+    rows to the shipped kernel's, which sum every vector in the same order, unless its diff
+    declares an order of its own: only the last does)."""
     bench = load_script("bench/cuda_qmv.py")
     read = source.reader(source.ensure_clone(mlx_clone()), PIN_SHA)
     shipped = bench.rendered_qmv(read)
@@ -175,3 +180,5 @@ def test_template_variants_apply_and_keep_the_launch_constants(
     variant = bench.rendered_qmv(read, bench.ROOT / "bench" / "variants" / diff)
     assert marker in variant
     assert cuda.launch_constants(variant) == cuda.launch_constants(shipped)
+    own = cuda.declares_own_order((bench.ROOT / "bench" / "variants" / diff).read_text())
+    assert own == (diff == "scale-after.diff")

@@ -27,7 +27,7 @@ import platform
 import re
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -510,6 +510,10 @@ VARIANT_CONSTANTS = "constants.json"  # under variants/: {name: LAUNCH_CONSTANTS
 # under variants/: {name: {"diff": path, "sha256": ...}} for template variants
 TEMPLATE_VARIANTS = "template-variants.json"
 SHIPPED = "shipped"  # the patched file as rendered (patched.so), in compare's variants
+# A template variant's diff says so in its header (the text before its first `diff --git`,
+# which git apply skips) when it changes the operations a vector goes through: its rows
+# are then held to its own M = 1 calls only, never to another variant's.
+OWN_ORDER = "Summation order: its own"
 
 
 def launch_constants(qmv_source: str) -> list[int]:
@@ -533,11 +537,21 @@ def order_of(values: Sequence[int]) -> tuple[int, ...]:
     return tuple(k_warps_for(values, n) for n in sorted({n for _, n in COMPARE_SHAPES}))
 
 
-def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]:
+def declares_own_order(diff: str) -> bool:
+    """Whether a template variant's header (before its first ``diff --git``) holds
+    :data:`OWN_ORDER` as a line of its own."""
+    header = diff.split("\ndiff --git ", 1)[0] if not diff.startswith("diff --git ") else ""
+    return any(line.strip() == OWN_ORDER for line in header.splitlines())
+
+
+def same_order_references(
+    constants: dict[str, Sequence[int]], own_order: Collection[str] = ()
+) -> dict[str, str]:
     """{variant: the variant its rows must equal}: variants of one :func:`order_of` sum each
     vector in one order, so each is held to the first of its group (the shipped kernel,
-    else by name). A group of one, or a library of unknown constants, has no reference."""
-    order = sorted(constants, key=lambda n: (n != SHIPPED, n))  # the shipped kernel first
+    else by name). A group of one, a library of unknown constants, or a variant of its
+    own order (``own_order``) has no reference."""
+    order = sorted((n for n in constants if n not in own_order), key=lambda n: (n != SHIPPED, n))
     refs: dict[str, str] = {}
     for name in order:
         first = next(n for n in order if order_of(constants[n]) == order_of(constants[name]))
@@ -546,12 +560,12 @@ def same_order_references(constants: dict[str, Sequence[int]]) -> dict[str, str]
     return refs
 
 
-def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
+def compare(lib_dir: Path, out: Path, deadline: float, group: int = 64) -> dict[str, Any]:
     """Every library under ``lib_dir/variants/NAME.so`` and the shipped ``patched.so``,
     beside ``stock.so``: rows of each
     (bit for bit against its own M = 1 call, with its controls, and against the M = 1 call
     of the variant that sums in the same order, :func:`same_order_references`) and time at
-    ``COMPARE_MS`` on ``COMPARE_SHAPES``, bfloat16, group 64, 4 and 8 bits."""
+    ``COMPARE_MS`` on ``COMPARE_SHAPES``, bfloat16, 4 and 8 bits, groups of ``group``."""
     paths = {p.stem: p for p in (lib_dir / "variants").glob("*.so")}
     if (lib_dir / "patched.so").is_file():
         paths[SHIPPED] = lib_dir / "patched.so"
@@ -560,26 +574,28 @@ def compare(lib_dir: Path, out: Path, deadline: float) -> dict[str, Any]:
     libs.update({n: Lib(paths[n]) for n in names})
     known = lib_dir / "variants" / VARIANT_CONSTANTS
     constants = json.loads(known.read_text()) if known.is_file() else {}
+    diffs = lib_dir / "variants" / TEMPLATE_VARIANTS
+    template_variants = json.loads(diffs.read_text()) if diffs.is_file() else {}
+    own = {n for n, d in template_variants.items() if d.get("own_order")}
     known_names = {n: c for n, c in constants.items() if n in names}
-    refs = same_order_references(known_names)
+    refs = same_order_references(known_names, own)
     # Control: a variant of another order must differ from a reference.
-    orders = {n: order_of(c) for n, c in known_names.items()}
+    orders = {n: order_of(c) for n, c in known_names.items() if n not in own}
     controls = {
         ref: next(n for n in sorted(orders) if orders[n] != orders[ref])
         for ref in sorted(set(refs.values()))
         if any(o != orders[ref] for o in orders.values())
     }
-    diffs = lib_dir / "variants" / TEMPLATE_VARIANTS
     payload: dict[str, Any] = {
         "host": host_info(), "variants": names, "constants": constants, "references": refs,
-        "controls": controls, "results": [],
-        "template_variants": json.loads(diffs.read_text()) if diffs.is_file() else {},
+        "controls": controls, "results": [], "template_variants": template_variants,
+        "group_size": group,
     }  # fmt: skip
     for bits, (K, N) in itertools.product((4, 8), COMPARE_SHAPES):
         if time.time() > deadline:
             payload["stopped_at"] = [K, N, bits]
             break
-        cfg = Config(K, N, bits, 64, "bfloat16")
+        cfg = Config(K, N, bits, group, "bfloat16")
         copies = max(2, min(256, COLD_BYTES // weight_bytes(cfg)))
         inp = make_inputs(cfg, max(MS), copies, 0)
         rec: dict[str, Any] = {"config": asdict(cfg), "weight_bytes": weight_bytes(cfg)}
@@ -609,6 +625,7 @@ def compare_report(data: dict[str, Any]) -> str:
         for n in names
     )
     out = [
+        f"bfloat16, group {data.get('group_size', 64)}. "
         "Rows of each variant at M = 1..16, 17, 33 vs its own M = 1 call of the same vector "
         f"({rows} per variant): "
         + ", ".join(f"{n} {bad[n]} differ" for n in names)
