@@ -67,6 +67,8 @@ def rendered_qmv(read: Callable[[str], str], diff: Path | None = None) -> str:
     touching the checkout. The copy sits in a repository of its own, so ``git apply``
     never resolves its paths against an enclosing one."""
     from patchkit.carry import render
+    from patchkit.errors import ToolError
+    from patchkit.util import git
 
     with tempfile.TemporaryDirectory() as tmp:
         templates = ROOT / "templates"
@@ -75,12 +77,14 @@ def rendered_qmv(read: Callable[[str], str], diff: Path | None = None) -> str:
                 raise SystemExit(f"template variant: no diff at {diff}")
             templates = Path(tmp) / "templates"
             shutil.copytree(ROOT / "templates", templates)
-            subprocess.run(["git", "init", "-q"], cwd=tmp, check=True)
-            done = subprocess.run(["git", "apply", str(diff.resolve())], cwd=tmp,
-                                  capture_output=True, text=True)  # fmt: skip
-            if done.returncode:
-                why = (done.stderr.strip().splitlines() or ["git apply failed"])[0]
-                raise SystemExit(f"{diff} does not apply to this checkout's templates: {why}")
+            git.init(Path(tmp))
+            try:
+                git.run(tmp, "apply", str(diff.resolve()))
+            except ToolError as exc:
+                why = (exc.stderr.strip().splitlines() or ["git apply failed"])[0]
+                raise SystemExit(
+                    f"{diff} does not apply to this checkout's templates: {why}"
+                ) from None
         plan = next(p for p in render.load_plans(templates) if p.path == cuda.QMV_PATH)
         return render.render_file(plan, read(cuda.QMV_PATH), render.RenderOptions())
 

@@ -117,10 +117,11 @@ def write(report: dict[str, Any], path: str, md: Path | None = None) -> None:
     print(text)
 
 
-def logged_arm(log: Path, record: Path | None) -> tuple[list[str], str]:
-    """The PR's arm from a ``patchkit build`` log (its lines) and that build's record (the
-    MLX it built): the log must hold the run of the test file the record counted, so that
-    a log of another build, or of one made with ``--no-test``, never passes for it."""
+def logged_arm(log: Path, record: Path | None, data: dict[str, Any]) -> tuple[list[str], str]:
+    """The PR's arm from a ``patchkit build`` log (its lines) and that build's record
+    ``record`` (read as ``data``; the MLX it built): the log must hold the run of the test
+    file the record counted, so that a log of another build, or of one made with
+    ``--no-test``, never passes for it."""
     if record is None:
         raise SystemExit("--patched-log needs --only-failed-in: the record of the same build")
     if not log.is_file():
@@ -130,16 +131,24 @@ def logged_arm(log: Path, record: Path | None) -> tuple[list[str], str]:
     if not ran:
         raise SystemExit(f"--patched-log: {log} holds no run of {MODULE}.py (--no-test?)")
     failed = sorted(m for m, r in ran.items() if r["verdict"] == "FAILED")
-    if failed != (counted := sorted(failed_in(record))):
+    if failed != (counted := sorted(failed_in(data))):
         raise SystemExit(f"--patched-log: {log} failed {failed or 'nothing'}, but {record} "
                          f"says {counted or 'nothing'}: not one build's")  # fmt: skip
-    return lines, json.loads(record.read_text()).get("mlx_version") or "unknown"
+    return lines, data.get("mlx_version") or "unknown"
 
 
-def failed_in(build_record: Path) -> list[str]:
+def build_record(path: Path) -> dict[str, Any]:
+    """A ``patchkit build`` record, read once; missing or not JSON is a one-line exit."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--only-failed-in: cannot read {path}: {exc}") from None
+
+
+def failed_in(record: dict[str, Any]) -> list[str]:
     """The test methods a ``patchkit build`` record's run of the file failed, in its order:
     what to run again beside stock, to tell the PR's failures from stock's own."""
-    tests = json.loads(build_record.read_text()).get("tests") or {}
+    tests = record.get("tests") or {}
     return [m for m, verdict in (tests.get("per_test") or {}).items() if verdict == "failed"]
 
 
@@ -246,12 +255,13 @@ def main() -> None:
         mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in arms.items()}
         hw: dict[str, Any] | None = hardware()
         tests, how, logged = a.tests / f"{MODULE}.py", None, None
+        record = {} if a.only_failed_in is None else build_record(a.only_failed_in)
         if a.patched_log is not None:
-            logged, mlx["pr"] = logged_arm(a.patched_log, a.only_failed_in)
+            logged, mlx["pr"] = logged_arm(a.patched_log, a.only_failed_in, record)
             how = (f"the PR's arm is its build's own run of the whole file ({a.patched_log.name}"
                    "), not run again; stock's ran here after it")  # fmt: skip
         if a.only_failed_in is not None:
-            a.only = [*a.only, *failed_in(a.only_failed_in)]
+            a.only = [*a.only, *failed_in(record)]
         if a.only_failed_in is not None and not a.only:  # nothing failed: nothing to rerun
             outputs: dict[str, list[str]] = {name: [] for name in arms}
         else:

@@ -420,6 +420,9 @@ def test_mlx_tests_takes_the_prs_arm_from_its_builds_log(tmp_path: Path) -> None
     done = run("--only-failed-in", str(record))
     assert done.returncode != 0 and "holds no run of test_quantized.py" in done.stderr
     assert "needs --only-failed-in" in run().stderr
+    done = run("--only-failed-in", str(tmp_path / "nowhere.json"))
+    assert done.returncode != 0 and done.stderr.startswith("--only-failed-in: cannot read ")
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_cuda_qmv_template_variant_specs_and_their_one_line_errors(tmp_path: Path) -> None:
