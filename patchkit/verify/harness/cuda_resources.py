@@ -72,22 +72,32 @@ def mode_of(q_and_s: str) -> str:
     raise ValueError(f"unknown weight type in qmv_mma_kernel<..., {q_and_s}>")
 
 
+def template_args(name: str) -> dict[str, Any] | None:
+    """A ``qmv_mma_kernel`` instance's template arguments, from its mangled name, as
+    :class:`Instance` names them; None for another kernel (upstream's qmv, gather_qmv)."""
+    if not (m := MMA_KERNEL.search(name)):
+        return None
+    _tiles, k_warps, stages, blocks, group, _bias, _len, dtype, rest = m.groups()
+    return {
+        "mode": mode_of(rest),
+        "dtype": {"bfloat16_t": "bfloat16", "half_t": "float16"}[dtype],
+        "group_size": int(group),
+        "k_warps": int(k_warps),
+        "stages": int(stages),
+        "blocks_per_sm": int(blocks),
+    }
+
+
 def parse(res_usage: str) -> list[Instance]:
     """The qmv_mma_kernel instances of one library's ``cuobjdump -res-usage`` output, in
     its order; other kernels (upstream's qmv, gather_qmv) are left out."""
     found = []
     for name, reg, stack, shared, _local in RESOURCES.findall(res_usage):
-        if not (m := MMA_KERNEL.search(name)):
+        if (args := template_args(name)) is None:
             continue
-        _tiles, k_warps, stages, blocks, group, _bias, _len, dtype, rest = m.groups()
         found.append(
             Instance(
-                mode=mode_of(rest),
-                dtype={"bfloat16_t": "bfloat16", "half_t": "float16"}[dtype],
-                group_size=int(group),
-                k_warps=int(k_warps),
-                stages=int(stages),
-                blocks_per_sm=int(blocks),
+                **args,
                 registers=int(reg),
                 stack_bytes=int(stack),
                 shared_bytes=int(shared),

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.verify.harness.cuda_resources import MMA_KERNEL, mode_of
+from patchkit.verify.harness.cuda_resources import template_args
 
 # nvdisasm -c: "        /*0a30*/                   HMMA.16816.F32.BF16 R40, R40, R76, RZ ;"
 INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.+?)\s*;")
@@ -36,6 +36,7 @@ class LoopCount:
     group_size: int
     k_warps: int
     stages: int
+    blocks_per_sm: int
     per_step: float  # instructions
     mma_per_step: float
     mix: dict[str, float] = field(default_factory=dict)  # opcode: instructions per step
@@ -82,18 +83,13 @@ def count(sass: str) -> list[LoopCount]:
     """The main loop of every ``qmv_mma_kernel`` instance in ``sass``."""
     found = []
     for name, text in functions(sass).items():
-        if not (m := MMA_KERNEL.search(name)) or (loop := main_loop(text)) is None:
+        if (args := template_args(name)) is None or (loop := main_loop(text)) is None:
             continue
-        _tiles, k_warps, stages, _blocks, group, _bias, _len, dtype, rest = m.groups()
-        steps = int(stages)
         mix = Counter(opcode(i) for i in loop)
+        steps = args["stages"]
         found.append(
             LoopCount(
-                mode=mode_of(rest),
-                dtype={"bfloat16_t": "bfloat16", "half_t": "float16"}[dtype],
-                group_size=int(group),
-                k_warps=int(k_warps),
-                stages=steps,
+                **args,
                 per_step=len(loop) / steps,
                 mma_per_step=mix["HMMA"] / steps,
                 mix={op: n / steps for op, n in mix.most_common()},
