@@ -187,10 +187,12 @@ def resources(libs: Path, out: Path, cuobjdump: str) -> None:
     out.with_suffix(".md").write_text(cuda_resources.page(data))
 
 
-def sass(libs: Path, mode: str | None, dtype: str | None, tools: tuple[str, str]) -> dict:
-    """Main-loop instructions per step of K for the patched library and each variant:
-    {library: [cuda_sass.LoopCount as a dict]} for the instances of ``mode`` and ``dtype``
-    (all when None); a library without one is a one-line exit."""
+def sass(
+    libs: Path, mode: str | None, dtype: str | None, tools: tuple[str, str]
+) -> dict[str, list[cuda_sass.LoopCount]]:
+    """Main-loop instructions per step of K of the patched library and each variant, for
+    the instances of ``mode`` and ``dtype`` (all when None); a library without one is a
+    one-line exit. ``tools``: the cuobjdump and nvdisasm to run."""
     paths = {cuda.SHIPPED: libs / "patched.so"}
     paths.update((p.stem, p) for p in sorted((libs / "variants").glob("*.so")))
     if missing := [str(p) for p in paths.values() if not p.is_file()]:

@@ -243,6 +243,9 @@ def test_own_order_is_read_from_the_diff_header_only() -> None:
     # the words inside the diff (an added line) do not declare it
     assert not cuda.declares_own_order(body + f"+{cuda.OWN_ORDER}\n")
     assert not cuda.declares_own_order(f"{body}diff --git a/u b/u\n{cuda.OWN_ORDER}\n")
+    plain = body.removeprefix("diff --git a/t b/t\n")  # no git header: `---` ends the header
+    assert cuda.declares_own_order(f"{cuda.OWN_ORDER}\n{plain}")
+    assert not cuda.declares_own_order(plain.replace("-a\n", f" {cuda.OWN_ORDER}\n-a\n"))
 
 
 def test_variant_report_counts_rows_across_variants() -> None:

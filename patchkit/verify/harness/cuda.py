@@ -507,7 +507,8 @@ def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
 
 
 VARIANT_CONSTANTS = "constants.json"  # under variants/: {name: LAUNCH_CONSTANTS values}
-# under variants/: {name: {"diff": path, "sha256": ...}} for template variants
+# under variants/: {name: {"diff": path, "sha256": ..., "own_order": bool}} for template
+# variants
 TEMPLATE_VARIANTS = "template-variants.json"
 SHIPPED = "shipped"  # the patched file as rendered (patched.so), in compare's variants
 # A template variant's diff says so in its header (the text before its first `diff --git`,
@@ -538,10 +539,14 @@ def order_of(values: Sequence[int]) -> tuple[int, ...]:
 
 
 def declares_own_order(diff: str) -> bool:
-    """Whether a template variant's header (before its first ``diff --git``) holds
-    :data:`OWN_ORDER` as a line of its own."""
-    header = diff.split("\ndiff --git ", 1)[0] if not diff.startswith("diff --git ") else ""
-    return any(line.strip() == OWN_ORDER for line in header.splitlines())
+    """Whether a template variant's header (its lines before the first file header,
+    ``diff --git`` or ``---``) holds :data:`OWN_ORDER` as a line of its own."""
+    for line in diff.splitlines():
+        if line.startswith(("diff --git ", "--- ")):
+            return False
+        if line.strip() == OWN_ORDER:
+            return True
+    return False
 
 
 def same_order_references(
