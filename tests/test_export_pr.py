@@ -124,8 +124,7 @@ def test_python_anchor_errors_name_the_problem() -> None:
     assert pyedit.apply_edit(None, "new_file", "", "y = 2\n\n\n") == "y = 2\n"
 
 
-# test_b's comment line also sits in test_c (other class): patch_method must change only
-# the anchored method's.
+# patch_method's diff in these tests: test_b's comment line replaced.
 PATCH_B = """--- a/TestQuantized.test_b
 +++ b/TestQuantized.test_b
 @@ -1,4 +1,4 @@
