@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -190,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                                                        stderr=subprocess.STDOUT)))  # fmt: skip
                 print(f"cuda_records: {s.name} runs beside the steps after it; output: {log}")
                 continue
-            if not ended(s, subprocess.run(s.argv, cwd=ROOT).returncode, out, failures):
+            started = time.monotonic()
+            code = subprocess.run(s.argv, cwd=ROOT).returncode
+            # Each step's wall time, for planning a run on a host lent for a while.
+            print(f"cuda_records: {s.name} took {time.monotonic() - started:.0f} s", flush=True)
+            if not ended(s, code, out, failures):
                 return 2
         for s, child in beside:
             if not ended(s, child.wait(), out, failures):

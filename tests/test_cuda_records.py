@@ -99,11 +99,16 @@ def results(tmp_path: Path, monkeypatch):
 
 
 def test_a_whole_run_copies_every_record_and_no_run_file(results, tmp_path: Path,
-                                                         monkeypatch) -> None:  # fmt: skip
+                                                         monkeypatch, capsys) -> None:  # fmt: skip
     records, dest = results
     monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
     monkeypatch.chdir(tmp_path)  # a relative --out: the speed runs still stay out
     assert records.main(["--stock", "python3", "--out", "out"]) == 0
+    # Each step run in turn says how long it took (the one beside the others does not).
+    timed = [ln for ln in capsys.readouterr().out.splitlines() if ln.endswith(" s")]
+    assert [ln.split(":")[1].split(" took ")[0].strip() for ln in timed] == [
+        s.name for s in records.steps("python3", tmp_path, [], "python3") if not s.alongside
+    ]
     assert sorted(p.name for p in dest.iterdir()) == [
         "build-cuda.json", "build-cuda.md", "cuda-controls.json", "cuda-controls.md",
         "cuda-tests.json", "cuda-tests.md", "cuda.json", "cuda.md", "cuda.png",
