@@ -41,6 +41,7 @@ MS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 BITS = (4, 8)
 DTYPES, GROUPS = ("bfloat16", "float16"), (32, 64, 128)
 ROUNDS, REPEATS = 3, 200  # rounds per arm; calls per timed graph
+NOISY = 1.5  # a cell whose rounds' slowest over fastest exceeds this is named on the page
 COLD_BYTES = 1 << 29  # the weight copies one arm cycles through: ten times an H200's L2
 ARMS = {"stock": {}, "pr": {}}
 COPY_BYTES = 1 << 30  # the elementwise copy the floor's bandwidth is measured with
@@ -339,6 +340,40 @@ def call_line(runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def spread_line(runs: list[dict[str, Any]]) -> list[str]:
+    """The page's line on the spread behind the medians: per arm, the median and largest
+    slowest-over-fastest of a cell's rounds, and the cells over :data:`NOISY` in either arm
+    (the noisiest named), whose ratios are medians of rounds that disagree."""
+    timed = ("stock_rounds_us", "pr_rounds_us")
+    cells = [(run, row) for run in runs for row in run["rows"]
+             if all(len(row.get(key) or ()) > 1 for key in timed)]  # fmt: skip
+    if not cells:
+        return []
+
+    def spread(row: dict[str, Any], arm: str) -> float:
+        return max(row[f"{arm}_rounds_us"]) / min(row[f"{arm}_rounds_us"])
+
+    each = {arm: sorted(spread(row, arm) for _, row in cells) for arm in ("stock", "pr")}
+    noisy = [(max(spread(row, "stock"), spread(row, "pr")), run, row) for run, row in cells
+             if max(spread(row, "stock"), spread(row, "pr")) > NOISY]  # fmt: skip
+    line = (
+        "- Spread behind the medians (a cell's slowest round over its fastest): stock "
+        f"median {statistics.median(each['stock']):.2f}, largest {each['stock'][-1]:.2f}; PR "
+        f"median {statistics.median(each['pr']):.2f}, largest {each['pr'][-1]:.2f}. "
+    )
+    if noisy:
+        worst, run, row = max(noisy, key=lambda n: n[0])
+        line += (
+            f"{len(noisy)} of {len(cells)} cells spread over {NOISY}x in an arm (the most: "
+            f"{run['dtype']}, group {run['group_size']}, {row['bits']}-bit {row['K']}x{row['N']}, "
+            f"M = {row['M']}, {worst:.2f}x); their ratios are medians of rounds that disagree "
+            "(every round is in the JSON)."
+        )
+    else:
+        line += f"No cell spreads over {NOISY}x."
+    return [line]
+
+
 def timed_build(runs: list[dict[str, Any]], build_record: dict[str, Any]) -> dict[str, str]:
     """What the page holds for (decision 0008): the build record of the PR arm's MLX,
     reduced to its wheel and the build inputs it compiled. A speed page stays valid as long
@@ -397,6 +432,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         f"TB/s, per run: {gbs}); below the HBM's nominal bandwidth, so floor / PR reads "
         "higher than a fraction of the nominal would.",
         *call_line(runs),
+        *spread_line(runs),
         "- Rows: not timed here. The same build's parity (every row at M·B ≤ 16 against "
         "M = 1, bit for bit) is `build-cuda.md`.",
         "- Commands, one run per dtype and group size, then this page:",

@@ -57,6 +57,27 @@ def test_mlx_qmv_table_puts_the_pr_beside_stock_and_the_floor() -> None:
     assert bench.call_line([report, {**report, "call_us": None}]) == []  # control: a run without
 
 
+def test_mlx_qmv_spread_line_names_cells_whose_rounds_disagree() -> None:
+    """The page says how far each arm's rounds spread behind the medians and names the
+    noisiest cell over 1.5x; control: rounds within it name none, and a run without rounds
+    gives no line."""
+    bench = load_script("bench/mlx_qmv.py")
+    report = _mlx_qmv_report(stock_us=50.0, pr_us=40.0, nbytes=40_000_000, copy=4e12)
+    row = report["rows"][0]
+    quiet = {**report, "rows": [{**row, "stock_rounds_us": [50.0, 51.0, 52.0],
+                                 "pr_rounds_us": [40.0, 40.0, 44.0]}]}  # fmt: skip
+    (line,) = bench.spread_line([quiet])
+    assert "stock median 1.04, largest 1.04; PR median 1.10, largest 1.10" in line
+    assert line.endswith("No cell spreads over 1.5x.")
+    noisy = {**report, "rows": [{**row, "M": 2, "stock_rounds_us": [50.0, 50.0, 50.0],
+                                 "pr_rounds_us": [20.0, 40.0, 50.0]}]}  # fmt: skip
+    (line,) = bench.spread_line([quiet, noisy])
+    assert "PR median 1.80, largest 2.50" in line
+    assert "1 of 2 cells spread over 1.5x in an arm" in line
+    assert "bfloat16, group 64, 4-bit 4096x4096, M = 2, 2.50x" in line
+    assert bench.spread_line([report]) == []
+
+
 def test_mlx_qmv_targets_count_each_row_against_its_bound() -> None:
     """M = 1 counts floor / PR (at least 0.5) on layers of 2^24 weights or more only;
     M = 2..8 and 9..16 count PR / stock (at most 0.5 and 1.0). Worst and best per target."""
