@@ -354,19 +354,19 @@ def spread_line(runs: list[dict[str, Any]]) -> list[str]:
         return max(row[f"{arm}_rounds_us"]) / min(row[f"{arm}_rounds_us"])
 
     each = {arm: sorted(spread(row, arm) for _, row in cells) for arm in ("stock", "pr")}
-    noisy = [(max(spread(row, "stock"), spread(row, "pr")), run, row) for run, row in cells
-             if max(spread(row, "stock"), spread(row, "pr")) > NOISY]  # fmt: skip
+    worst = [(max(spread(row, "stock"), spread(row, "pr")), run, row) for run, row in cells]
+    noisy = [cell for cell in worst if cell[0] > NOISY]
     line = (
         "- Spread behind the medians (a cell's slowest round over its fastest): stock "
         f"median {statistics.median(each['stock']):.2f}, largest {each['stock'][-1]:.2f}; PR "
         f"median {statistics.median(each['pr']):.2f}, largest {each['pr'][-1]:.2f}. "
     )
     if noisy:
-        worst, run, row = max(noisy, key=lambda n: n[0])
+        most, run, row = max(noisy, key=lambda cell: cell[0])
         line += (
             f"{len(noisy)} of {len(cells)} cells spread over {NOISY}x in an arm (the most: "
             f"{run['dtype']}, group {run['group_size']}, {row['bits']}-bit {row['K']}x{row['N']}, "
-            f"M = {row['M']}, {worst:.2f}x); their ratios are medians of rounds that disagree "
+            f"M = {row['M']}, {most:.2f}x); their ratios are medians of rounds that disagree "
             "(every round is in the JSON)."
         )
     else:
