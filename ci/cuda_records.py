@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             started = time.monotonic()
             code = subprocess.run(s.argv, cwd=ROOT).returncode
-            # Each step's wall time, for planning a run on a host lent for a while.
+            # Each step's wall time, for planning how long a run takes on a GPU host.
             print(f"cuda_records: {s.name} took {time.monotonic() - started:.0f} s", flush=True)
             if not ended(s, code, out, failures):
                 return 2
