@@ -114,7 +114,7 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   // Up to 16 vectors: qmv reads each weight once for all of them on tensor
   // cores, and every row equals its vector alone. From 8 vectors on, qmm,
   // which sums in another order, is faster on some layers (by up to about a
-  // quarter on sm90): the rows stay exact there at that cost.
+  // fifth on sm90): the rows stay exact there at that cost.
   if (can_use_qmv && !can_use_fp_qmv && M * B <= 16 &&
       supports(supports_qmv_mma)) {
     call_qmv();

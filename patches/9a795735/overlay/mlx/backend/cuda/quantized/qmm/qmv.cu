@@ -6,10 +6,10 @@
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,10 @@
 //   @@ -248,6 +252,380 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +645,32 @@ void qmv(
-//   @@ -403,6 +806,41 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +858,17 @@ void qmv(
-//   @@ -451,6 +900,7 @@ void qmv(
+//   @@ -267,7 +645,33 @@ void qmv(
+//   @@ -403,6 +807,62 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +880,17 @@ void qmv(
+//   @@ -451,6 +922,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -664,7 +664,8 @@ void qmv(
     if (mma) {
       // Weights shared by the batch: its vectors are rows of the same tiles,
       // while the tiles of 16 fit gridDim.y (at most 65535).
-      if (broadcast_w && cuda::ceil_div(m * l, 16) <= 65535) {
+      if (broadcast_w &&
+          cuda::ceil_div(static_cast<int64_t>(m) * l, int64_t(16)) <= 65535) {
         m *= l;
         l = 1;
       }
@@ -840,6 +841,27 @@ bool supports_qmv_mma(
   // architectures keep the other kernels until checked there).
   int major = device.compute_capability_major();
   if (major < 8 || major > 9) {
+    return false;
+  }
+  // A build for older architectures only (MLX_CUDA_ARCHITECTURES) holds
+  // just the kernel's trap stub, which the driver would compile from its
+  // PTX for this GPU: the kernel must come from sm80+ code.
+  static bool compiled_for_mma = [] {
+    cudaFuncAttributes attr;
+    auto* kernel = &cu::qmv_mma_kernel<
+        1,
+        8,
+        4,
+        2,
+        64,
+        true,
+        cutlass::bfloat16_t,
+        cutlass::uint4b_t,
+        cutlass::bfloat16_t>;
+    return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
+        attr.ptxVersion >= 80;
+  }();
+  if (!compiled_for_mma) {
     return false;
   }
   if (out.dtype() != float16 && out.dtype() != bfloat16) {
