@@ -96,7 +96,7 @@ def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
     (Its non-transposed points, like test_qvm's and test_qmm_non_transposed's, never reach
     qmv: stock's supports_qmv refuses them.) So a failure of that test on the patched build
     is stock's code. Controls: the exact route takes some of the same points (M = 8) to
-    qmv, and bfloat16 inputs take the 4/8-bit M = 8 points to qmv_mma."""
+    qmv, and bfloat16 inputs take the 4/8-bit M = 8 points to qmv_mma on sm90."""
     devices = [
         dispatch.DeviceInfo("cuda", "NVIDIA H200", cc_major=9),
         dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8),
@@ -119,19 +119,21 @@ def test_test_qmms_points_take_stocks_kernels_on_the_default_route() -> None:
         exact_paths.add(dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, True, g,
                                                      dtype=F32))  # fmt: skip
         bf16 = dispatch.patched_kernel_path(dev, "affine", bits, k, n, m, 1, False, g, dtype=BF16)
-        assert bf16 == ("qmv_mma" if bits in (4, 8) and m <= 16 else stock)
+        mma = dev.cc_major == 9 and bits in (4, 8) and m <= 16
+        assert bf16 == ("qmv_mma" if mma else stock)
     assert "qmv" in exact_paths
 
 
 def test_cuda_mma_route_by_value() -> None:
     """Default route: M * B <= 16 on qmv's tensor cores wherever supports_qmv_mma holds
-    (sm80 and sm90, float16/bfloat16, 4/8-bit weights, K % (128 / bits) == 0); everything else
-    keeps stock's kernel (qmv below M * B = 8, qmm from there)."""
+    (sm90, float16/bfloat16, 4/8-bit weights, K % (128 / bits) == 0); everything else keeps
+    stock's kernel (qmv below M * B = 8, qmm from there)."""
+    h100 = dispatch.DeviceInfo("cuda", "NVIDIA H100", cc_major=9)
     a100 = dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8)
     t4 = dispatch.DeviceInfo("cuda", "NVIDIA T4", cc_major=7)
     b200 = dispatch.DeviceInfo("cuda", "NVIDIA B200", cc_major=10)
 
-    def path(bits: int, k: int, m: int, b: int = 1, dtype: str = BF16, dev=a100, **kw) -> str:
+    def path(bits: int, k: int, m: int, b: int = 1, dtype: str = BF16, dev=h100, **kw) -> str:
         mode = kw.pop("mode", "affine")
         return dispatch.patched_kernel_path(dev, mode, bits, k, 4096, m, b, dtype=dtype, **kw)
 
@@ -141,6 +143,8 @@ def test_cuda_mma_route_by_value() -> None:
         assert path(bits, 4096, 2, dtype="float16") == "qmv_mma"
         assert path(bits, 4096, 2, dtype="float32") == "qmv"
         assert path(bits, 4096, 2, dev=t4) == "qmv"  # no bfloat16 MMAs before sm80
+        # sm80 to sm89 (not measured there) keep stock's routes, as past sm90.
+        assert [path(bits, 4096, m, dev=a100) for m in (2, 8)] == ["qmv", "qmm"]
         assert path(bits, 4096, 2, cuda_shared_weights=False) == "qmv"
     assert path(4, 4112, 2) == "qmv"  # 4112 % 32 != 0
     assert path(8, 4112, 2) == "qmv_mma"  # 4112 % 16 == 0
@@ -269,8 +273,7 @@ def test_cuda_mma_predicate_is_the_rendered_one(flavour: str) -> None:
     text = _cuda_render(CUDA_QMV, flavour)
     body = " ".join(cxx.function_text(text, "supports_qmv_mma").split())
     assert (
-        "int major = device.compute_capability_major(); if (major < 8 || major > 9) "
-        "{ return false; }"
+        "int major = device.compute_capability_major(); if (major != 9) { return false; }"
     ) in body
     assert "if (out.dtype() != float16 && out.dtype() != bfloat16) { return false; }" in body
     assert "if (bits != 4 && bits != 8) { return false; }" in body
@@ -344,7 +347,7 @@ def test_pr_cuda_test_reaches_the_tensor_core_route() -> None:
     cores at every M = 2..16 it checks (past 16 where no qmm takes K): both dtypes, 4- and
     8-bit affine weights and the fp modes, a ragged shape, a K no qmm takes, batched and
     broadcast weights. The Metal PR renders no such method."""
-    a100 = dispatch.DeviceInfo("cuda", "NVIDIA A100", cc_major=8)
+    h100 = dispatch.DeviceInfo("cuda", "NVIDIA H100", cc_major=9)
     assert PR_CUDA_METHOD not in _pr_test_methods(("metal",))
     for backends in (("cuda",), ("metal", "cuda")):
         fn = _pr_test_methods(backends)[PR_CUDA_METHOD]
@@ -361,7 +364,7 @@ def test_pr_cuda_test_reaches_the_tensor_core_route() -> None:
             assert max_m * batch <= 16 or dispatch.cuda_no_qmm(k, gs)
             for m in range(1, max_m + 1):
                 path = dispatch.patched_kernel_path(
-                    a100, mode, bits, k, n, m, batch, group_size=gs, dtype=dtype
+                    h100, mode, bits, k, n, m, batch, group_size=gs, dtype=dtype
                 )
                 assert path == "qmv_mma", (mode, bits, n, k, b, dtype, m)
                 checked.add((m, b, dispatch.cuda_no_qmm(k, gs)))

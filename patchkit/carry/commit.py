@@ -27,7 +27,7 @@ SUBJECTS = {
 BODIES = {
     "cuda": (
         "For float16/bfloat16 inputs and 4- and 8-bit weights on compute\n"
-        "capability 8 and 9, qmv runs on tensor cores and QuantizedMatmul sends\n"
+        "capability 9, qmv runs on tensor cores and QuantizedMatmul sends\n"
         "M * B <= 16 to it: each weight is read once for all vectors, and every\n"
         "row goes through the same instructions as the same vector alone, so it\n"
         "is bit-identical to the M = 1 call.\n"

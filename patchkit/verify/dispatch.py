@@ -175,15 +175,15 @@ CUDA_QMV_MMA_MAX_ROWS = 16  # the patched quantized.cpp: M * B <= 16 takes qmv's
 def cuda_qmv_mma(
     dev: DeviceInfo, mode: str, bits: int, dtype: str, K: int, enabled: bool = True
 ) -> bool:
-    """``supports_qmv_mma`` of the patched ``qmv.cu``: compute capability 8 or 9 (the
-    architectures where rows are measured equal to M = 1), float16/bfloat16 activations,
+    """``supports_qmv_mma`` of the patched ``qmv.cu``: compute capability 9 (where rows
+    are measured equal to M = 1, and the speed), float16/bfloat16 activations,
     4- or 8-bit weights (affine and the fp modes) and K in whole 16-byte loads of a weight
     row (K % (128 / bits) == 0). Its other condition, x and w starting
     16-byte aligned in their buffers, holds for every array parity makes. ``enabled`` is
     the overlay's ``MLX_CUDA_QMV_SHARED_WEIGHTS`` (0: upstream's kernels everywhere)."""
     return (
         enabled
-        and 8 <= dev.cc_major <= 9
+        and dev.cc_major == 9
         and dtype in ("float16", "bfloat16")
         and bits in (4, 8)
         and K % (128 // bits) == 0

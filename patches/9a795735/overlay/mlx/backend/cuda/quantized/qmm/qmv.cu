@@ -336,9 +336,9 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
         int n,
         int k,
         bool broadcast_w) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  // Not launched below sm80 (supports_qmv_mma); bfloat16 pair math and
-  // cp.async are sm80+.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 800 || __CUDA_ARCH__ >= 1000)
+  // Not launched below sm80 (bfloat16 pair math and cp.async are sm80+) nor
+  // on sm100+ (supports_qmv_mma): no code there.
   __trap();
 #else
   constexpr int bits = cute::sizeof_bits_v<Q>;
@@ -837,10 +837,10 @@ bool supports_qmv_mma(
     return false;
   }
   // m16n8k16 MMAs with 16-bit inputs on 4- and 8-bit weights, on compute
-  // capability 8 and 9 (rows checked equal to M = 1 on sm90; later
-  // architectures keep the other kernels until checked there).
+  // capability 9, where rows are checked equal to M = 1 and the speed is
+  // measured; other architectures keep the other kernels until they are.
   int major = device.compute_capability_major();
-  if (major < 8 || major > 9) {
+  if (major != 9) {
     return false;
   }
   // A build for older architectures only (MLX_CUDA_ARCHITECTURES) holds
