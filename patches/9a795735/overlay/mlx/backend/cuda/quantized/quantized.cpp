@@ -4,7 +4,7 @@
 // base blob:  4d25f3c3e0ac4f2a5561631db4b492fbf1deab3c
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -103,6 +103,28 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
+//   @@ -103,6 +103,26 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
 // end of patchkit header
 // Copyright © 2025 Apple Inc.
 
@@ -111,10 +111,8 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   int K = x.shape(-1);
   int B = out.size() / (M * N);
 
-  // Up to 16 vectors: qmv reads each weight once for all of them on tensor
-  // cores, and every row equals its vector alone. From 8 vectors on, qmm,
-  // which sums in another order, is faster on some layers (by up to about a
-  // fifth on sm90): the rows stay exact there at that cost.
+  // Up to 16 vectors: qmv on tensor cores reads each weight once, rows as M = 1.
+  // From 8 on, qmm (another order) is up to a fifth faster on some sm90 layers.
   if (can_use_qmv && !can_use_fp_qmv && M * B <= 16 &&
       supports(supports_qmv_mma)) {
     call_qmv();

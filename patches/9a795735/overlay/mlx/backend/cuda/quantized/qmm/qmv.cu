@@ -5,11 +5,11 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,10 @@
-//   @@ -248,6 +252,380 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +645,33 @@ void qmv(
-//   @@ -403,6 +807,62 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +880,17 @@ void qmv(
-//   @@ -451,6 +922,7 @@ void qmv(
+//   @@ -248,6 +252,364 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +629,33 @@ void qmv(
+//   @@ -403,6 +791,60 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +862,17 @@ void qmv(
+//   @@ -451,6 +904,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -265,16 +265,8 @@ __global__ void gather_qmv_kernel(
       x, w, scales, biases, nullptr, out, row, w_idx, n, k);
 }
 
-// qmv on tensor cores: one block reads each weight once for up to 16 vectors,
-// and every row is bit-identical to the same vector alone (M = 1).
-//
-// 16 weight rows are the rows of an m16n8k16 MMA and 8 vectors its columns (a
-// second MMA on the same weights takes vectors 8 to 15). The K order of the
-// MMAs and the number of warps over K are fixed by the layer (k, n) alone, and
-// the warps' partial sums are added in a fixed order, so what M changes is
-// which columns are real, never the operations applied to one vector. A row
-// is then bit-identical to M = 1 as long as an MMA's output column depends on
-// its own input column only (checked on sm90; supports_qmv_mma).
+// qmv on tensor cores: weight rows are MMA rows and vectors MMA columns. M
+// never changes the operations on one vector, so each row equals M = 1's.
 template <typename T, typename Q>
 constexpr bool qmv_mma_types = (cuda::std::is_same_v<T, cutlass::half_t> ||
                                 cuda::std::is_same_v<T, cutlass::bfloat16_t>) &&
@@ -385,11 +377,8 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
       x + static_cast<int64_t>(g) * k, x + static_cast<int64_t>(g + 8) * k};
   bool x_real[2] = {g < vecs, g + 8 < vecs};
 
-  // Each warp streams its weights through a ring of `stages` slots: a step's
-  // 16 bytes per row and thread are copied (cp.async, zeros past K or N)
-  // stages - 1 steps before they are used, holding no registers meanwhile; its
-  // scales and biases wait in registers of the same slot. A thread reads only
-  // the words it copied.
+  // Each warp streams its weights through a ring of `stages` slots (cp.async,
+  // zeros past K or N); a thread reads only the words it copied.
   __shared__ uint4 ring[k_warps][stages][tiles][2][WARP_SIZE];
   __shared__ float partial[k_warps][tiles][2][4][WARP_SIZE];
   static_assert(
@@ -423,9 +412,8 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
             }
           }
         } else {
-          // A plain store (the zero-fill copy measured slower): any earlier
-          // copy into the slot has landed, as this thread waited for it and
-          // read the slot since.
+          // A plain store (faster than a zero-fill copy): this thread waited
+          // for and read any earlier copy into the slot.
           dst = make_uint4(0, 0, 0, 0);
 #pragma unroll
           for (int j = 0; j < seg_groups; ++j) {
@@ -448,10 +436,8 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
 #pragma unroll
     for (int slot = 0; slot < stages; ++slot) {
       int s = s0 + slot * k_warps;
-      // Refill the slot read last. This thread copies only the words it read
-      // there itself, and those reads fed MMAs issued before this copy (the
-      // compiler keeps volatile instructions in order): the reads have
-      // returned.
+      // Refill the slot read last: this thread's reads of it fed MMAs issued
+      // before this copy (volatile instructions stay in order).
       fetch((slot + stages - 1) % stages, s + (stages - 1) * k_warps);
       // This step's copies have landed; the warp barrier also keeps the
       // compiler from moving the slot's reads above the wait.
@@ -603,10 +589,8 @@ void qmv_mma(
   constexpr int stages = 4;
   // Warps per SM, in blocks of k_warps warps over K (128 registers a thread).
   constexpr int warps_per_sm = 16;
-  // Warps over K by the layer's rows, never by M (a vector's summation order
-  // follows k_warps): a layer of many 16-row blocks (n >= wide_n) keeps the
-  // SMs busier with more blocks of fewer warps; a narrow one with fewer of
-  // more warps.
+  // Warps over K set a vector's summation order, so they follow the layer's
+  // rows, never M: wide layers take more blocks of fewer warps.
   constexpr int narrow_k_warps = 8;
   constexpr int wide_n = 8192;
   constexpr int wide_k_warps = 4;
@@ -836,16 +820,14 @@ bool supports_qmv_mma(
   if (off) {
     return false;
   }
-  // m16n8k16 MMAs with 16-bit inputs on 4- and 8-bit weights, on compute
-  // capability 9, where rows are checked equal to M = 1 and the speed is
-  // measured; other architectures keep the other kernels until they are.
+  // 16-bit inputs on 4- and 8-bit weights, on sm90 only: rows and speed are
+  // measured there; other GPUs keep the other kernels until they are.
   int major = device.compute_capability_major();
   if (major != 9) {
     return false;
   }
-  // A build for older architectures only (MLX_CUDA_ARCHITECTURES) holds
-  // just the kernel's trap stub, which the driver would compile from its
-  // PTX for this GPU: the kernel must come from sm80+ code.
+  // A build for older architectures only holds the kernel's trap stub: the
+  // kernel must come from sm80+ code.
   static bool compiled_for_mma = [] {
     cudaFuncAttributes attr;
     auto* kernel = &cu::qmv_mma_kernel<
