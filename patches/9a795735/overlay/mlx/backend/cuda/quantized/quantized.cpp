@@ -111,8 +111,8 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   int K = x.shape(-1);
   int B = out.size() / (M * N);
 
-  // Up to 16 vectors: qmv on tensor cores reads each weight once, rows as M = 1.
-  // From 8 on, qmm (another order) is up to a fifth faster on some sm90 layers.
+  // Up to 16 vectors, qmv on tensor cores: one read per weight, rows as M = 1.
+  // From 8 on, qmm (another order) is up to a fifth faster on some layers.
   if (can_use_qmv && !can_use_fp_qmv && M * B <= 16 &&
       supports(supports_qmv_mma)) {
     call_qmv();

@@ -5,11 +5,11 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,10 @@
-//   @@ -248,6 +252,364 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +629,33 @@ void qmv(
-//   @@ -403,6 +791,60 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +862,17 @@ void qmv(
-//   @@ -451,6 +904,7 @@ void qmv(
+//   @@ -248,6 +252,363 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +628,33 @@ void qmv(
+//   @@ -403,6 +790,60 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +861,17 @@ void qmv(
+//   @@ -451,6 +903,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -328,9 +328,8 @@ __global__ void __launch_bounds__(k_warps* WARP_SIZE, blocks_per_sm)
         int n,
         int k,
         bool broadcast_w) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 800 || __CUDA_ARCH__ >= 1000)
-  // Not launched below sm80 (bfloat16 pair math and cp.async are sm80+) nor
-  // on sm100+ (supports_qmv_mma): no code there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 900
+  // Launched on sm90 only (supports_qmv_mma): no code for other architectures.
   __trap();
 #else
   constexpr int bits = cute::sizeof_bits_v<Q>;
@@ -826,8 +825,8 @@ bool supports_qmv_mma(
   if (major != 9) {
     return false;
   }
-  // A build for older architectures only holds the kernel's trap stub: the
-  // kernel must come from sm80+ code.
+  // A build without sm90 code holds only the kernel's trap stub: the kernel
+  // must come from sm90 code.
   static bool compiled_for_mma = [] {
     cudaFuncAttributes attr;
     auto* kernel = &cu::qmv_mma_kernel<
@@ -841,7 +840,7 @@ bool supports_qmv_mma(
         cutlass::uint4b_t,
         cutlass::bfloat16_t>;
     return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
-        attr.ptxVersion >= 80;
+        attr.ptxVersion >= 90;
   }();
   if (!compiled_for_mma) {
     return false;
