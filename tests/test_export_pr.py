@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from support_git import PIN_SHA, mlx_clone
+from unidiff import PatchSet
 
 from patchkit.carry import export_pr, pyedit, render, source
 from patchkit.errors import AnchorError, UserError
@@ -202,9 +203,32 @@ def test_pr_plans_are_invisible_to_apply_and_overlay() -> None:
         assert TEST_PATH not in paths and BENCH_PATH not in paths
 
 
+def _with_patched_methods(text: str) -> str:
+    """``text`` with the upstream methods the PR edits in place (``patch_method``) added,
+    made of their diff templates' own old side: no upstream code is copied here."""
+    (plan,) = [p for p in render.pr_plans(TEMPLATES) if p.path == TEST_PATH]
+    context = render.pr_context(render.RenderOptions(render.BACKENDS))
+    for edit in (e for e in plan.edits if e.op == "patch_method"):
+        (hunk,) = PatchSet(render.edit_snippet(plan, edit, context))[0]
+        assert hunk.source_start == 1, "the fixture needs the hunk to start at the def"
+        old = "".join(line.value for line in hunk if not line.is_added)
+        text = pyedit.append_to_class(text, edit.anchor.partition(".")[0], old + "        pass\n")
+    return text
+
+
 def _render_test(backends: tuple[str, ...]) -> str:
     (plan,) = [p for p in render.pr_plans(TEMPLATES) if p.path == TEST_PATH]
-    return render.render_pr_file(plan, UPSTREAM_TEST, render.RenderOptions(backends))
+    upstream = _with_patched_methods(UPSTREAM_TEST)
+    return render.render_pr_file(plan, upstream, render.RenderOptions(backends))
+
+
+def test_only_the_metal_pr_renames_qmv_wide_in_upstreams_test() -> None:
+    """The Metal PR removes qmv_wide, so test_qmv_wide's comment stops naming it there;
+    the CUDA PR, which keeps that kernel, leaves the comment (the control)."""
+    metal = _render_test(("metal",))
+    cuda = _render_test(("cuda",))
+    assert "routes to qmv_wide" not in metal and "routes to batched qmv" in metal
+    assert "routes to qmv_wide" in cuda and "routes to batched qmv" not in cuda
 
 
 def test_rendered_test_sweeps_small_m_in_mlx_style() -> None:
