@@ -164,6 +164,7 @@ def test_wrapper_asks_each_arm_for_its_kernel() -> None:
         ("persistent-tiles.diff", "tile_row(fetch_j)"),
         ("row-pointers.diff", "int vec_mmas,"),
         ("scale-after.diff", "qmv_mma_scale_after<T, Q, has_bias>"),
+        ("x-prefetch.diff", "prefetch.global.L1"),
     ],
 )
 def test_template_variants_apply_and_keep_the_launch_constants(
