@@ -83,13 +83,29 @@ def side_by_side(outputs: dict[str, list[str]], methods: list[str]) -> dict[str,
     for ran in arms.values():
         for m in methods:
             ran.setdefault(m, {"verdict": "UNFINISHED", "seconds": None, "problems": []})
-    pr_failing = {(m, s) for m, r in arms["pr"].items() for s in r["problems"]}
-    stock_failing = {(m, s) for m, r in arms["stock"].items() for s in r["problems"]}
+    return {"arms": arms, **compare(arms)}
+
+
+def compare(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Which failing subtests each arm shares with the other. A subtest can be called one
+    arm's own only where the other arm ran its method to the end: a method cut off there
+    (``UNFINISHED``, or a shard of it: ``cut_off``) says nothing of its subtests, so those
+    are ``not compared``."""
+    failing = {
+        name: {(m, s) for m, r in ran.items() for s in r["problems"]} for name, ran in arms.items()
+    }
+    ended = {
+        name: {m for m, r in ran.items() if r["verdict"] != "UNFINISHED" and not r.get("cut_off")}
+        for name, ran in arms.items()
+    }
+    pr_alone = {(m, s) for m, s in failing["pr"] - failing["stock"] if m in ended["stock"]}
+    stock_alone = {(m, s) for m, s in failing["stock"] - failing["pr"] if m in ended["pr"]}
     return {
-        "arms": arms,
-        "pr_failing_also_on_stock": len(pr_failing & stock_failing),
-        "pr_failing_only_on_pr": sorted(f"{m}: {s}" for m, s in pr_failing - stock_failing),
-        "stock_failing_only_on_stock": len(stock_failing - pr_failing),
+        "pr_failing_also_on_stock": len(failing["pr"] & failing["stock"]),
+        "pr_failing_only_on_pr": sorted(f"{m}: {s}" for m, s in pr_alone),
+        "pr_failing_not_compared": len(failing["pr"] - failing["stock"] - pr_alone),
+        "stock_failing_only_on_stock": len(stock_alone),
+        "stock_failing_not_compared": len(failing["stock"] - failing["pr"] - stock_alone),
     }
 
 
@@ -184,8 +200,12 @@ def page(report: dict[str, Any]) -> str:
           for name, (ok, bad, sub, left) in (("PR", counts["pr"]), ("stock", counts["stock"]))),
         f"- Failing subtests of the PR's build that fail on stock too: "
         f"{report['pr_failing_also_on_stock']}; failing only on the PR's build: {len(only)}"
-        + ("" if not only else " (" + "; ".join(only) + ")"),
-        f"- Failing only on stock: {report['stock_failing_only_on_stock']}",
+        + ("" if not only else " (" + "; ".join(only) + ")")
+        + (f"; not compared, their method not run to the end on stock: {unseen}"
+           if (unseen := report.get("pr_failing_not_compared")) else ""),
+        f"- Failing only on stock: {report['stock_failing_only_on_stock']}"
+        + (f"; not compared, their method not run to the end on the PR's build: {unseen}"
+           if (unseen := report.get("stock_failing_not_compared")) else ""),
         "",
         table(report),
     ]  # fmt: skip
@@ -243,12 +263,18 @@ def main() -> None:
     c.add_argument("--test-file", required=True, type=Path, help="the file both arms ran")
     c.add_argument("--how", required=True, help="how the two outputs were made, in words")
     c.add_argument("--json", required=True)
-    rep = sub.add_parser("report")
+    rep = sub.add_parser("report", help="the page of a run's JSON, its comparison re-derived")
     rep.add_argument("json")
+    rep.add_argument("--md", type=Path, help="write the page there and the JSON back in place")
     a = parser.parse_args()
     command = "python3 bench/mlx_tests.py " + shlex.join(sys.argv[1:])
-    if a.cmd == "report":
-        print(page(json.loads(Path(a.json).read_text())))
+    if a.cmd == "report":  # the comparison re-derived from the per-method verdicts kept
+        data = json.loads(Path(a.json).read_text())
+        data.update(compare(data["arms"]))
+        if a.md is None:
+            print(page(data))
+        else:
+            write(data, a.json, a.md)
         return
     if a.cmd == "run":
         arms = {"stock": a.stock} if a.patched_log else {"stock": a.stock, "pr": a.patched}

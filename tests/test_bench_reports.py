@@ -325,6 +325,29 @@ def test_mlx_tests_tells_the_prs_own_failures_from_stocks(tmp_path) -> None:
     assert got["pr_failing_only_on_pr"] == [] and got["stock_failing_only_on_stock"] == 1
     page = bench.page({**meta, "mlx": {"pr": "p", "stock": "s"}, "only": ["test_a"], **got})
     assert "- Methods compared: test_a; the others not run or left out" in page
+    # A method stock did not run to the end: the PR's failures there are not its own.
+    cut = stock[: stock.index("== test_quantized.TestQuantized.test_a: FAILED in 2.0s")]
+    got = bench.side_by_side({"stock": cut, "pr": worse}, methods)
+    assert got["arms"]["stock"]["test_a"]["verdict"] == "UNFINISHED"
+    assert got["pr_failing_only_on_pr"] == [
+        "test_b: FAIL: test_b (test_quantized.TestQuantized.test_b) (k=9)"
+    ]  # test_b ended on stock (passed): still the PR's own
+    assert got["pr_failing_not_compared"] == 1 and got["pr_failing_also_on_stock"] == 0
+    page = bench.page({**meta, "mlx": {"pr": "p", "stock": "s"}, **got})
+    assert "not compared, their method not run to the end on stock: 1" in page
+    # A sharded method with one shard failing and one cut off is FAILED yet not compared.
+    half = [
+        "== test_quantized.TestQuantized.test_a [1/2]: FAILED in 2.0s",
+        "    FAIL: test_a (test_quantized.TestQuantized.test_a) (k=1)",
+        "== test_quantized.TestQuantized.test_a [2/2]: UNFINISHED in 9.0s",
+        *_split_output({"test_new": ["M=8"]}, ["test_b"]),
+    ]
+    pr = _split_output({"test_a": ["k=1", "k=3"]}, ["test_b", "test_new"])
+    got = bench.side_by_side({"stock": half, "pr": pr}, methods)
+    assert got["arms"]["stock"]["test_a"]["verdict"] == "FAILED"
+    assert got["pr_failing_also_on_stock"] == 1 and got["pr_failing_only_on_pr"] == []
+    assert got["pr_failing_not_compared"] == 1  # k=3: in the shard that never ended
+    assert got["stock_failing_only_on_stock"] == 1  # test_new M=8: ended on the PR, passed
 
 
 def test_rebase_gate_page_shows_each_scenarios_seconds() -> None:

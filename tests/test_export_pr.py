@@ -752,6 +752,15 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
     assert lines[-1] == "failing on stock, passing with this branch: test_new"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
     assert "one process per test method: with" in lines[0]  # control: every method ran
+    # Failures in a method stock did not end are counted, and said to be not compared.
+    page.update(pr_failing_not_compared=2)
+    (tmp_path / "t.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found[0]["lines"][1] == (
+        "subtests failing with this branch: 3 (test_old (1)), of which 1 fail on stock too; "
+        "not compared, their method not run to the end on stock: 2"
+    )
+    del page["pr_failing_not_compared"]
     # A page of the methods the build's own run failed says which ran.
     page.update(only=["test_old"], only_failed_in_build=True)
     (tmp_path / "t.json").write_text(json.dumps(page))

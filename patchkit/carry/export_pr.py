@@ -866,6 +866,7 @@ def tests_fact(data: dict) -> list[str]:
                 f"{v.count('UNFINISHED')} not run to the end")  # fmt: skip
 
     also, only = data["pr_failing_also_on_stock"], data["pr_failing_only_on_pr"]
+    unseen = data.get("pr_failing_not_compared", 0)  # pages from before it was counted
     fixed = sorted(
         m for m, r in arms["pr"].items()
         if r["verdict"] == "ok" and (arms["stock"].get(m) or {}).get("verdict") == "FAILED"
@@ -885,10 +886,11 @@ def tests_fact(data: dict) -> list[str]:
         f"and its JIT fix, which change no CUDA file), {data['hardware']['gpu']}, one process "
         f"per test method{compared}: with this branch {verdicts('pr')}; with stock MLX "
         f"({data['mlx']['stock']}) {verdicts('stock')}",
-        f"subtests failing with this branch: {also + len(only)}"
+        f"subtests failing with this branch: {also + len(only) + unseen}"
         + (f" ({failing})" if failing else "")
         + f", of which {also} fail on stock too"
-        + ("" if not only else f"; only here: {'; '.join(only)}"),
+        + ("" if not only else f"; only here: {'; '.join(only)}")
+        + (f"; not compared, their method not run to the end on stock: {unseen}" if unseen else ""),
     ]
     for arm, who in (("pr", "this branch"), ("stock", "stock")):
         if left := sorted(m for m, r in arms[arm].items() if r["verdict"] == "UNFINISHED"):

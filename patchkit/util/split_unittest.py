@@ -341,7 +341,8 @@ def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
     failing subtests, and how many of its processes ran (``sections``) and skipped it as
     a whole (``skipped_sections``: unittest says ``ok`` for a skipped method too). What a
     record keeps, and how two runs' logs are compared. A sharded method's verdict is its
-    worst shard's (FAILED, then UNFINISHED), its time the longest."""
+    worst shard's (FAILED, then UNFINISHED), its time the longest; ``cut_off`` marks one
+    with a shard that did not end (a FAILED verdict does not say that all of it ran)."""
     methods: dict[str, dict[str, Any]] = {}
     current: dict[str, Any] | None = None
     rank = {"ok": 0, "UNFINISHED": 1, "FAILED": 2}
@@ -360,6 +361,8 @@ def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
                     seen["verdict"] = verdict
                 seen["seconds"] = max(seen["seconds"] or 0.0, seconds)
             current["sections"] = current.get("sections", 0) + 1
+            if verdict == "UNFINISHED":  # a shard cut off: some subtests never ran
+                current["cut_off"] = True
         elif (
             ln.startswith("    ")
             and current is not None
@@ -378,6 +381,7 @@ def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
         elif m := UNFINISHED.match(ln):
             blank = {"verdict": "ok", "seconds": None, "problems": []}
             seen = methods.setdefault(m.group(1), blank)
+            seen["cut_off"] = True
             if seen["verdict"] != "FAILED":
                 seen["verdict"] = "UNFINISHED"
         elif not ln.startswith("    "):
