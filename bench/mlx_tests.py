@@ -42,6 +42,11 @@ from mlx_qmv import hardware, mlx_of
 from patchkit.util.split_unittest import parse_output
 
 MODULE = "test_quantized"
+# A command's host-specific values, as its page shows them: interpreters and folders
+# become placeholders, files their names (what the page's JSON and its siblings are).
+PLACEHOLDERS = {"--stock": "STOCK_PYTHON[:SITE]", "--patched": "PATCHED_PYTHON[:SITE]",
+                "--patched-log": "BUILD/build.log", "--tests": "MLX/python/tests"}  # fmt: skip
+FILE_OPTIONS = ("--json", "--md", "--only-failed-in")
 
 
 def run_arms(
@@ -107,6 +112,28 @@ def compare(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "stock_failing_only_on_stock": len(stock_alone),
         "stock_failing_not_compared": len(failing["stock"] - failing["pr"] - stock_alone),
     }
+
+
+def generic_command(args: list[str]) -> str:
+    """``args`` (after the script's name) as the page shows them: no host's paths. For
+    ``compare``, whose --stock and --patched are output files, those keep their names."""
+    as_files = FILE_OPTIONS + (("--stock", "--patched") if args[:1] == ["compare"] else ())
+
+    def shown(option: str, value: str) -> str | None:
+        if option in as_files:
+            return shlex.quote(Path(value).name)
+        return PLACEHOLDERS.get(option)
+
+    out = []
+    for i, arg in enumerate(args):
+        option, eq, value = arg.partition("=")
+        if eq and (new := shown(option, value)) is not None:
+            out.append(f"{option}={new}")
+        elif i and (new := shown(args[i - 1], arg)) is not None:
+            out.append(new)
+        else:
+            out.append(shlex.quote(arg))
+    return " ".join(["python3 bench/mlx_tests.py", *out])
 
 
 def methods_of(test_file: Path) -> list[str]:
@@ -267,10 +294,11 @@ def main() -> None:
     rep.add_argument("json")
     rep.add_argument("--md", type=Path, help="write the page there and the JSON back in place")
     a = parser.parse_args()
-    command = "python3 bench/mlx_tests.py " + shlex.join(sys.argv[1:])
+    command = generic_command(sys.argv[1:])
     if a.cmd == "report":  # the comparison re-derived from the per-method verdicts kept
         data = json.loads(Path(a.json).read_text())
         data.update(compare(data["arms"]))
+        data["command"] = generic_command(shlex.split(data["command"])[2:])
         if a.md is None:
             print(page(data))
         else:

@@ -54,6 +54,9 @@ RESULTS = ROOT / "docs" / "results"
 TXN_DIR = ".txn"  # under docs/results: an in-flight copy of the records
 # The speed page's runs: (dtype, group size), as docs/results/cuda.md shows them.
 SPEED_RUNS = (("bfloat16", 64), ("bfloat16", 32), ("bfloat16", 128), ("float16", 64))
+# Processes per method with subtests when the failed methods run on stock (each compiles
+# only the JIT kernels of its share of the subtests).
+STOCK_SHARDS = 8
 
 
 class Step(NamedTuple):
@@ -98,11 +101,14 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
     page = (pages / "cuda.json", pages / "cuda.md", pages / "cuda.png")
     plan.append(Step("speed page", page_argv, page))
     # The methods the build's own test run failed, on stock, beside that run's output:
-    # whose failures they are (none failed: the page says nothing ran).
+    # whose failures they are (none failed: the page says nothing ran). Stock starts with
+    # no JIT kernels compiled and only a few methods run, so each gets more processes
+    # (every core: nothing is timed by then) to end within the deadline.
     tests_argv = [python, "bench/mlx_tests.py", "run", "--stock", stock, "--patched-log",
                   str(build_log), "--tests", str(test_dir),
                   "--json", str(pages / "cuda-tests.json"), "--md", str(pages / "cuda-tests.md"),
-                  "--shards", "4", "--only-failed-in", str(build / "build-cuda.json")]  # fmt: skip
+                  "--shards", str(STOCK_SHARDS), "--jobs", str(os.cpu_count() or 1),
+                  "--only-failed-in", str(build / "build-cuda.json")]  # fmt: skip
     # The build's --test-timeout bounds them too.
     limit = cuda_controls.option_values(build_args, "--test-timeout")
     tests_argv += ["--deadline-s", limit[0]] if limit else []

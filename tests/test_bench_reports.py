@@ -7,6 +7,7 @@ against the arithmetic it stands for (ratio to stock, floor over time, rows chec
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -496,3 +497,23 @@ def test_cuda_qmv_template_variant_specs_and_their_one_line_errors(tmp_path: Pat
     with pytest.raises(SystemExit, match="does not apply to this checkout's templates") as exc:
         bench.rendered_qmv(lambda path: "", bad)
     assert "\n" not in str(exc.value)
+
+
+def test_mlx_tests_page_shows_no_hosts_paths() -> None:
+    """The page's command keeps every option but shows interpreters and folders as
+    placeholders and files by name; a page re-made from its JSON says the same."""
+    bench = load_script("bench/mlx_tests.py")
+    args = ["run", "--stock", "python3:/opt/stock/site", "--patched-log", "/tmp/cr/build.log",
+            "--tests=/tmp/cr/tests", "--json", "/tmp/cr/t.json", "--shards", "8",
+            "--only-failed-in", "/tmp/cr/build/build-cuda.json", "--only", "test_a"]  # fmt: skip
+    shown = bench.generic_command(args)
+    assert shown == (
+        "python3 bench/mlx_tests.py run --stock STOCK_PYTHON[:SITE] --patched-log "
+        "BUILD/build.log --tests=MLX/python/tests --json t.json --shards 8 "
+        "--only-failed-in build-cuda.json --only test_a"
+    )
+    assert "/tmp" not in shown and "/opt" not in shown
+    assert bench.generic_command(shlex.split(shown)[2:]) == shown  # as `report` re-makes it
+    # compare's --stock and --patched are output files: their names, not placeholders.
+    compared = bench.generic_command(["compare", "--stock", "/a/stock.out", "--patched", "p"])
+    assert compared == "python3 bench/mlx_tests.py compare --stock stock.out --patched p"

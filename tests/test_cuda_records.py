@@ -54,6 +54,9 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     assert tests.argv[tests.argv.index("--tests") + 1] == kept["tests"]
     assert {src.parts[-2:] for src, _ in build.keep} >= {("python", "tests")}
     assert "--patched" not in tests.argv  # the build the controls replace is never imported
+    # Stock compiles its JIT kernels from nothing: its few methods get every core.
+    assert tests.argv[tests.argv.index("--shards") + 1] == str(records.STOCK_SHARDS)
+    assert tests.argv[tests.argv.index("--jobs") + 1] == str(os.cpu_count() or 1)
     assert "--deadline-s" not in tests.argv  # the build's tests had no time limit either
     for limit in (["--test-timeout", "600"], ["--test-timeout=600"]):
         bounded = records.steps("python3", Path("/tmp/cr"), limit, sys.executable)[-2]
