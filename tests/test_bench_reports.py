@@ -517,3 +517,19 @@ def test_mlx_tests_page_shows_no_hosts_paths() -> None:
     # compare's --stock and --patched are output files: their names, not placeholders.
     compared = bench.generic_command(["compare", "--stock", "/a/stock.out", "--patched", "p"])
     assert compared == "python3 bench/mlx_tests.py compare --stock stock.out --patched p"
+
+
+def test_qmm_sm90_probe_tells_a_wrong_kernel_from_a_right_one(tmp_path, monkeypatch) -> None:
+    """The probe's line on MLX's CPU backend (right) and on a kernel that writes zeros
+    (wrong, the control); and its cases reach ``qmm_sm90`` (K = group) but the controls."""
+    mx = pytest.importorskip("mlx.core")
+    probe = load_script("bench/qmm_sm90_probe.py")
+    controls = [c for c in probe.CASES + probe.MORE if c[3] != c[4]]
+    assert controls and all(c[3] == 2 * c[4] for c in controls)
+    case = ("float16", 8, 64, 128, 128, 4, 0, False)
+    right = probe.probe(mx, str(tmp_path), case)
+    assert "rows_off=0[]" in right and "unwritten=0" in right and "runs_disagree=0e+00" in right
+    assert float(right.split("err/std=")[1].split()[0]) < probe.OFF
+    monkeypatch.setattr(mx, "quantized_matmul", lambda x, *a: mx.zeros((*x.shape[:-1], 64)))
+    wrong = probe.probe(mx, str(tmp_path), case)
+    assert "rows_off=8[0, 1, 2]" in wrong and "cols_off=64[0, 1, 2]" in wrong
