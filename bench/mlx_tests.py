@@ -60,22 +60,23 @@ def run_arms(
     """Both arms at once, ``jobs`` processes each (a method with subtests as ``shards``
     of them; ``only`` those methods, when named); their outputs as lists of lines."""
     root = Path(__file__).resolve().parent.parent
-    procs, caches = {}, tempfile.mkdtemp(prefix="mlx-tests-")
-    for name, spec in specs.items():
-        python, site = [*spec.split(":", 1), ""][:2]
-        if os.sep in python:  # the arms run in the tests' folder: a relative path would move
-            python = os.path.abspath(python)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [site, str(root)]))}
-        argv = [python, "-m", "patchkit.util.split_unittest", MODULE, "--jobs", str(jobs),
-                "--cache-root", os.path.join(caches, name)]  # fmt: skip
-        if deadline:
-            argv += ["--deadline-s", str(deadline)]
-        if shards > 1:
-            argv += ["--shards", str(shards)]
-        argv += [arg for m in only for arg in ("--only", m)]
-        procs[name] = subprocess.Popen(argv, cwd=tests, env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    return {name: p.communicate()[0].splitlines() for name, p in procs.items()}
+    procs = {}
+    with tempfile.TemporaryDirectory(prefix="mlx-tests-") as caches:  # per-arm JIT caches
+        for name, spec in specs.items():
+            python, site = [*spec.split(":", 1), ""][:2]
+            if os.sep in python:  # the arms run in the tests' folder: a relative path would move
+                python = os.path.abspath(python)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [site, str(root)]))}
+            argv = [python, "-m", "patchkit.util.split_unittest", MODULE, "--jobs", str(jobs),
+                    "--cache-root", os.path.join(caches, name)]  # fmt: skip
+            if deadline:
+                argv += ["--deadline-s", str(deadline)]
+            if shards > 1:
+                argv += ["--shards", str(shards)]
+            argv += [arg for m in only for arg in ("--only", m)]
+            procs[name] = subprocess.Popen(argv, cwd=tests, env=env, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        return {name: p.communicate()[0].splitlines() for name, p in procs.items()}
 
 
 def side_by_side(outputs: dict[str, list[str]], methods: list[str]) -> dict[str, Any]:

@@ -98,9 +98,16 @@ def main() -> None:
     ap.add_argument("--full", action="store_true",
                     help="also 8-bit, bfloat16, more shapes (minutes on a CPU)")  # fmt: skip
     args = ap.parse_args()
-    # A JIT cache of its own, so that "jit=" names what each case compiled.
-    cache = os.environ.setdefault("MLX_PTX_CACHE_DIR", tempfile.mkdtemp(prefix="qmm-probe-"))
-    os.makedirs(cache, exist_ok=True)
+    # A JIT cache of its own (removed after the run, unless MLX_PTX_CACHE_DIR names one),
+    # so that "jit=" names what each case compiled.
+    with tempfile.TemporaryDirectory(prefix="qmm-probe-") as own:
+        cache = os.environ.setdefault("MLX_PTX_CACHE_DIR", own)
+        os.makedirs(cache, exist_ok=True)
+        run(args.full, cache)
+
+
+def run(full: bool, cache: str) -> None:
+    """Print the header and one line per case, with ``cache`` as MLX's JIT cache."""
     import mlx.core as mx
 
     packages = sorted(
@@ -109,7 +116,7 @@ def main() -> None:
         if (d.metadata["Name"] or "").lower().startswith("mlx")
     )
     print(f"MLX {mx.__version__} on {mx.default_device()}; packages: {', '.join(packages)}")
-    for case in CASES + (MORE if args.full else []):
+    for case in CASES + (MORE if full else []):
         print(probe(mx, cache, case), flush=True)
 
 

@@ -10,6 +10,7 @@ import json
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -378,9 +379,13 @@ def test_the_readme_set_up_runs_every_toolchain_of_the_gate() -> None:
     assert set(cli_support._toolchains(choice)) == set(build.GATE)
 
 
-def test_mlx_tests_arms_split_subtests_when_asked(tmp_path: Path) -> None:
-    """bench/mlx_tests.py passes --shards on to both arms' split_unittest runs."""
+def test_mlx_tests_arms_split_subtests_when_asked(tmp_path: Path, monkeypatch) -> None:
+    """bench/mlx_tests.py passes --shards on to both arms' split_unittest runs, and removes
+    the arms' JIT caches after them."""
     mlx_tests = load_script("bench/mlx_tests.py")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     (tmp_path / "test_quantized.py").write_text(
         "import unittest\n\nclass T(unittest.TestCase):\n    def test_a(self):\n"
         "        for k in range(4):\n            with self.subTest(k=k):\n"
@@ -392,6 +397,7 @@ def test_mlx_tests_arms_split_subtests_when_asked(tmp_path: Path) -> None:
     for lines in outputs.values():
         assert sum(ln.startswith("== test_quantized.T.test_a [") for ln in lines) == 2
         assert lines[-1] == "FAILED (failures=1)"
+    assert not list(scratch.iterdir())
 
 
 def test_mlx_tests_reruns_beside_stock_what_the_builds_run_failed(tmp_path: Path) -> None:
