@@ -121,8 +121,9 @@ def test_the_stack_adds_no_file_or_test_twice(exports: dict[str, export_pr.PrRes
 
 
 def test_a_stacked_body_names_the_prs_under_it(exports: dict[str, export_pr.PrResult]) -> None:
-    """Stacked, a body names the earlier PRs' commits its branch is on (they go first); a
-    PR on main names none, and the Metal PR alone says it carries the fix instead."""
+    """Stacked, a body names the earlier PRs' commits its branch is on, and which of them
+    its change depends on; a PR on main names none, and the Metal PR alone says it carries
+    the fix instead."""
     lines = {name: [ln for ln in pr.body.read_text().splitlines()
                     if ln.startswith(("This branch is on top of", "This branch carries"))]
              for name, pr in exports.items()}  # fmt: skip
@@ -134,6 +135,9 @@ def test_a_stacked_body_names_the_prs_under_it(exports: dict[str, export_pr.PrRe
     assert fix[:8] in on_fix
     (on_both,) = lines["cuda-stacked"]
     assert on_both.index(fix[:8]) < on_both.index(metal.commit[:8])  # oldest first
+    # Which of them a change depends on: Metal on the fix; CUDA on none (but the script).
+    assert "builds on the jit-fix PR" in on_fix
+    assert "depends on none of them (only the benchmark script" in on_both
 
 
 def test_stacking_onto_a_base_without_the_fix_is_one_line(tmp_path: Path) -> None:

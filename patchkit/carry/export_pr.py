@@ -1112,6 +1112,8 @@ def body_context(
         "carries": carries or [],
         # Commits of earlier PRs the base holds (a stacked export), not in upstream's main.
         "stacked_on": stacked_on or [],
+        # The changes this one builds on (render.REQUIRES): the only PRs it depends on.
+        "builds_on": list(render.REQUIRES.get(backend, ())),
         "bench_file": BENCH_FILE,
         # Whether the branch holds the script without adding it (stacked on the Metal PR).
         "bench_on_branch": bench_on_branch,
