@@ -19,9 +19,10 @@ NVRTC (`include/cute/arch/copy_sm90_desc.hpp`). This compiles one instance of ML
   must lay `Params` out as `host` does.
 
 Both controls as they must be, the verdict says whether `host` and `nvrtc` agree (exit 0
-either way); a control that comes out otherwise is exit 1; missing tools exit 2. MLX's
-header comes from a clone (``--mlx-repo``, default ``PATCHKIT_MLX_REPO``) at ``--rev``
-(default pin.toml's commit); CUTLASS and CCCL from ``patchkit deps``'s folder.
+either way); a control that comes out otherwise is exit 1; a missing tool or a compile
+that fails, exit 2. MLX's header comes from a clone (``--mlx-repo``, default
+``PATCHKIT_MLX_REPO``) at ``--rev`` (default pin.toml's commit); CUTLASS and CCCL from
+``patchkit deps``'s folder.
 """
 
 from __future__ import annotations
@@ -77,15 +78,15 @@ CUDA_H_ALIGN = re.compile(r"(typedef struct CUtensorMap_st \{\s*#if[^\n]*\n\s*)a
 STAND_IN_DECL = "struct alignas(64) { char bytes[128]; }"
 
 
-class Missing(Exception):
-    """A tool or input this needs is not there: one line, exit 2."""
+class CannotRun(Exception):
+    """A tool or input is missing, or a compiler refuses the source: one line, exit 2."""
 
 
 def nvcc_path(given: str | None) -> str:
     """nvcc: ``given`` or the one on PATH."""
     found = shutil.which(given or "nvcc")
     if not found:
-        raise Missing(f"{given or 'nvcc'} not found: put CUDA's bin on PATH or pass --nvcc")
+        raise CannotRun(f"{given or 'nvcc'} not found: put CUDA's bin on PATH or pass --nvcc")
     return found
 
 
@@ -97,7 +98,7 @@ def toolkit_dirs(nvcc: str) -> tuple[Path, Path]:
     top = re.search(r"^#\$ TOP=(.*)$", out, re.M)
     inc = re.search(r'^#\$ INCLUDES="-I([^"]*)"', out, re.M)
     if not (top and inc):
-        raise Missing(f"{nvcc} --dryrun names no toolkit folder")
+        raise CannotRun(f"{nvcc} --dryrun names no toolkit folder")
     return Path(top.group(1).strip()).resolve(), Path(inc.group(1).strip()).resolve()
 
 
@@ -106,7 +107,7 @@ def find_nvrtc(given: str | None, toolkit: Path) -> str:
     in this Python's site-packages."""
     if given:
         if not Path(given).is_file():
-            raise Missing(f"--nvrtc {given}: no such file")
+            raise CannotRun(f"--nvrtc {given}: no such file")
         return given
     candidates = sorted(glob.glob(str(toolkit / "lib64" / "libnvrtc.so*")))
     for site in sys.path:  # nvidia-cuda-nvrtc 13 (nvidia/cu13) and 12 (nvidia/cuda_nvrtc)
@@ -116,7 +117,7 @@ def find_nvrtc(given: str | None, toolkit: Path) -> str:
             )
     candidates = [c for c in candidates if "builtins" not in c and ".alt." not in c]
     if not candidates:
-        raise Missing("libnvrtc not found beside nvcc or in site-packages: pass --nvrtc "
+        raise CannotRun("libnvrtc not found beside nvcc or in site-packages: pass --nvrtc "
                       "or pip install nvidia-cuda-nvrtc")  # fmt: skip
     return candidates[0]
 
@@ -126,7 +127,7 @@ def header_tree(repo: str, rev: str, into: Path) -> Path:
     proc = subprocess.run(["git", "-C", repo, "show", f"{rev}:{HEADER}"],
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
-        raise Missing(f"{HEADER} not at {rev} in {repo}: {proc.stderr.strip()}")
+        raise CannotRun(f"{HEADER} not at {rev} in {repo}: {proc.stderr.strip()}")
     (into / HEADER).parent.mkdir(parents=True, exist_ok=True)
     (into / HEADER).write_text(proc.stdout)
     return into
@@ -138,7 +139,7 @@ def cuda_h_at_64(include: Path, into: Path) -> Path:
     text = (include / "cuda.h").read_text()
     changed, n = CUDA_H_ALIGN.subn(r"\1alignas(64)", text)
     if n != 1:
-        raise Missing("this toolkit's cuda.h does not align CUtensorMap to 128 bytes as "
+        raise CannotRun("this toolkit's cuda.h does not align CUtensorMap to 128 bytes as "
                       "CUDA 13 does: nothing to simulate")  # fmt: skip
     into.mkdir(parents=True, exist_ok=True)
     (into / "cuda.h").write_text(changed)
@@ -149,7 +150,7 @@ def stand_in_at_128(cutlass: Path, into: Path) -> Path:
     """A folder whose copy of CUTLASS's ``STAND_IN`` aligns the NVRTC stand-in to 128."""
     text = (cutlass / STAND_IN).read_text()
     if STAND_IN_DECL not in text:
-        raise Missing(f"{STAND_IN} declares no `{STAND_IN_DECL}`: another CUTLASS")
+        raise CannotRun(f"{STAND_IN} declares no `{STAND_IN_DECL}`: another CUTLASS")
     (into / STAND_IN).parent.mkdir(parents=True, exist_ok=True)
     (into / STAND_IN).write_text(
         text.replace(STAND_IN_DECL, "struct alignas(128) { char bytes[128]; }")
@@ -166,7 +167,7 @@ def host_layout(nvcc: str, includes: list[Path], work: Path, name: str) -> dict[
             *[f"-I{p}" for p in includes], str(src), "-o", str(exe)]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise Missing(f"nvcc failed on the host program: {proc.stderr.strip()[-400:]}")
+        raise CannotRun(f"nvcc failed on the host program: {proc.stderr.strip()[-400:]}")
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     return dict(zip(FIELDS, map(int, out.split()), strict=True))
 
@@ -196,7 +197,7 @@ def nvrtc_layout(lib: str, source: str, includes: list[Path]) -> tuple[dict[str,
         nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         log = ctypes.create_string_buffer(size.value)
         nvrtc.nvrtcGetProgramLog(prog, log)
-        raise Missing(f"NVRTC failed: {log.value.decode(errors='replace').strip()[:600]}")
+        raise CannotRun(f"NVRTC failed: {log.value.decode(errors='replace').strip()[:600]}")
     lowered = ctypes.c_char_p()
     _check(nvrtc, nvrtc.nvrtcGetLoweredName(prog, KERNEL.encode(), ctypes.byref(lowered)))
     size = ctypes.c_size_t()
@@ -210,7 +211,7 @@ def nvrtc_layout(lib: str, source: str, includes: list[Path]) -> tuple[dict[str,
 def _check(nvrtc: ctypes.CDLL, rc: int) -> None:
     if rc != 0:
         nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
-        raise Missing(f"NVRTC: {nvrtc.nvrtcGetErrorString(rc).decode()}")
+        raise CannotRun(f"NVRTC: {nvrtc.nvrtcGetErrorString(rc).decode()}")
 
 
 def parse_layout(ptx: str) -> dict[str, int]:
@@ -308,12 +309,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cccl = Path(args.cccl or deps / "cccl" / "include")
     for what, path in (("CUTLASS", cutlass), ("CCCL", cccl)):
         if not path.is_dir():
-            raise Missing(
+            raise CannotRun(
                 f"{what} headers not at {path}: run `patchkit deps --from DIR` or pass them"
             )
     repo = args.mlx_repo or os.environ.get("PATCHKIT_MLX_REPO")
     if not repo:
-        raise Missing("no MLX clone: pass --mlx-repo or set PATCHKIT_MLX_REPO")
+        raise CannotRun("no MLX clone: pass --mlx-repo or set PATCHKIT_MLX_REPO")
     rev = args.rev or pin.load(ROOT / "pin.toml").commit
     with tempfile.TemporaryDirectory(prefix="qmm-sm90-layout-") as tmp:
         work = Path(tmp)
@@ -387,7 +388,7 @@ def main() -> None:
     args = ap.parse_args()
     try:
         report = run(args)
-    except Missing as exc:
+    except CannotRun as exc:
         print(f"qmm_sm90_layout: {exc}", file=sys.stderr)
         sys.exit(2)
     if args.json:
