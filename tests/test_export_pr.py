@@ -863,3 +863,9 @@ def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path
     assert found == []
     assert "build-cuda.json: built from another patch series" in notes[0]
     assert "cuda.json: timed a build of another patch series" in notes[1]
+
+
+def test_the_metal_body_names_the_work_its_kernels_meet() -> None:
+    """The Metal PR replaces #3764's qmv_wide and edits the kernels #4516 edits."""
+    related = " ".join(_body(backend="metal").split("## Related upstream work")[1].split())
+    assert "#3764" in related and "#4516" in related
