@@ -181,10 +181,11 @@ def load_nvrtc(lib: str) -> ctypes.CDLL:
     return ctypes.CDLL(lib)
 
 
-def nvrtc_layout(lib: str, source: str, includes: list[Path]) -> tuple[dict[str, int], str]:
+def nvrtc_layout(
+    nvrtc: ctypes.CDLL, source: str, includes: list[Path]
+) -> tuple[dict[str, int], str]:
     """Compile ``source`` and the probe with NVRTC as MLX's JIT does (compute_90a: PTX);
     the layout array's values, and the kernel's ``.param`` declaration."""
-    nvrtc = load_nvrtc(lib)
     prog = ctypes.c_void_p()
     code = (source + NVRTC_PROBE).encode()
     _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(prog), code, b"qmm_sm90.cu", 0, None, None))
@@ -292,18 +293,13 @@ def page(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def source_of(deps: Path, name: str) -> str:
-    stamp = deps / name / ".patchkit-source"
-    return stamp.read_text().strip() if stamp.is_file() else "?"
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Compile the four arms; the report."""
     from patchkit.carry import mlx_deps, pin
 
     nvcc = nvcc_path(args.nvcc)
     toolkit, include = toolkit_dirs(nvcc)
-    lib = find_nvrtc(args.nvrtc, toolkit)
+    nvrtc = load_nvrtc(find_nvrtc(args.nvrtc, toolkit))
     deps = mlx_deps.deps_root()
     cutlass = Path(args.cutlass or deps / "cutlass" / "include")
     cccl = Path(args.cccl or deps / "cccl" / "include")
@@ -325,14 +321,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         jit = [cutlass, cccl, include]
         arms: dict[str, dict[str, Any]] = {
             "host": {"layout": host_layout(nvcc, [mlx, cutlass], work, "host")},
-            "nvrtc": dict(zip(("layout", "param"), nvrtc_layout(lib, source, jit), strict=True)),
+            "nvrtc": dict(zip(("layout", "param"), nvrtc_layout(nvrtc, source, jit), strict=True)),
             "host_at_64": {"layout": host_layout(nvcc, [at_64, mlx, cutlass], work, "host64")},
             "nvrtc_at_128": dict(
-                zip(("layout", "param"), nvrtc_layout(lib, source, [at_128, *jit]), strict=True)
+                zip(("layout", "param"), nvrtc_layout(nvrtc, source, [at_128, *jit]), strict=True)
             ),
         }
     major, minor = ctypes.c_int(), ctypes.c_int()
-    load_nvrtc(lib).nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    # Where the headers came from: patchkit deps' stamps, as build records name them.
+    stamped = {n: deps / n for n in ("cutlass", "cccl") if (deps / n / mlx_deps.STAMP).is_file()}
+    sources = mlx_deps.stamps(stamped)
     nvcc_version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     return {
         "instance": INSTANCE,
@@ -340,8 +339,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "verdict": verdict(arms),
         "nvcc": nvcc_version.strip().splitlines()[-1],
         "nvrtc_version": f"{major.value}.{minor.value}",
-        "cutlass": source_of(deps, "cutlass") if not args.cutlass else str(cutlass),
-        "cccl": source_of(deps, "cccl") if not args.cccl else str(cccl),
+        "cutlass": str(cutlass) if args.cutlass else sources.get("cutlass", "?"),
+        "cccl": str(cccl) if args.cccl else sources.get("cccl", "?"),
         "mlx_rev": rev,
         "command": shown_command(sys.argv[1:]),
     }
