@@ -339,6 +339,8 @@ def test_body_on_the_pins_template_keeps_its_own_description_section() -> None:
     body = _body(PIN_TEMPLATE)
     assert PIN_TEMPLATE in body and "Your description" not in body
     assert body.index("## Proposed changes") < body.index("## Tests")
+    # Its heading on a line of its own: after a comment's "-->" it would not render.
+    assert "-->\n## Proposed changes" in body
 
 
 def test_body_gives_commands_results_and_what_is_owed_on_a_mac() -> None:
