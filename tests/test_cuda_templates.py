@@ -165,6 +165,7 @@ def test_wrapper_asks_each_arm_for_its_kernel() -> None:
         ("row-pointers.diff", "int vec_mmas,"),
         ("scale-after.diff", "qmv_mma_scale_after<T, Q, has_bias>"),
         ("x-prefetch.diff", "prefetch.global.L1"),
+        ("x-prefetch-16.diff", '::"l"(x_rows[h] + k0)'),
     ],
 )
 def test_template_variants_apply_and_keep_the_launch_constants(
