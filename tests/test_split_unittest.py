@@ -149,7 +149,7 @@ def test_method_results_name_each_failing_subtest(tmp_path: Path) -> None:
     assert results["per_test"]["test_passes"] == "passed"  # control: a method that ran
     # A run that started from a warm JIT cache says so; a cold one (0) says nothing.
     warm = mlx_build.tests_line({"file": "t.py", **counts, **results, "jit_kernels_at_start": 7})
-    assert "the run started with 7 JIT kernels an earlier run of this version" in warm
+    assert "the run started with 7 JIT kernels already in this version's JIT cache" in warm
     assert "JIT kernels" not in mlx_build.tests_line(
         {"file": "t.py", **counts, **results, "jit_kernels_at_start": 0}
     )

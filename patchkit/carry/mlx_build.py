@@ -1284,8 +1284,8 @@ def tests_line(t: dict[str, Any] | None) -> str:
         )
     if t.get("jit_kernels_at_start"):
         line += (
-            f"; the run started with {t['jit_kernels_at_start']} JIT kernels an earlier run "
-            "of this version had compiled (the rest compiled as the tests met them)"
+            f"; the run started with {t['jit_kernels_at_start']} JIT kernels already in this "
+            "version's JIT cache (the rest compiled as the tests met them)"
         )
     return line + "."
 
