@@ -151,8 +151,13 @@ def test_method_results_name_each_failing_subtest(tmp_path: Path) -> None:
     warm = mlx_build.tests_line({"file": "t.py", **counts, **results, "jit_kernels_at_start": 7})
     assert "the run started with 7 JIT kernels already in this version's JIT cache" in warm
     assert "JIT kernels" not in mlx_build.tests_line(
-        {"file": "t.py", **counts, **results, "jit_kernels_at_start": 0}
+        {"file": "t.py", **counts, **results, "jit_kernels_at_start": 0, "jit_kernels_at_end": 3}
     )
+    # A run cut off at its deadline says what it leaves for the next run of the version.
+    cut = {**counts, **results, "unfinished": ["test_slow"]}
+    line = mlx_build.tests_line({"file": "t.py", **cut, "jit_kernels_at_end": 40})
+    assert "1 not finished in the time given: test_slow; 40 JIT kernels are left" in line, line
+    assert "JIT kernels" not in mlx_build.tests_line({"file": "t.py", **cut})  # not counted
 
 
 ORDERED = """

@@ -960,7 +960,8 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
         old.unlink()
     walls: dict[str, float] = {}
     outputs: dict[str, list[str]] = {}
-    jit_warm = None  # CUDA: kernels MLX's JIT finds compiled when the tests start
+    # CUDA: kernels MLX's JIT finds compiled when the tests start, and leaves when they end
+    jit_warm = jit_left = None
     with build.layout.log.open("w") as log:
         for step in build.steps:  # every step, every time: each is idempotent
             progress(f"[{step.stage}] {step.why}")
@@ -971,6 +972,8 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
             code, lines = _run_logged(step, log, progress)
             walls[step.stage] = walls.get(step.stage, 0.0) + time.monotonic() - start
             outputs[step.stage] = lines
+            if step.stage == "test" and build.backend == "cuda":
+                jit_left = jit_pool.count(cache, split_unittest.POOL, "test_")
             if code not in step.ok_codes:
                 fail(step, code, lines, build.layout.log)
     # Exit 1 is also how a crashed Python ends: a missing report or summary is a failure.
@@ -992,6 +995,7 @@ def _execute(build: BuildPlan, root: Path, progress: Progress) -> dict[str, Any]
         tests.update(method_results(outputs["test"]))
         if jit_warm is not None:
             tests["jit_kernels_at_start"] = jit_warm
+            tests["jit_kernels_at_end"] = jit_left
     rec = record(build, root, tests, parity, walls, default)
     wheel = build.wheel()
     return {**rec, "incremental": incremental, "wheel": str(wheel) if wheel else None}
@@ -1286,6 +1290,12 @@ def tests_line(t: dict[str, Any] | None) -> str:
         line += (
             f"; the run started with {t['jit_kernels_at_start']} JIT kernels already in this "
             "version's JIT cache (the rest compiled as the tests met them)"
+        )
+    # Cut off while MLX's JIT compiled: say what the next run of this version starts from.
+    if t.get("unfinished") and t.get("jit_kernels_at_end") is not None:
+        line += (
+            f"; {t['jit_kernels_at_end']} JIT kernels are left in this version's JIT cache "
+            "for a later `patchkit build` to start from"
         )
     return line + "."
 
