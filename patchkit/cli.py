@@ -652,7 +652,8 @@ def vendor_cmd(checkout: Path, flavour: str, dry_run: bool, no_wait: bool, as_js
 @click.option(
     "--system-site-packages",
     is_flag=True,
-    help="Let patchkit's venv see this Python's packages (an offline host without MLX).",
+    help="Let patchkit's venv see this Python's packages and PYTHONPATH's folders (an offline "
+    "host without MLX).",
 )
 @click.option(
     "--into",

@@ -260,13 +260,14 @@ def test_system_site_packages_refused_where_mlx_is_importable(
 
 
 def test_a_base_interpreter_in_a_venv_lends_its_packages(
-    project: dict[str, Path], tmp_path: Path
+    project: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """GPU hosts ship numpy and cuDNN in a venv: ``venv --system-site-packages`` made from
     its interpreter does not see them, so the plan adds a .pth naming them, and it works."""
     import subprocess
 
     _fill_stamps(project["deps"], CPU_STAMPS)
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # its folders are lent too (below)
     parent = tmp_path / "parent"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True)
     parent_py = str(parent / "bin" / "python")
@@ -305,7 +306,11 @@ def test_a_numpy_found_another_way_is_lent_too(
     lib = tmp_path / "elsewhere"
     (lib / "numpy").mkdir(parents=True)
     (lib / "numpy" / "__init__.py").write_text("WHERE = 'elsewhere'\n")
-    monkeypatch.setenv("PYTHONPATH", str(lib))
+    # Wheels carried to an offline host: `pip install --target carried`, on PYTHONPATH.
+    carried = tmp_path / "carried"
+    (carried / "carried_pkg").mkdir(parents=True)
+    (carried / "carried_pkg" / "__init__.py").write_text("WHERE = 'carried'\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(lib), str(carried)]))
     build = mlx_build.plan(
         project["root"], backend="cpu", deps_dir=project["deps"],
         python=str(parent / "bin" / "python"), system_site_packages=True,
@@ -317,10 +322,15 @@ def test_a_numpy_found_another_way_is_lent_too(
         subprocess.run([str(a) for a in step.argv], cwd=step.cwd, check=True)
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     got = subprocess.run(
-        [str(build.layout.python), "-c", "import numpy; print(numpy.WHERE)"],
+        [str(build.layout.python), "-c",
+         "import numpy, carried_pkg; print(numpy.WHERE, carried_pkg.WHERE)"],
         capture_output=True, text=True, check=True, env=clean,
     ).stdout.strip()  # fmt: skip
-    assert got == "elsewhere"
+    assert got == "elsewhere carried"
+    # Control: a venv without the lent folders imports neither.
+    plain = subprocess.run([str(parent / "bin" / "python"), "-c", "import carried_pkg"],
+                           capture_output=True, text=True, env=clean)  # fmt: skip
+    assert plain.returncode == 1 and "carried_pkg" in plain.stderr
     # The preflight step checks parity's imports before the compile, in parity's folder
     # and with the PYTHONPATH parity itself gets (the checkout, then the lent folders,
     # which a .pth alone may not make importable); without numpy it

@@ -258,13 +258,16 @@ def _lent_sites(python: str) -> list[str]:
 
     ``venv --system-site-packages`` exposes the *base* installation's packages, not
     those of a venv ``python`` runs in itself (GPU hosts often ship PyTorch, numpy
-    and cuDNN in such a venv), so those site folders are lent. So is the folder
-    ``python`` imports numpy from, wherever that is: numpy may live in neither, and
-    then parity would fail only after the whole compile.
+    and cuDNN in such a venv), so those site folders are lent. So are the folders on
+    ``PYTHONPATH`` (wheels carried to an offline host with ``pip install --target``) and
+    the folder ``python`` imports numpy from, wherever that is: numpy may live in none of
+    them, and then parity would fail only after the whole compile.
     """
     probe = (
         "import os, site, sys\n"
         "dirs = site.getsitepackages() if sys.prefix != sys.base_prefix else []\n"
+        "paths = os.environ.get('PYTHONPATH', '').split(os.pathsep)\n"
+        "dirs += [os.path.abspath(d) for d in paths if d]\n"
         "try:\n"
         "    import numpy\n"
         "    dirs.append(os.path.dirname(os.path.dirname(numpy.__file__)))\n"
