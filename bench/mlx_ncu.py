@@ -105,6 +105,9 @@ def derived(case: dict[str, Any], kernels: list[dict[str, Any]]) -> dict[str, An
         "bytes": read_bytes(case),
         "main_kernel": main["name"],
         "read_gb_s": read / ns if ns and read is not None else None,  # bytes/ns = GB/s
+        # Over 1: weights read more than once (a launch per vector, say); under 1: from L2.
+        "read_over_needed": sum(k["dram__bytes_read.sum"] or 0.0 for k in kernels)
+        / read_bytes(case),
     }
 
 
@@ -254,23 +257,25 @@ def _num(value: Any, fmt: str) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| shape (KxN) | bits | M | kernel | µs | DRAM read GB/s | DRAM % peak | regs | block "
-            "| grid | occupancy theor. % | achieved % | error |")  # fmt: skip
-    lines = [head, "|" + "---|" * 13]
+    head = ("| shape (KxN) | bits | M | kernel | µs | DRAM read GB/s | DRAM % peak "
+            "| call's DRAM read / bytes needed | regs | block | grid | occupancy theor. % "
+            "| achieved % | error |")  # fmt: skip
+    lines = [head, "|" + "---|" * 14]
     for row in rows:
         c = row["case"]
         lead = f"| {c['K']}x{c['N']} | {c['bits']} | {c['M']} "
         if "error" in row:
             error = " ".join(row["error"].split()).replace("|", "\\|")
-            lines.append(lead + "|" + " |" * 9 + f" {error} |")
+            lines.append(lead + "|" + " |" * 10 + f" {error} |")
             continue
-        for k in row["kernels"]:
+        for i, k in enumerate(row["kernels"]):
             ns, read = k["gpu__time_duration.sum"], k["dram__bytes_read.sum"]
             cells = [
                 short(k["name"]),
                 _num(ns / 1e3 if ns is not None else None, ".1f"),
                 _num(read / ns if ns and read is not None else None, ".0f"),
                 _num(k["dram__throughput.avg.pct_of_peak_sustained_elapsed"], ".1f"),
+                _num(row.get("read_over_needed") if i == 0 else None, ".2f"),
                 _num(k["launch__registers_per_thread"], ".0f"),
                 _num(k["launch__block_size"], ".0f"),
                 _num(k["launch__grid_size"], ".0f"),
