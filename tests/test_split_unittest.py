@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from patchkit.carry import mlx_build
+from patchkit.util import split_unittest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -398,3 +399,33 @@ def test_processes_are_spread_over_the_visible_gpus(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     seen = [(tmp_path / f"gpu-{m}").read_text() for m in "abc"]
     assert seen == ["4", "5", "4"]
+
+
+def test_jit_processes_are_held_to_the_memory_available() -> None:
+    """As many processes as the memory holds at the allowance each, at least one; no
+    limit where the memory is unknown or the allowance is 0."""
+    gib = 1 << 30
+    assert split_unittest.jit_jobs(16, 120 * gib, 8) == 15
+    assert split_unittest.jit_jobs(16, 32 * gib, 8) == 4
+    assert split_unittest.jit_jobs(16, gib, 8) == 1
+    assert split_unittest.jit_jobs(4, 120 * gib, 8) == 4
+    assert split_unittest.jit_jobs(16, None, 8) == 16 and split_unittest.jit_jobs(16, gib, 0) == 16
+    if Path("/proc/meminfo").is_file():
+        assert (split_unittest.memory_available() or 0) > 0
+
+
+def test_a_run_that_compiles_cuda_kernels_takes_fewer_slots_where_memory_is_short(
+    tmp_path: Path,
+) -> None:
+    """With ``--cache-root``, an allowance no host has leaves one process at a time, and
+    the first line says why; the verdicts are those of a run with every slot. Controls: an
+    allowance of 0, and no ``--cache-root``, keep the slots asked for."""
+    ptx = str(tmp_path / "ptx")
+    held = _run(tmp_path, "pass", "--jobs", "3", "--cache-root", ptx, "--jit-memory-gib", "1e9")
+    first = held.stdout.splitlines()[0]
+    assert "1 at a time (not 3: " in first and "1e+09 GiB a process" in first, first
+    assert held.stdout.splitlines()[-1] == "FAILED (failures=2, skipped=1)"
+    free = _run(tmp_path, "pass", "--jobs", "3", "--cache-root", ptx, "--jit-memory-gib", "0")
+    assert free.stdout.splitlines()[0].endswith("3 at a time")
+    plain = _run(tmp_path, "pass", "--jobs", "3", "--jit-memory-gib", "1e9")
+    assert plain.stdout.splitlines()[0].endswith("3 at a time")

@@ -431,7 +431,8 @@ NO_LTO_NOTE = (
 JIT_NOTE = (
     "; MLX compiles its qmm kernels at first use (NVRTC, tens of seconds each), into one "
     "folder per process under {}, each seeded with what ended processes compiled, so a "
-    "first run takes long and a second starts warm"
+    "first run takes long and a second starts warm; fewer processes at a time where the "
+    "host's memory holds fewer compilers (patchkit.util.split_unittest)"
 )
 _LTO_PROBE = "int twice(int x) { return 2 * x; }\n"
 

@@ -25,7 +25,11 @@ queueing behind quick methods. ``--first`` names methods that start before all o
 ``--only`` the methods to run, none other (another build's failures, run again beside). With
 ``--deadline-s``, a method still running then is stopped and one not yet started is not
 started: both are ``UNFINISHED`` lines, not counted as run, and the run is not OK (a host
-lent for a fixed time still gets a verdict on every method that ended).
+lent for a fixed time still gets a verdict on every method that ended). With
+``--cache-root``, fewer than ``--jobs`` run at a time where the host's available memory
+holds fewer processes that compile CUDA kernels (``--jit-memory-gib`` each; 0: no limit):
+nvcc and NVRTC take several GiB at their peak on a CUTLASS kernel, and a process compiles
+many, so a slot per core can exhaust a host with less memory than that per core.
 
 The output ends in unittest's own form: the ``FAIL:``/``ERROR:`` headers of every
 method, one ``Ran N tests`` line and one ``OK``/``FAILED (...)`` tail summing the
@@ -70,6 +74,8 @@ SHARD = re.compile(
 )
 TAIL_KEYS = ("failures", "errors", "skipped", "expected failures", "unexpected successes")
 DURATIONS = "durations.json"  # under --cache-root: {method: seconds, or null if unfinished}
+# What one process that compiles MLX's CUDA kernels may take at its peak (--jit-memory-gib).
+JIT_MEMORY_GIB = 8
 POOL = "_shared"  # under --cache-root: the kernels of processes that ended (jit_pool)
 
 
@@ -389,6 +395,26 @@ def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
     return methods
 
 
+def memory_available() -> int | None:
+    """The host's available memory in bytes (``MemAvailable``); None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def jit_jobs(jobs: int, available: int | None, per_process_gib: float) -> int:
+    """``jobs``, or as many processes as ``available`` bytes hold at ``per_process_gib``
+    each (at least one; unknown memory or a limit of 0 leaves ``jobs``)."""
+    if available is None or per_process_gib <= 0:
+        return jobs
+    return max(1, min(jobs, int(available // (per_process_gib * (1 << 30)))))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="split_unittest", description=__doc__.split("\n")[0])
     parser.add_argument("module", help="a test module importable from the current folder")
@@ -401,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="start this test method before all others (repeatable)")  # fmt: skip
     parser.add_argument("--only", action="append", default=[], metavar="METHOD",
                         help="run only the methods named so (repeatable)")  # fmt: skip
+    parser.add_argument("--jit-memory-gib", type=float, default=JIT_MEMORY_GIB,
+                        help="with --cache-root: GiB a process may take (0: no limit)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.shards < 1:
         parser.error("--shards must be at least 1")
@@ -417,12 +445,21 @@ def main(argv: list[str] | None = None) -> int:
     # ones, so quick methods fill the slots they leave instead of queueing behind them.
     work.sort(key=lambda t: (t[0].rsplit(".", 1)[-1] in known, t[1] is None))
     work.sort(key=lambda t: t[0].rsplit(".", 1)[-1] not in args.first)  # stable: first of all
+    jobs, why = args.jobs, ""
+    if args.cache_root is not None:
+        available = memory_available()
+        jobs = jit_jobs(args.jobs, available, args.jit_memory_gib)
+        if jobs < args.jobs and available is not None:
+            why = (
+                f" (not {args.jobs}: {available / (1 << 30):.0f} GiB of memory available, "
+                f"{args.jit_memory_gib:g} GiB a process that compiles CUDA kernels)"
+            )
     print(f"{len(ids)} test methods of {args.module} in {len(work)} processes, "
-          f"{args.jobs} at a time", flush=True)  # fmt: skip
+          f"{jobs} at a time{why}", flush=True)  # fmt: skip
     start = time.monotonic()
     deadline = None if args.deadline_s is None else start + args.deadline_s
     runs: list[MethodRun] = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         gpus = visible_gpus()
         futures = [
             pool.submit(run_method, test_id, shard, args.cache_root, deadline,
