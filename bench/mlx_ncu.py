@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mlx_qmv  # the arms' convention and the host's description
+import mlx_qmv  # the arms' convention and the host's description (it puts patchkit on the path)
+
+from patchkit.verify.harness import cuda  # a layer's bytes (torch only when called)
 
 METRICS = [
     "gpu__time_duration.sum",
@@ -51,7 +53,6 @@ SHAPES = [(8192, 28672), (4096, 14336), (4096, 4096)]  # (K, N)
 QUICK_SHAPES = [(4096, 14336)]
 MS, QUICK_MS = (1, 16, 8), (1, 16)
 BITS, QUICK_BITS = (4, 8), (4,)
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def cases(quick: bool, dtype: str = "bfloat16", group: int = 64) -> list[dict[str, Any]]:
@@ -65,9 +66,10 @@ def cases(quick: bool, dtype: str = "bfloat16", group: int = 64) -> list[dict[st
 
 
 def read_bytes(case: dict[str, Any]) -> int:
-    """What the call must read: weights, a scale and a bias per group, and x."""
-    K, N, M, width = case["K"], case["N"], case["M"], DTYPE_BYTES[case["dtype"]]
-    return K * N * case["bits"] // 8 + 2 * K * N // case["group"] * width + M * K * width
+    """What the call must read: the harness's weights, scales and biases, and x (2-byte
+    elements: bfloat16 or float16)."""
+    cfg = cuda.Config(case["K"], case["N"], case["bits"], case["group"], case["dtype"])
+    return cuda.weight_bytes(cfg) + case["M"] * case["K"] * 2
 
 
 def parse_csv(text: str) -> list[dict[str, Any]]:
@@ -120,9 +122,7 @@ def ncu_case(
     ncu: str, python: str, site: str, lib: str | None, case: dict[str, Any]
 ) -> dict[str, Any]:
     """One ncu process over one case's call; a failure is kept as the row's error."""
-    env = dict(os.environ)
-    if site:
-        env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = mlx_qmv.arm_env(site, dict(os.environ))
     cmd = [ncu, "--clock-control", "none", "--cache-control", "all",
            "--profile-from-start", "off", "--csv", "--page", "raw",
            "--metrics", ",".join(METRICS),
@@ -222,10 +222,7 @@ def worker(case: dict[str, Any], lib: str | None) -> None:
     """One quantized matmul inside the profiled range, through MLX or, with ``lib``, one
     of the harness's libraries; the inputs are made outside it."""
     if lib:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         import torch
-
-        from patchkit.verify.harness import cuda
 
         cfg = cuda.Config(case["K"], case["N"], case["bits"], case["group"], case["dtype"])
         inp = cuda.make_inputs(cfg, case["M"], copies=1, seed=0)

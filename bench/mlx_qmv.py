@@ -124,12 +124,20 @@ def cases(quick: bool) -> list[dict[str, Any]]:
     ]
 
 
+def arm_env(site: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with an arm's ``SITE`` (when given) first on its ``PYTHONPATH``."""
+    if not site:
+        return env
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join([site, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+
+
 def run_arm(python: str, site: str, env: dict[str, str], job: dict[str, Any]
             ) -> list[dict[str, Any]]:  # fmt: skip
     """One round of one arm: a fresh interpreter with its own MLX."""
-    full = {**os.environ, **env}
-    if site:
-        full["PYTHONPATH"] = os.pathsep.join([site, full.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    full = arm_env(site, {**os.environ, **env})
     payload = json.dumps(job)
     done = subprocess.run(
         [python, __file__, "worker"], input=payload, capture_output=True, text=True, env=full
