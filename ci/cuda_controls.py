@@ -20,6 +20,11 @@ and the PR's test ``test_qmv_tensor_cores_match_single_vector`` run once per swi
 - ``order-by-m``: half the warps over K whenever M > 1, another summation order: rows must
   differ eagerly, and the PR's test must fail.
 
+Then compute-sanitizer (found beside ``nvcc``, on ``PATH``, or ``--sanitizer PATH``) runs a
+narrowed parity (:data:`SANITIZER_PARITY`) on the same build under each of its tools: with
+no switch, none may report anything in the kernel; with ``no-barrier`` (no barrier between
+the warps' partial sums and the reads that add them), racecheck must report it.
+
 ``DIR/cuda-controls.{json,md}`` hold the result; the exit status is 0 when every control
 came out as it must. Afterwards the checkout's own patch is applied again, and the build
 holds the control until ``patchkit build`` runs again (an incremental rebuild).
@@ -33,6 +38,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +63,21 @@ EXPECTED = {
     "split-launch": (None, True, None),
     "order-by-m": (True, None, True),
 }
+# compute-sanitizer: the tools each switch runs under, and whether the kernel must be
+# reported (False: by none of them).
+SANITIZER_SWITCHES = {
+    "none": (("memcheck", "racecheck", "synccheck", "initcheck"), False),
+    "no-barrier": (("racecheck",), True),
+}
+# The parity each tool runs: bfloat16 at 4 and 8 bits already launches every shape of the
+# kernel (tails in N and K, 8 and 4 warps over K, batched and broadcast weights); more
+# dtypes and modes add time under the tools, not code paths.
+SANITIZER_PARITY = ("--dtype", "bfloat16", "--bits", "4", "--bits", "8")
+KERNEL = "qmv_mma_kernel"
+# A report's first line ("========= Invalid __global__ read ...", "========= Error: Race
+# reported ..."); its details follow, indented. The last line sums them up.
+REPORT_START = re.compile(r"^========= (?!COMPUTE-SANITIZER)\S")
+SUMMARY = re.compile(r"^========= \w+ SUMMARY: (\d+)")
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> int:
@@ -102,6 +123,67 @@ def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict
         "pr_test_failed": test != 0,
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def find_sanitizer(given: str | None) -> str | None:
+    """compute-sanitizer: ``given``, else beside ``nvcc`` (the toolkit the build used), else
+    on ``PATH``."""
+    if given:
+        return given if shutil.which(given) else None
+    nvcc = shutil.which("nvcc")
+    beside = Path(nvcc).resolve().parent / "compute-sanitizer" if nvcc else None
+    if beside is not None and beside.is_file():
+        return str(beside)
+    return shutil.which("compute-sanitizer")
+
+
+def sanitizer_reports(log: str) -> tuple[int, int, int | None]:
+    """(reports naming the kernel, other reports, the summary's count or None when the
+    log has no summary: the run did not end) of one compute-sanitizer log."""
+    blocks: list[list[str]] = []
+    summary = None
+    for line in log.splitlines():
+        if m := SUMMARY.match(line):
+            summary = int(m.group(1))
+        elif REPORT_START.match(line):
+            blocks.append([line])
+        elif blocks and line.startswith("========="):
+            blocks[-1].append(line)
+    ours = sum(any(KERNEL in ln for ln in b) for b in blocks)
+    return ours, len(blocks) - ours, summary
+
+
+def sanitize(layout: mlx_build.Layout, copy: Path, switch: str, tool: str, work: Path,
+             sanitizer: str, timeout: float) -> dict[str, Any]:  # fmt: skip
+    """The narrowed parity under one compute-sanitizer tool with one switch."""
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    env.pop("MLX_CUDA_QMV_EXACT", None)
+    if switch != "none":
+        env["PATCHKIT_CONTROL"] = switch
+    log = work / f"sanitizer-{switch}-{tool}.log"
+    argv = [sanitizer, "--tool", tool, "--log-file", str(log), str(layout.python), "-m",
+            "patchkit.verify.mlx_parity", "--patched", "--out",
+            str(work / f"sanitizer-{switch}-{tool}.json"), *SANITIZER_PARITY]  # fmt: skip
+    print("+", " ".join(argv), flush=True)
+    started = time.monotonic()
+    try:
+        code: int | None = subprocess.run(argv, cwd=work, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    ours, others, summary = sanitizer_reports(log.read_text(errors="replace") if log.exists()
+                                              else "")  # fmt: skip
+    return {"switch": switch, "tool": tool, "exit": code, "summary": summary,
+            "kernel_reports": ours, "other_reports": others,
+            "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+
+
+def sanitizer_verdict(result: dict[str, Any]) -> bool:
+    """Whether one tool's run came out as :data:`SANITIZER_SWITCHES` says: it ended, and
+    reported the kernel exactly where it must."""
+    must_report = SANITIZER_SWITCHES[result["switch"]][1]
+    ended = result["summary"] is not None and result["exit"] is not None
+    exact = must_report or result["exit"] == 0  # no switch: parity holds under the tool too
+    return ended and exact and (result["kernel_reports"] > 0) == must_report
 
 
 def option_values(build_args: list[str], option: str) -> tuple[str, ...]:
@@ -152,6 +234,7 @@ def page(record: dict[str, Any]) -> str:
             f"{words[r['pr_test_failed']]} (must: {words[want[2]]}) | "
             f"{'yes' if r['ok'] else 'NO'} |"
         )
+    lines += ["", *sanitizer_table(record.get("sanitizer") or [])]
     lines += [
         "",
         f"Command: `{record['command']}`. Raw: [cuda-controls.json](cuda-controls.json).",
@@ -160,10 +243,34 @@ def page(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sanitizer_table(results: list[dict[str, Any]]) -> list[str]:
+    """The page's compute-sanitizer section: one row per switch and tool."""
+    if not results:
+        return ["compute-sanitizer: not run."]
+    lines = [
+        f"compute-sanitizer on `python -m patchkit.verify.mlx_parity --patched "
+        f"{' '.join(SANITIZER_PARITY)}` (every M up to 16 on the kernel), per switch and tool:",
+        "",
+        "| switch | tool | reports in the kernel | other reports | parity exit | as it must |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        must = "some" if SANITIZER_SWITCHES[r["switch"]][1] else "none"
+        ended = "did not end" if r["summary"] is None or r["exit"] is None else r["exit"]
+        lines.append(
+            f"| `{r['switch']}` | {r['tool']} | {r['kernel_reports']} (must: {must}) | "
+            f"{r['other_reports']} | {ended} | {'yes' if r['ok'] else 'NO'} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="write cuda-controls.{json,md} here")
     ap.add_argument("--report", type=Path, help="only write the page of this JSON again")
+    ap.add_argument("--sanitizer", help="compute-sanitizer (default: beside nvcc, or on PATH)")
+    ap.add_argument("--sanitizer-timeout", type=float, default=900.0,
+                    help="seconds for each tool's run (default 900)")  # fmt: skip
     args, build_args = ap.parse_known_args(argv)
     if args.report:
         record = json.loads(args.report.read_text())
@@ -171,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if record["ok"] else 1
     if args.out is None:
         ap.error("--out DIR is required (or --report JSON)")
+    sanitizer = find_sanitizer(args.sanitizer)
+    if sanitizer is None:
+        print("cuda_controls: compute-sanitizer not found (beside nvcc or on PATH): "
+              "pass --sanitizer PATH", file=sys.stderr)  # fmt: skip
+        return 2
     short = pin.load(ROOT / pin.PIN_FILE).short
     try:  # the checkout's own patch must be the one applied (and built) now
         base = mlx_build.plan(ROOT, backend="cuda", run_tests=False,
@@ -202,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             build = json.loads((work / "build-cuda.json").read_text())
             layout = base.layout  # the build just made: same pin, backend and CMake args
             results = [check(layout, copy, s, work) for s in SWITCHES]
+            sanitized = [
+                sanitize(layout, copy, switch, tool, work, sanitizer, args.sanitizer_timeout)
+                for switch, (tools, _) in SANITIZER_SWITCHES.items()
+                for tool in tools
+            ]
     finally:  # the checkout's own patch, applied again whatever happened above
         restored = run(restore, ROOT) == 0
         if not restored:
@@ -211,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for r in results:
         r["ok"] = verdict(r)
+    for r in sanitized:
+        r["ok"] = sanitizer_verdict(r)
     record = {
         "patch_commit": base.patch_commit,
         **base_patch,
@@ -219,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(build),
         "command": "python3 ci/cuda_controls.py --out DIR " + " ".join(build_args),
         "results": results,
-        "ok": all(r["ok"] for r in results),
+        "sanitizer": sanitized,
+        "ok": all(r["ok"] for r in results + sanitized),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cuda-controls.json").write_text(json.dumps(record, indent=1) + "\n")

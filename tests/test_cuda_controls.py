@@ -30,7 +30,8 @@ def test_the_control_diff_applies_to_the_kernel_template_and_is_not_shipped() ->
     assert done.returncode == 0, done.stderr
     assert "qmv_mma.cu.j2" in done.stderr
     diff = controls.CONTROL_DIFF.read_text()
-    assert all(f'"{s}"' in diff for s in controls.SWITCHES if s != "none")
+    switches = [*controls.SWITCHES, *controls.SANITIZER_SWITCHES]
+    assert all(f'"{s}"' in diff for s in switches if s != "none")
     shipped = "\n".join(p.read_text() for p in (ROOT / "templates").rglob("*") if p.is_file())
     assert "PATCHKIT_CONTROL" not in shipped
 
@@ -73,6 +74,10 @@ def test_the_page_says_whether_every_control_held(tmp_path: Path) -> None:
               "command": "python3 ci/cuda_controls.py --out DIR", "results": results,
               "ok": all(r["ok"] for r in results)}  # fmt: skip
     text = controls.page(record)
+    assert "compute-sanitizer: not run." in text
+    tools = [{**_tool("none", 0), "ok": True}, {**_tool("no-barrier", 0), "ok": False}]
+    text = controls.page({**record, "sanitizer": tools})
+    assert "| `no-barrier` | racecheck | 0 (must: some) | 0 | 0 | NO |" in text
     assert "Every control as it must be: **NO**" in text
     assert "| `split-launch` | 100 | 0 (must: (not asserted)) | 0 (must: yes) |" in text
 
@@ -81,3 +86,59 @@ def test_the_build_folder_follows_the_cmake_args_given() -> None:
     args = ["--offline", "--cmake-arg=-DA=1", "-j", "16", "--cmake-arg", "-DB=2"]
     assert _controls().cmake_args(args) == ("-DA=1", "-DB=2")
     assert _controls().cmake_args(["--offline"]) == ()
+
+
+MEMCHECK_LOG = """========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 16 bytes
+=========     at void qmv_mma_kernel<1, 8, 4, 2, 64, true>(const T1 *)+0x1b0 in qmv.cu:190
+=========     by thread (3,0,0) in block (7,0,0)
+=========
+========= Program hit cudaErrorInvalidValue (error 1) on CUDA API call to cudaFree.
+=========     Host Frame: [0x1234] in libmlx.so
+=========
+========= ERROR SUMMARY: 2 errors
+"""
+RACECHECK_LOG = """========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at void qmv_mma_kernel<1, 8>(...)+0x9a0
+=========     and Read access at void qmv_mma_kernel<1, 8>(...)+0xa40 [2048 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+
+
+def test_sanitizer_logs_are_read_per_report_and_kernel() -> None:
+    controls = _controls()
+    assert controls.sanitizer_reports(MEMCHECK_LOG) == (1, 1, 2)
+    assert controls.sanitizer_reports(RACECHECK_LOG) == (1, 0, 1)
+    clean = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
+    assert controls.sanitizer_reports(clean) == (0, 0, 0)  # the banner is no report
+    assert controls.sanitizer_reports("========= COMPUTE-SANITIZER\n")[2] is None  # cut off
+
+
+def _tool(switch: str, ours: int, summary: int | None = 0, code: int | None = 0) -> dict:
+    return {"switch": switch, "tool": "racecheck", "exit": code, "summary": summary,
+            "kernel_reports": ours, "other_reports": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("result", "ok"),
+    [
+        (_tool("none", 0), True),
+        (_tool("none", 2, 2), False),  # the kernel reported with no switch
+        (_tool("none", 0, None), False),  # no summary: the run did not end
+        (_tool("none", 0, 0, None), False),  # timed out
+        (_tool("none", 0, 0, 1), False),  # rows differed under the tool
+        (_tool("no-barrier", 3, 3, 1), True),  # the race seen (its rows may differ)
+        (_tool("no-barrier", 0, 0), False),  # a race racecheck missed
+    ],
+)
+def test_a_sanitizer_run_that_missed_or_reported_wrongly_is_not_ok(result: dict, ok: bool) -> None:
+    assert _controls().sanitizer_verdict(result) is ok
+
+
+def test_no_sanitizer_is_a_one_line_error(monkeypatch, capsys) -> None:
+    controls = _controls()
+    monkeypatch.setattr(controls.shutil, "which", lambda name: None)
+    assert controls.find_sanitizer(None) is None
+    assert controls.main(["--out", "x"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

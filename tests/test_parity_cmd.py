@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from patchkit.cli import main
+from patchkit.errors import UserError
 from patchkit.verify import mlx_parity
 
 METAL_G15 = mlx_parity.DeviceInfo("metal", "applegpu_g15s", 15, "s")
@@ -226,3 +227,27 @@ def test_large_shapes_run_the_tensor_cores_and_skip_on_cpu() -> None:
     row = mlx_parity.run_config(mlx, mlx_parity.DeviceInfo("cpu", "cpu"), large[0])
     assert (row["status"], row["rows"]) == ("skipped", 0)
     assert mlx_parity.table_cells(row)[-1] == "skipped: GPU only (large shape)"
+
+
+def test_the_module_run_narrows_like_patchkit_parity(tmp_path: Path, monkeypatch) -> None:
+    """``python -m patchkit.verify.mlx_parity --mode/--bits/--dtype`` runs only the
+    configurations those keep (a run under compute-sanitizer needs few); none left is
+    a one-line error."""
+    seen: list[list[mlx_parity.Config]] = []
+
+    def fake_run(cfgs, progress=None, seed=0, patched=False):
+        seen.append(cfgs)
+        if not cfgs:
+            raise UserError("no configuration left after the --mode/--bits/--dtype filters")
+        return {"identical": True, "rows": [], "scope": ""}
+
+    monkeypatch.setattr(mlx_parity, "run", fake_run)
+    monkeypatch.setattr(mlx_parity, "format_report", lambda report: "")
+    out = tmp_path / "p.json"
+    argv = ["--out", str(out), "--dtype", "bfloat16", "--bits", "4", "--bits", "8"]
+    assert mlx_parity.main(argv) == 0
+    assert seen[0] and {(c.dtype, c.bits) for c in seen[0]} <= {("bfloat16", 4), ("bfloat16", 8)}
+    assert any(c.gpu_only for c in seen[0])  # the large layers stay in
+    assert mlx_parity.main(["--out", str(out)]) == 0
+    assert len(seen[1]) > len(seen[0])  # control: unnarrowed, more
+    assert mlx_parity.main(["--out", str(out), "--mode", "nonesuch"]) == 2

@@ -137,3 +137,8 @@ def test_controls_page_is_of_the_recorded_cuda_build_and_control() -> None:
     assert rec["ok"] and {r["switch"] for r in rec["results"]} == {
         "none", "split-launch", "order-by-m",
     }  # fmt: skip
+    # compute-sanitizer's tools ran clean with no switch and racecheck saw the race.
+    assert {(r["switch"], r["tool"]) for r in rec.get("sanitizer") or []} == {
+        ("none", "memcheck"), ("none", "racecheck"), ("none", "synccheck"),
+        ("none", "initcheck"), ("no-barrier", "racecheck"),
+    }, "cuda-controls.json has no compute-sanitizer runs: rerun ci/cuda_controls.py"  # fmt: skip

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -531,8 +532,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="the full matrix (default: quick)")
     ap.add_argument("--patched", action="store_true", help="the MLX was built from patches/")
     ap.add_argument("--out", type=Path, required=True, help="JSON report here")
+    # Narrowing, as `patchkit parity` does: e.g. a run under compute-sanitizer.
+    ap.add_argument("--mode", action="append", default=[], help="only this mode (repeatable)")
+    ap.add_argument("--bits", action="append", default=[], type=int, help="only these bits")
+    ap.add_argument("--dtype", action="append", default=[], help="only this dtype (repeatable)")
     a = ap.parse_args(argv)
-    report = run(configs(a.full, (), (), ()), lambda m: print(m, flush=True), patched=a.patched)
+    cfgs = configs(a.full, a.mode, a.bits, a.dtype)
+    try:
+        report = run(cfgs, lambda m: print(m, flush=True), patched=a.patched)
+    except UserError as exc:
+        print(f"mlx_parity: {exc}", file=sys.stderr)
+        return 2
     write_json(a.out, report)
     print(format_report(report))
     return 0 if report["identical"] else 1
