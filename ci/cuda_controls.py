@@ -269,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write cuda-controls.{json,md} here")
     ap.add_argument("--report", type=Path, help="only write the page of this JSON again")
     ap.add_argument("--sanitizer", help="compute-sanitizer (default: beside nvcc, or on PATH)")
-    ap.add_argument("--sanitizer-timeout", type=float, default=900.0,
-                    help="seconds for each tool's run (default 900)")  # fmt: skip
+    ap.add_argument("--sanitizer-timeout", type=float, default=300.0,
+                    help="seconds for each tool's run (default 300)")  # fmt: skip
     args, build_args = ap.parse_known_args(argv)
     if args.report:
         record = json.loads(args.report.read_text())
