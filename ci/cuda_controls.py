@@ -170,11 +170,12 @@ def sanitize(layout: mlx_build.Layout, copy: Path, switch: str, tool: str, work:
         code: int | None = subprocess.run(argv, cwd=work, env=env, timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         code = None
-    ours, others, summary = sanitizer_reports(log.read_text(errors="replace") if log.exists()
-                                              else "")  # fmt: skip
+    text = log.read_text(errors="replace") if log.exists() else ""
+    ours, others, summary = sanitizer_reports(text)
     return {"switch": switch, "tool": tool, "exit": code, "summary": summary,
             "kernel_reports": ours, "other_reports": others,
-            "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+            "seconds": round(time.monotonic() - started, 1),
+            "log_head": text.splitlines()[:40]}  # fmt: skip
 
 
 def sanitizer_verdict(result: dict[str, Any]) -> bool:
@@ -330,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         r["ok"] = verdict(r)
     for r in sanitized:
         r["ok"] = sanitizer_verdict(r)
+        if not r["ok"]:  # the run's folder goes away: what the tool said, into this log
+            print(f"cuda_controls: {r['switch']} under {r['tool']}, its first lines:\n"
+                  + "\n".join(r.pop("log_head")))  # fmt: skip
+        r.pop("log_head", None)
     record = {
         "patch_commit": base.patch_commit,
         **base_patch,
