@@ -97,12 +97,19 @@ def copy_checkout(dest: Path) -> None:
             shutil.copy2(source, dest / source.relative_to(ROOT))
 
 
-def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict[str, Any]:
-    """Parity and the PR's test on the control build with one switch."""
+def control_env(copy: Path, switch: str) -> dict[str, str]:
+    """The environment of a run on the control build: the checkout's copy importable, the
+    default route (no overlay switch), and ``switch`` set unless it is ``none``."""
     env = {**os.environ, "PYTHONPATH": str(copy)}
     env.pop("MLX_CUDA_QMV_EXACT", None)
     if switch != "none":
         env["PATCHKIT_CONTROL"] = switch
+    return env
+
+
+def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict[str, Any]:
+    """Parity and the PR's test on the control build with one switch."""
+    env = control_env(copy, switch)
     report = work / f"parity-{switch}.json"
     started = time.monotonic()
     code = run([str(layout.python), "-m", "patchkit.verify.mlx_parity", "--patched",
@@ -156,10 +163,7 @@ def sanitizer_reports(log: str) -> tuple[int, int, int | None]:
 def sanitize(layout: mlx_build.Layout, copy: Path, switch: str, tool: str, work: Path,
              sanitizer: str, timeout: float) -> dict[str, Any]:  # fmt: skip
     """The narrowed parity under one compute-sanitizer tool with one switch."""
-    env = {**os.environ, "PYTHONPATH": str(copy)}
-    env.pop("MLX_CUDA_QMV_EXACT", None)
-    if switch != "none":
-        env["PATCHKIT_CONTROL"] = switch
+    env = control_env(copy, switch)
     log = work / f"sanitizer-{switch}-{tool}.log"
     argv = [sanitizer, "--tool", tool, "--log-file", str(log), str(layout.python), "-m",
             "patchkit.verify.mlx_parity", "--patched", "--out",
@@ -331,10 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         r["ok"] = verdict(r)
     for r in sanitized:
         r["ok"] = sanitizer_verdict(r)
-        if not r["ok"]:  # the run's folder goes away: what the tool said, into this log
+        head = r.pop("log_head")  # the run's folder goes away: what the tool said, if wrong
+        if not r["ok"]:
             print(f"cuda_controls: {r['switch']} under {r['tool']}, its first lines:\n"
-                  + "\n".join(r.pop("log_head")))  # fmt: skip
-        r.pop("log_head", None)
+                  + "\n".join(head))  # fmt: skip
     record = {
         "patch_commit": base.patch_commit,
         **base_patch,
