@@ -520,10 +520,11 @@ def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool
 @main.command("export-pr")
 @click.option(
     "--backend",
-    type=click.Choice(["jit-fix", "metal", "cuda"]),
+    type=click.Choice(render.BACKENDS),
     default="metal",
     show_default=True,
-    help="Which PR: the JIT fix (first), Metal (builds on the fix), CUDA.",
+    help="Which PR: the JIT fix, the qmm_sm90 fix (both first), Metal (builds on the "
+    "JIT fix), CUDA.",
 )
 @click.option(
     "--onto",

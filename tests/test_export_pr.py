@@ -449,11 +449,12 @@ def test_each_body_names_the_upstream_work_on_its_problem() -> None:
     """The submitter must answer prior work: the other fix of #4350, and the opt-in
     batch-invariant mode (#4279) the Metal PR's approach differs from."""
     related = {b: " ".join(_body(backend=b).split("## Related upstream work")[1].split())
-               for b in ("jit-fix", "metal", "cuda")}  # fmt: skip
+               for b in export_pr.BACKENDS}  # fmt: skip
     assert "#4372 fixes #4350 too" in related["jit-fix"] and "#4279" not in related["jit-fix"]
     assert "#4279" in related["metal"] and "ml-explore/mlx-c#124" in related["metal"]
     assert "needs a rebase if it lands first" in related["metal"]
     assert "#4" not in related["cuda"].split("## Files")[0]
+    assert "#3706" in related["qmm-sm90"] and "v4.7.0" in related["qmm-sm90"]
 
 
 def test_commit_messages_are_the_submitters() -> None:

@@ -1,6 +1,6 @@
 """export-pr onto MLX's main and as a stack, on a real clone: every PR applies with
-``git am`` alone on the pin and on main, the stack (JIT fix, Metal, CUDA) in order, Metal
-and CUDA in either order; no file or test twice; each PR inside its backend.
+``git am`` alone on the pin and on main, the stack (JIT fix, qmm_sm90 fix, Metal, CUDA) in
+order, Metal and CUDA in either order; no file or test twice; each PR inside its backend.
 
 Needs a full MLX clone holding the pin 9a795735 and main 846d17622 (set
 PATCHKIT_MLX_REPO=/path/to/mlx) and upstream's formatter pins; skips saying which is missing.
@@ -23,6 +23,8 @@ MAIN_SHA = "846d176227a0ac13d2667e58d2bb68b322109ab0"
 TEST_FILE = "python/tests/test_quantized.py"
 BENCH_FILE = "benchmarks/python/qmv_small_batch_bench.py"
 SPEC = mlx_clone()
+# The documented order of the stack: each PR exported --stacked onto the one before it.
+STACK = ("jit-fix", "qmm-sm90-stacked", "metal-stacked", "cuda-stacked")
 
 
 def _missing() -> str | None:
@@ -41,7 +43,8 @@ pytestmark = [pytest.mark.clone, pytest.mark.skipif(_missing() is not None, reas
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, export_pr.PrResult]:
-    """Each PR alone on main, then the stack: the fix, Metal on it, CUDA on Metal."""
+    """Each PR alone on main, then the stack: the JIT fix, the qmm_sm90 fix on it, Metal on
+    both, CUDA on Metal."""
     out = tmp_path_factory.mktemp("prs")
 
     def export(backend: str, name: str, onto: str, stacked: bool) -> export_pr.PrResult:
@@ -52,7 +55,8 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, export_pr.PrR
         )  # fmt: skip
 
     prs = {b: export(b, b, MAIN_SHA, False) for b in export_pr.BACKENDS}
-    prs["metal-stacked"] = export("metal", "metal-stacked", prs["jit-fix"].branch, True)
+    prs["qmm-sm90-stacked"] = export("qmm-sm90", "qmm-sm90-stacked", prs["jit-fix"].branch, True)
+    prs["metal-stacked"] = export("metal", "metal-stacked", prs["qmm-sm90-stacked"].branch, True)
     prs["cuda-stacked"] = export("cuda", "cuda-stacked", prs["metal-stacked"].branch, True)
     return prs
 
@@ -84,9 +88,10 @@ def test_each_pr_applies_with_git_am_on_the_pin_and_on_main(
 def test_the_stack_applies_in_order_and_metal_and_cuda_in_either(
     exports: dict[str, export_pr.PrResult], tmp_path: Path
 ) -> None:
-    """The documented order (fix, Metal, CUDA) with git am; and the standalone Metal and
-    CUDA PRs in both orders: their tests sit at their own anchors and do not collide."""
-    stack = [exports["jit-fix"], exports["metal-stacked"], exports["cuda-stacked"]]
+    """The documented order (the two fixes, Metal, CUDA) with git am; and the standalone
+    Metal and CUDA PRs in both orders: their tests sit at their own anchors and do not
+    collide."""
+    stack = [exports[n] for n in STACK]
     work = _checkout(stack[0], MAIN_SHA, tmp_path / "stack")
     for pr in stack:
         head = _am(pr, work)
@@ -100,8 +105,8 @@ def test_the_stack_applies_in_order_and_metal_and_cuda_in_either(
 
 
 def test_the_stack_adds_no_file_or_test_twice(exports: dict[str, export_pr.PrResult]) -> None:
-    stack = [exports["jit-fix"], exports["metal-stacked"], exports["cuda-stacked"]]
-    assert [pr.changes for pr in stack] == [["jit-fix"], ["metal"], ["cuda"]]
+    stack = [exports[n] for n in STACK]
+    assert [pr.changes for pr in stack] == [["jit-fix"], ["qmm-sm90"], ["metal"], ["cuda"]]
     assert exports["metal"].changes == ["jit-fix", "metal"]  # alone on main: carries the fix
     added = [export_pr.diff_facts(pr.repository, pr.base, pr.commit) for pr in stack]
     tests = [t for facts in added for t in facts["tests"]]
@@ -109,6 +114,7 @@ def test_the_stack_adds_no_file_or_test_twice(exports: dict[str, export_pr.PrRes
     benches = [b for facts in added for b in facts["benchmarks"]]
     assert benches == [BENCH_FILE]  # the Metal PR's, once
     assert exports["jit-fix"].files == ["mlx/backend/metal/quantized.cpp"]
+    assert exports["qmm-sm90"].files == ["mlx/backend/cuda/quantized/qmm/qmm.cu"]
     for pr in (exports["cuda"], exports["cuda-stacked"]):
         assert not [f for f in pr.files if f.startswith("mlx/backend/metal/")]
     for name, pr in exports.items():
@@ -127,17 +133,21 @@ def test_a_stacked_body_names_the_prs_under_it(exports: dict[str, export_pr.PrRe
     lines = {name: [ln for ln in pr.body.read_text().splitlines()
                     if ln.startswith(("This branch is on top of", "This branch carries"))]
              for name, pr in exports.items()}  # fmt: skip
-    assert lines["jit-fix"] == [] and lines["cuda"] == []
+    assert lines["jit-fix"] == [] and lines["qmm-sm90"] == [] and lines["cuda"] == []
     assert lines["metal"][0].startswith("This branch carries")
     metal = exports["metal-stacked"]
-    fix = git.rev_parse(metal.repository, f"{metal.commit}~1")
-    (on_fix,) = lines["metal-stacked"]
-    assert fix[:8] in on_fix
-    (on_both,) = lines["cuda-stacked"]
-    assert on_both.index(fix[:8]) < on_both.index(metal.commit[:8])  # oldest first
-    # Which of them a change depends on: Metal on the fix; CUDA on none (but the script).
-    assert "builds on the jit-fix PR" in on_fix
-    assert "depends on none of them (only the benchmark script" in on_both
+    fix = git.rev_parse(metal.repository, f"{metal.commit}~2")
+    sm90 = git.rev_parse(metal.repository, f"{metal.commit}~1")
+    (on_fixes,) = lines["metal-stacked"]
+    assert fix[:8] in on_fixes and sm90[:8] in on_fixes
+    (on_all,) = lines["cuda-stacked"]
+    assert on_all.index(fix[:8]) < on_all.index(sm90[:8]) < on_all.index(metal.commit[:8])
+    # Which of them a change depends on: Metal on the JIT fix alone; qmm_sm90 and CUDA
+    # on none (CUDA takes only the benchmark script from Metal).
+    assert "builds on the jit-fix PR" in on_fixes
+    assert "depends on none of them (only the benchmark script" in on_all
+    (on_jit,) = lines["qmm-sm90-stacked"]
+    assert fix[:8] in on_jit and "depends on none of them:" in on_jit
 
 
 def test_stacking_onto_a_base_without_the_fix_is_one_line(tmp_path: Path) -> None:
@@ -165,6 +175,7 @@ def test_bodies_follow_mains_template_and_cite_only_mlx(
         )
     assert "generation 15 or later" in exports["metal"].body.read_text()
     assert "MLX_METAL_JIT=ON" in exports["jit-fix"].body.read_text()
+    assert "CUDA 13" in exports["qmm-sm90"].body.read_text()
     assert "This branch carries" in exports["metal"].body.read_text()
     assert "This branch carries" not in exports["metal-stacked"].body.read_text()
 

@@ -61,7 +61,7 @@ def test_bad_arguments_fail_in_one_line_before_any_work(isolated: Path) -> None:
 
 def test_backend_choice_is_one_of_three_prs_and_the_help_says_metal() -> None:
     result = CliRunner().invoke(main, ["export-pr", "--help"])
-    assert "[jit-fix|metal|cuda]" in result.output and "[default: metal]" in result.output
+    assert "[jit-fix|qmm-sm90|metal|cuda]" in result.output and "[default: metal]" in result.output
     assert export_pr.DEFAULT_BACKEND == "metal"
     assert CliRunner().invoke(main, ["export-pr", "--backend", "cpu"]).exit_code == 2
 

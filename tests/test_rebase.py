@@ -304,7 +304,7 @@ def test_refuses_when_upstream_edits_an_anchored_statement(env: dict, tmp_path: 
 )
 def test_a_rebase_without_merges_stages_the_changes_as_apply_does() -> None:
     """Rendered onto a tree where every anchor holds, a rebase commits the same series as
-    apply: one commit per change (the JIT fix, Metal, CUDA), the fix before Metal in the
+    apply: one commit per change (the two fixes, Metal, CUDA), the JIT fix before Metal in the
     one file both edit. Without its stages a rebase would fold the fix into Metal."""
     read = source.reader(Path(mlx_clone() or ""), PIN_SHA)
     options = render.RenderOptions()
@@ -312,5 +312,5 @@ def test_a_rebase_without_merges_stages_the_changes_as_apply_does() -> None:
     rendered, merged, conflicts = rebase.render_or_merge(plans, read, read, options)
     assert (merged, conflicts) == ([], [])
     applied = render.render_all(read, options, render.TEMPLATES_DIR)
-    assert [b for b, _ in rendered.stages] == ["jit-fix", "metal", "cuda"]
+    assert [b for b, _ in rendered.stages] == ["jit-fix", "qmm-sm90", "metal", "cuda"]
     assert rendered.stages == applied.stages

@@ -1,8 +1,8 @@
 """Commit a rendered patch on an upstream commit: one commit per change, same inputs, same ids.
 
 The render is written into a fresh detached worktree of the cached clone and
-committed per change (the JIT fix, Metal, CUDA: the series order is the review
-order; a change may build on the one before it in the same file) with
+committed per change (the JIT fix, the qmm_sm90 fix, Metal, CUDA: the series order
+is the review order; a change may build on the one before it in the same file) with
 patchkit's fixed author and the upstream commit's date, so rendering the same
 templates on the same commit always gives the same commit ids, and ``patchkit
 check`` can recommit without moving anything. The branch ``patchkit/<short>``
@@ -21,6 +21,7 @@ BRANCH_PREFIX = "patchkit/"
 
 SUBJECTS = {
     "jit-fix": "metal: qmv passes each kernel exactly its template arguments",
+    "qmm-sm90": "cuda: qmm_sm90 off where its JIT kernel reads its parameters elsewhere",
     "metal": "metal: qmv streams vectors in M = 1's order, replacing qmv_wide",
     "cuda": "cuda: qmv on tensor cores for up to 16 vectors, rows as M = 1",
 }
@@ -35,6 +36,12 @@ BODIES = {
     "jit-fix": (
         "In MLX_METAL_JIT=ON builds qmv() passed the output tile to every qmv\n"
         "kernel's template; only fp_qmv_fast declares it.\n"
+    ),
+    "qmm-sm90": (
+        "NVRTC compiles qmm_sm90 with CUTLASS's 64-byte aligned stand-in for\n"
+        "CUtensorMap, which CUDA 13's cuda.h aligns to 128 bytes on the host that\n"
+        "fills the kernel's parameters: there the two lay them out differently,\n"
+        "and supports_qmm_sm90 now says no.\n"
     ),
 }
 BODY = (

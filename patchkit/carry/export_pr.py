@@ -1,5 +1,5 @@
-"""``patchkit export-pr``: one upstream-ready PR for ml-explore/mlx (the JIT fix, Metal or
-CUDA), as commits, ``git am`` patches and a PR body.
+"""``patchkit export-pr``: one upstream-ready PR for ml-explore/mlx (the JIT fix, the
+qmm_sm90 fix, Metal or CUDA), as commits, ``git am`` patches and a PR body.
 
 Flow: check every argument (backend, branch, title, author, push target, out folder)
 -> prune what a killed run left -> resolve the base (MLX's default branch in the
@@ -50,17 +50,19 @@ from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import AnchorError, ToolError, UserError
 from patchkit.util import cache, git, proc
 
-BACKENDS = render.BACKENDS  # the JIT fix, Metal, CUDA: one PR each
+BACKENDS = render.BACKENDS  # the JIT fix, the qmm_sm90 fix, Metal, CUDA: one PR each
 DEFAULT_BACKEND = "metal"
 # One branch per backend, so exporting the other backend never moves this one.
 DEFAULT_BRANCHES = {
     "jit-fix": "qmv-jit-template-args",
+    "qmm-sm90": "qmm-sm90-param-layout",
     "metal": "order-preserving-qmv",
     "cuda": "order-preserving-qmv-cuda",
 }
 # Paths one backend's commit must not touch (the other backend's sources).
 FOREIGN_PATHS = {
     "jit-fix": ("mlx/backend/cuda/", "mlx/backend/metal/kernels/", "python/", "benchmarks/"),
+    "qmm-sm90": ("mlx/backend/metal/", "python/", "benchmarks/"),
     "metal": ("mlx/backend/cuda/",),
     "cuda": ("mlx/backend/metal/",),
 }
@@ -882,8 +884,8 @@ def tests_fact(data: dict) -> list[str]:
             if data.get("only_failed_in_build") else ")"
         )  # fmt: skip
     lines = [
-        f"`python/tests/{data['module']}.py` of this branch (built together with the Metal PR "
-        f"and its JIT fix, which change no CUDA file), {data['hardware']['gpu']}, one process "
+        f"`python/tests/{data['module']}.py` of this branch (built together with the other "
+        f"PRs of its series), {data['hardware']['gpu']}, one process "
         f"per test method{compared}: with this branch {verdicts('pr')}; with stock MLX "
         f"({data['mlx']['stock']}) {verdicts('stock')}",
         f"subtests failing with this branch: {also + len(only) + unseen}"
@@ -1118,6 +1120,7 @@ def body_context(
         # Whether the branch holds the script without adding it (stacked on the Metal PR).
         "bench_on_branch": bench_on_branch,
         "metal_branch": DEFAULT_BRANCHES["metal"],
+        "qmm_sm90_branch": DEFAULT_BRANCHES["qmm-sm90"],
         # The upstream commit under the PR (below any earlier PR of a stack): "main".
         "upstream_base": upstream_base or base,
     }

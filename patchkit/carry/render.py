@@ -39,8 +39,10 @@ TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 MANIFEST = "edits.toml"
 
 Flavour = Literal["upstream", "overlay"]
-# The changes, in series order: the JIT fix (its own upstream PR), Metal, CUDA.
-BACKENDS = ("jit-fix", "metal", "cuda")
+# The changes, in series order: two fixes, each its own upstream PR (Metal's JIT
+# template arguments; CUDA's qmm_sm90 off where its parameter layout disagrees),
+# then Metal and CUDA.
+BACKENDS = ("jit-fix", "qmm-sm90", "metal", "cuda")
 # What a change's edits are written against: Metal's host diff builds on the JIT fix.
 REQUIRES = {"metal": ("jit-fix",)}
 # The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
@@ -497,7 +499,7 @@ def render_stages(
     read: Callable[[str], str], options: RenderOptions, plans: list[FilePlan]
 ) -> list[tuple[str, dict[str, str]]]:
     """The patched texts of ``plans`` after each change of ``options`` in series order
-    (``BACKENDS``: the JIT fix, Metal, CUDA), each stage rendered with the changes before it."""
+    (``BACKENDS``: the two fixes, Metal, CUDA), each stage rendered with the changes before it."""
     order = [b for b in BACKENDS if b in options.backends]
     stages = []
     for i, backend in enumerate(order):
