@@ -112,7 +112,7 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   int B = out.size() / (M * N);
 
   // Up to 16 vectors, qmv on tensor cores: one read per weight, rows as M = 1.
-  // From 8 on, qmm (another order) is up to a fifth faster on some layers.
+  // From 8 on, qmm (another order) is faster on some layers.
   if (can_use_qmv && !can_use_fp_qmv && M * B <= 16 &&
       supports(supports_qmv_mma)) {
     call_qmv();
