@@ -7,9 +7,9 @@
 //   @@ -7,6 +7,10 @@
 //   @@ -248,6 +252,363 @@ __global__ void gather_qmv_kernel(
 //   @@ -267,7 +628,33 @@ void qmv(
-//   @@ -403,6 +790,60 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +861,17 @@ void qmv(
-//   @@ -451,6 +903,7 @@ void qmv(
+//   @@ -403,6 +790,63 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +864,17 @@ void qmv(
+//   @@ -451,6 +906,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -839,8 +839,11 @@ bool supports_qmv_mma(
         cutlass::bfloat16_t,
         cutlass::uint4b_t,
         cutlass::bfloat16_t>;
-    return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
-        attr.ptxVersion >= 90;
+    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+      cudaGetLastError(); // An answer here, not an error for later calls.
+      return false;
+    }
+    return attr.ptxVersion >= 90;
   }();
   if (!compiled_for_mma) {
     return false;
