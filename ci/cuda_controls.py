@@ -23,7 +23,8 @@ and the PR's test ``test_qmv_tensor_cores_match_single_vector`` run once per swi
 Then compute-sanitizer (found beside ``nvcc``, on ``PATH``, or ``--sanitizer PATH``) runs a
 narrowed parity (:data:`SANITIZER_PARITY`) on the same build under each of its tools: with
 no switch, none may report anything in the kernel; with ``no-barrier`` (no barrier between
-the warps' partial sums and the reads that add them), racecheck must report it.
+the warps' partial sums and the reads that add them), racecheck must report it. The tools
+run at the same time, each in its own process.
 
 ``DIR/cuda-controls.{json,md}`` hold the result; the exit status is 0 when every control
 came out as it must. Afterwards the checkout's own patch is applied again, and the build
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -319,11 +321,14 @@ def main(argv: list[str] | None = None) -> int:
             build = json.loads((work / "build-cuda.json").read_text())
             layout = base.layout  # the build just made: same pin, backend and CMake args
             results = [check(layout, copy, s, work) for s in SWITCHES]
-            sanitized = [
-                sanitize(layout, copy, switch, tool, work, sanitizer, args.sanitizer_timeout)
-                for switch, (tools, _) in SANITIZER_SWITCHES.items()
-                for tool in tools
-            ]
+            # All at once: each its own process on the one GPU, so the stage takes the
+            # slowest tool's time, not the sum (each writes only its own log and report).
+            runs = [(s, t) for s, (tools, _) in SANITIZER_SWITCHES.items() for t in tools]
+            with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+                sanitized = list(pool.map(
+                    lambda st: sanitize(layout, copy, *st, work, sanitizer,
+                                        args.sanitizer_timeout),
+                    runs))  # fmt: skip
     finally:  # the checkout's own patch, applied again whatever happened above
         restored = run(restore, ROOT) == 0
         if not restored:
