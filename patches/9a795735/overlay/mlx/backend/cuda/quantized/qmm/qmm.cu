@@ -4,7 +4,7 @@
 // base blob:  5c1d4f76b4e94b8826b6703b41f1d1f7dc900460
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -31,6 +31,14 @@ bool supports_qmm_sm90(
+//   @@ -31,6 +31,11 @@ bool supports_qmm_sm90(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -39,12 +39,9 @@ bool supports_qmm_sm90(
   if (device.compute_capability_major() != 9) {
     return false;
   }
-  // NVRTC compiles qmm_sm90, and there CUTLASS's TMA descriptor is a 64-byte
-  // aligned stand-in (cute/arch/copy_sm90_desc.hpp), while the host fills the
-  // kernel's parameters with cuda.h's CUtensorMap, which CUDA 13 aligns to 128
-  // bytes: the kernel would read its parameters at other offsets than the host
-  // wrote them at.
-  if constexpr (alignof(cute::TmaDescriptor) != 64) {
+  // NVRTC's cute::TmaDescriptor is alignas(64); where the host's CUtensorMap is
+  // not (CUDA 13), the two sides lay out the kernel's Params differently.
+  if (alignof(cute::TmaDescriptor) != 64) {
     return false;
   }
   auto [m, n, k, l, broadcast_b] = make_problem_shape(x, w, out);
