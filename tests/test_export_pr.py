@@ -721,6 +721,43 @@ def test_a_build_record_names_this_prs_tests_and_only_counts_the_rest(tmp_path: 
     assert lines[2].endswith("`test_own_too` unfinished") and not shown
 
 
+def test_the_qmm_sm90_body_says_the_tests_it_fixes_pass_only_where_a_build_shows_it(
+    tmp_path: Path,
+) -> None:
+    """The qmm_sm90 PR adds no test: it fixes MLX's own. The body names their verdicts in
+    the build of the series and says they pass only when each of them passed there
+    (control: one failed)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[qmm-sm90.result]]\ntitle = "MLX built with this change for CUDA, its tests"\n'
+        'file = "build-cuda.json"\nkind = "build"\n'
+    )
+    per_test = {"test_qmm": "passed", "test_qmv": "passed", "test_qmv_wide": "passed"}
+    tests = {"file": "python/tests/test_quantized.py", "passed": 3, "failed": 0, "skipped": 0,
+             "per_test": per_test}  # fmt: skip
+    record = {"mlx_commit": "9a795735ad9a", "backend": "cuda", "date": "2026-12-05",
+              "machine": {"gpu": "NVIDIA H200"}, "tests": tests}  # fmt: skip
+
+    def body() -> tuple[list[str], str]:
+        (tmp_path / "build-cuda.json").write_text(json.dumps(record))
+        found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "qmm-sm90")
+        assert notes == []
+        facts = {**FACTS, "tests": [], "numstat": {}}
+        context = export_pr.body_context("qmm-sm90", PIN_SHA, "b", MAIN_TEMPLATE, facts, found)
+        return found[0]["lines"], export_pr.render_body(TEMPLATES, context)
+
+    lines, text = body()
+    assert lines[-1] == (
+        "the tests this PR fixes there: `test_qmm` passed, `test_qmv` passed, "
+        "`test_qmv_wide` passed"
+    )
+    assert "pass on a CUDA 13 build of the series" in text and "meant to pass" not in text
+    per_test["test_qmv_wide"] = "failed"
+    lines, text = body()
+    assert lines[-1].endswith("`test_qmv_wide` failed")
+    assert "meant to pass" in text and "pass on a CUDA 13 build" not in text
+
+
 def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Path) -> None:
     """Every number of the tests fact is the page's own (counted here from its arms), the
     methods failing on stock and passing here are named, and no patchkit file or command

@@ -66,6 +66,9 @@ FOREIGN_PATHS = {
     "metal": ("mlx/backend/cuda/",),
     "cuda": ("mlx/backend/metal/",),
 }
+# MLX's own test methods a PR fixes rather than adds (it adds none): a build record shows
+# them passing or not, as it does a PR's new tests.
+FIXED_TESTS = {"qmm-sm90": ("test_qmm", "test_qmv", "test_qmv_wide")}
 BODY_TEMPLATE = "pr/body.md.j2"
 COMMIT_TEMPLATE = "pr/commit.txt.j2"
 RESULTS_MANIFEST = "pr/results.toml"
@@ -823,13 +826,15 @@ def own_test_status(data: dict, own_tests: Sequence[str]) -> dict[str, str]:
     return {t: per_test.get(t, "not run") for t in own_tests}
 
 
-def build_fact(data: dict, own_status: dict[str, str] | None = None) -> list[str]:
+def build_fact(
+    data: dict, own_status: dict[str, str] | None = None, fixed_status: dict[str, str] | None = None
+) -> list[str]:
     """Lines for a ``patchkit build`` record: where, and MLX's own test file on that build;
     none for a build whose tests did not run (``--no-test``): a build alone is no fact a
     reviewer can use. The build holds every PR of the series at once, so its test file
     has the other PRs' tests too: the methods not run to the end are counted, and this
     PR's own methods are named with their verdicts (``own_status``, from
-    :func:`own_test_status`)."""
+    :func:`own_test_status`), and so are the methods it fixes (``fixed_status``)."""
     if not data.get("tests"):
         return []
     machine = data.get("machine") or {}
@@ -852,6 +857,11 @@ def build_fact(data: dict, own_status: dict[str, str] | None = None) -> list[str
     if own_status:
         lines.append(
             "this PR's tests there: " + ", ".join(f"`{t}` {s}" for t, s in own_status.items())
+        )
+    if fixed_status:
+        lines.append(
+            "the tests this PR fixes there: "
+            + ", ".join(f"`{t}` {s}" for t, s in fixed_status.items())
         )
     return lines  # MLX's own tests only: a reviewer reruns them, not patchkit's parity
 
@@ -1024,10 +1034,11 @@ def stale_reason(data: dict, kind: str, inputs: dict[str, str] | None) -> str | 
 def measured_results(
     root: Path, templates_dir: Path, backend: str, own_tests: Sequence[str] = ()
 ) -> tuple[list[dict], list[str]]:
-    """([{title, lines, source, own_tests}], warnings) from the files
+    """([{title, lines, source, own_tests, fixed_tests}], warnings) from the files
     ``templates/pr/results.toml`` names for ``backend``: numbers are read from the files,
     never written in code. ``own_tests`` names this PR's test methods; a build record's
-    entry carries their verdicts, from which the body says whether they are shown passing."""
+    entry carries their verdicts, from which the body says whether they are shown passing;
+    the same for the MLX tests the PR fixes (:data:`FIXED_TESTS`)."""
     manifest = templates_dir / RESULTS_MANIFEST
     if not manifest.is_file():
         return [], [f"no {manifest}: the PR body lists no measured results"]
@@ -1037,6 +1048,7 @@ def measured_results(
     inputs = current_build_inputs(root)
     for entry in entries:
         own: dict[str, str] = {}
+        fixed: dict[str, str] = {}
         try:
             data = results[entry["file"]]
             if isinstance(data, Exception):
@@ -1049,7 +1061,8 @@ def measured_results(
                 lines = emulate_fact(data)
             elif kind == "build":
                 own = own_test_status(data, own_tests)
-                lines = build_fact(data, own)
+                fixed = own_test_status(data, FIXED_TESTS.get(backend, ()))
+                lines = build_fact(data, own, fixed)
             elif kind == "parity":
                 lines = parity_fact(data)
             elif kind == "tests":
@@ -1068,7 +1081,13 @@ def measured_results(
                          " tests did not run); left out of the body")  # fmt: skip
             continue
         found.append(
-            {"title": entry["title"], "lines": lines, "source": entry["file"], "own_tests": own}
+            {
+                "title": entry["title"],
+                "lines": lines,
+                "source": entry["file"],
+                "own_tests": own,
+                "fixed_tests": fixed,
+            }
         )
     return found, notes
 
@@ -1109,6 +1128,10 @@ def body_context(
         # Whether a build record shows every new test of this PR passing.
         "tests_shown_passing": any(
             r.get("own_tests") and set(r["own_tests"].values()) == {"passed"} for r in results
+        ),
+        # Whether a build record shows every MLX test this PR fixes passing.
+        "fixed_tests_shown_passing": any(
+            r.get("fixed_tests") and set(r["fixed_tests"].values()) == {"passed"} for r in results
         ),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
