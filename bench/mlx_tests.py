@@ -196,6 +196,18 @@ def failed_in(record: dict[str, Any]) -> list[str]:
     return [m for m, verdict in (tests.get("per_test") or {}).items() if verdict == "failed"]
 
 
+def methods_why(report: dict[str, Any]) -> str:
+    """Why the compared methods were chosen: those the build's own run failed, and any
+    named with ``--only`` beside them (an older record lists only the failed ones)."""
+    if not report.get("only_failed_in_build"):
+        return ""
+    failed = report.get("failed_in_build")
+    if failed is None or set(failed) == set(report.get("only") or []):
+        return " (those the build's own run of the file failed)"
+    return (f" (failed in the build's own run of the file: {', '.join(failed) or 'none'};"
+            " the others named to run)")  # fmt: skip
+
+
 def page(report: dict[str, Any]) -> str:
     """The results page: what ran where, the verdict in a few lines, the table."""
     counts = {}
@@ -218,9 +230,7 @@ def page(report: dict[str, Any]) -> str:
         + (f"; but {report['how']}." if report.get("patched_log") else
            f": {report['how']}" if report.get("how") else "."),
         *([f"- Methods compared: {', '.join(report['only']) or 'none'}"
-           + (" (those the build's own run of the file failed)"
-              if report.get("only_failed_in_build") else "")
-           + "; the others not run or left out"]
+           + methods_why(report) + "; the others not run or left out"]
           if report.get("only") or report.get("only_failed_in_build") else []),
         "",
         *(f"- {name}: {ok} methods passed or skipped, {bad} failed ({sub} failing subtests), "
@@ -315,8 +325,8 @@ def main() -> None:
             logged, mlx["pr"] = logged_arm(a.patched_log, a.only_failed_in, record)
             how = (f"the PR's arm is its build's own run of the whole file ({a.patched_log.name}"
                    "), not run again; stock's ran here after it")  # fmt: skip
-        if a.only_failed_in is not None:
-            a.only = [*a.only, *failed_in(record)]
+        failed = failed_in(record) if a.only_failed_in is not None else []
+        a.only = list(dict.fromkeys([*a.only, *failed]))  # named first, then the failed
         if a.only_failed_in is not None and not a.only:  # nothing failed: nothing to rerun
             outputs: dict[str, list[str]] = {name: [] for name in arms}
         else:
@@ -338,6 +348,7 @@ def main() -> None:
     report = {"command": command, "module": MODULE, "how": how, "mlx": mlx, "hardware": hw,
               "patch": series(), "backend": "cuda", "only": a.only,
               "only_failed_in_build": from_build,
+              **({"failed_in_build": failed} if from_build else {}),
               "patched_log": getattr(a, "patched_log", None) is not None}  # fmt: skip
     write({**report, **side_by_side(outputs, selected)}, a.json, a.md)
 

@@ -15,9 +15,10 @@ to the CUDA templates needs all of them again, made in this order on one machine
    and optionally an unpacked wheel's folder), once per (dtype, group size) of the speed
    page, then the page (``cuda``);
 3. ``bench/mlx_tests.py run --only-failed-in`` the build's record: the methods its test
-   run failed, on stock, beside the build's own run of them (its log, kept by step 1)
-   (``cuda-tests``). Nothing is timed from here on, so it runs alongside step 4 and costs
-   the run no time of its own: it never imports the build the controls replace;
+   run failed, and those of MLX's the series fixes (``export_pr.FIXED_TESTS``), on stock,
+   beside the build's own run of them (its log, kept by step 1) (``cuda-tests``).
+   Nothing is timed from here on, so it runs alongside step 4 and costs the run no time
+   of its own: it never imports the build the controls replace;
 4. ``ci/cuda_controls.py`` last: it leaves its control build in patchkit's build folder
    until the next ``patchkit build``, so nothing may time the build after it.
 
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ci import cuda_controls  # noqa: E402
-from patchkit.carry import mlx_build, pin, transaction  # noqa: E402
+from patchkit.carry import export_pr, mlx_build, pin, transaction  # noqa: E402
 from patchkit.util import staging  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -109,6 +110,9 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
                   "--json", str(pages / "cuda-tests.json"), "--md", str(pages / "cuda-tests.md"),
                   "--shards", str(STOCK_SHARDS), "--jobs", str(os.cpu_count() or 1),
                   "--only-failed-in", str(build / "build-cuda.json")]  # fmt: skip
+    # MLX's own methods the series fixes run too, failed or not: stock failing them and the
+    # build passing them is the fix shown (MLX asks a PR's tests to fail on main).
+    tests_argv += [a for t in export_pr.FIXED_TESTS["qmm-sm90"] for a in ("--only", t)]
     # The build's --test-timeout bounds them too.
     limit = cuda_controls.option_values(build_args, "--test-timeout")
     tests_argv += ["--deadline-s", limit[0]] if limit else []

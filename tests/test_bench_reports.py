@@ -327,6 +327,16 @@ def test_mlx_tests_tells_the_prs_own_failures_from_stocks(tmp_path) -> None:
     assert got["pr_failing_only_on_pr"] == [] and got["stock_failing_only_on_stock"] == 1
     page = bench.page({**meta, "mlx": {"pr": "p", "stock": "s"}, "only": ["test_a"], **got})
     assert "- Methods compared: test_a; the others not run or left out" in page
+    # Named beside those the build failed: the page says which were which.
+    built = {"only_failed_in_build": True, "failed_in_build": ["test_a"]}
+    page = bench.page(
+        {**meta, "mlx": {"pr": "p", "stock": "s"}, "only": ["test_a"], **built, **got}
+    )
+    assert "- Methods compared: test_a (those the build's own run of the file failed);" in page
+    page = bench.page({**meta, "mlx": {"pr": "p", "stock": "s"}, "only": ["test_b", "test_a"],
+                       **built, **got})  # fmt: skip
+    assert ("- Methods compared: test_b, test_a (failed in the build's own run of the file: "
+            "test_a; the others named to run)") in page  # fmt: skip
     # A method stock did not run to the end: the PR's failures there are not its own.
     cut = stock[: stock.index("== test_quantized.TestQuantized.test_a: FAILED in 2.0s")]
     got = bench.side_by_side({"stock": cut, "pr": worse}, methods)

@@ -809,6 +809,14 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
         "(methods run: test_old, those that failed in the build's own run of the file)"
         in (found[0]["lines"][0])
     )
+    # ... and when methods were named beside them, which were which.
+    page.update(only=["test_fixed", "test_old"], failed_in_build=["test_old"])
+    (tmp_path / "t.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert (
+        "(methods run: test_fixed, test_old; failed in the build's own run of the file: "
+        "test_old, the others named to run)" in found[0]["lines"][0]
+    )
 
 
 def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> None:

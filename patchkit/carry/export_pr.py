@@ -889,10 +889,15 @@ def tests_fact(data: dict) -> list[str]:
     compared = ""
     if data.get("only") or data.get("only_failed_in_build"):
         which = ", ".join(data.get("only") or []) or "none"
-        compared = f" (methods run: {which}" + (
-            ", those that failed in the build's own run of the file)"
-            if data.get("only_failed_in_build") else ")"
-        )  # fmt: skip
+        failed = data.get("failed_in_build")
+        if not data.get("only_failed_in_build"):
+            why = ")"
+        elif failed is None or set(failed) == set(data.get("only") or []):
+            why = ", those that failed in the build's own run of the file)"
+        else:
+            why = (f"; failed in the build's own run of the file: {', '.join(failed) or 'none'}"
+                   ", the others named to run)")  # fmt: skip
+        compared = f" (methods run: {which}{why}"
     lines = [
         f"`python/tests/{data['module']}.py` of this branch (built together with the other "
         f"PRs of its series), {data['hardware']['gpu']}, one process "
