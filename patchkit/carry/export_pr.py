@@ -1036,6 +1036,12 @@ def stale_reason(data: dict, kind: str, inputs: dict[str, str] | None) -> str | 
     return None
 
 
+def shown_passing(results: list[dict], key: str) -> bool:
+    """Whether one result's verdicts under ``key`` (``own_tests`` or ``fixed_tests``, from
+    :func:`measured_results`) are all "passed": none listed is no proof."""
+    return any(r.get(key) and set(r[key].values()) == {"passed"} for r in results)
+
+
 def measured_results(
     root: Path, templates_dir: Path, backend: str, own_tests: Sequence[str] = ()
 ) -> tuple[list[dict], list[str]]:
@@ -1131,13 +1137,9 @@ def body_context(
         "env_vars": facts["env_vars"],
         "results": results,
         # Whether a build record shows every new test of this PR passing.
-        "tests_shown_passing": any(
-            r.get("own_tests") and set(r["own_tests"].values()) == {"passed"} for r in results
-        ),
+        "tests_shown_passing": shown_passing(results, "own_tests"),
         # Whether a build record shows every MLX test this PR fixes passing.
-        "fixed_tests_shown_passing": any(
-            r.get("fixed_tests") and set(r["fixed_tests"].values()) == {"passed"} for r in results
-        ),
+        "fixed_tests_shown_passing": shown_passing(results, "fixed_tests"),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
         # Commits of earlier PRs the base holds (a stacked export), not in upstream's main.
