@@ -1,8 +1,8 @@
 """The pin's and the patched qmv.cu, compiled and run side by side on one CUDA GPU.
 
   build (here: nvcc, the pinned tree)  python3 bench/cuda_qmv.py build --out .device/qmv \
-                                           [--variant NAME=T,S,W,KW,WN,WKW ...] \
-                                           [--template-variant NAME=DIFF[:T,S,W,KW,WN,WKW] ...]
+                                           [--variant NAME=T,S,W,KW,WN,WKW[,WXN,WXT,WXS] ...] \
+                                           [--template-variant NAME=DIFF[:CONSTANTS] ...]
   run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
@@ -89,31 +89,61 @@ def rendered_qmv(read: Callable[[str], str], diff: Path | None = None) -> str:
         return render.render_file(plan, read(cuda.QMV_PATH), render.RenderOptions())
 
 
-CONSTANTS_SPEC = re.compile(rf"^\d+(,\d+){{{len(cuda.LAUNCH_CONSTANTS) - 1}}}$")
+# Launch constants as typed: the first six, or all of cuda.LAUNCH_CONSTANTS (the last three
+# give wide layers of more than WXN rows WXT tiles and WXS slots).
+CONSTANTS_HELP = "T,S,W,KW,WN,WKW[,WXN,WXT,WXS]"
+
+
+def parse_constants(text: str) -> list[int] | None:
+    """``text`` as :data:`CONSTANTS_HELP`, all nine constants; None when it is not that."""
+    parts = text.split(",")
+    counts = (cuda.SAME_TILES_EVERYWHERE, len(cuda.LAUNCH_CONSTANTS))
+    if len(parts) not in counts or not all(p.isdigit() for p in parts):
+        return None
+    return cuda.full_launch_constants([int(p) for p in parts])
+
+
 RESERVED = ("stock", "patched", cuda.SHIPPED)  # the arms' own library names
 
 
 def template_variant(spec: str, taken: Collection[str]) -> tuple[str, Path, list[int] | None]:
-    """``NAME=DIFF[:T,S,W,KW,WN,WKW]`` as (name, diff, launch constants or None); a bad
+    """``NAME=DIFF[:CONSTANTS]`` as (name, diff, launch constants or None); a bad
     spec is a one-line exit. The constants are what follows the last ``:`` when it is six
     numbers, so a diff's path may hold ``:`` itself."""
     name, eq, rest = spec.partition("=")
     if not eq or not re.fullmatch(r"\w+", name) or not rest:
-        raise SystemExit(f"--template-variant {spec!r}: give NAME=DIFF[:T,S,W,KW,WN,WKW]")
+        raise SystemExit(f"--template-variant {spec!r}: give NAME=DIFF[:CONSTANTS]")
     if name in RESERVED or name in taken:
         raise SystemExit(f"--template-variant {spec!r}: the name {name!r} is taken")
     head, colon, tail = rest.rpartition(":")
-    if colon and CONSTANTS_SPEC.match(tail):
-        return name, Path(head), [int(v) for v in tail.split(",")]
+    if colon and (values := parse_constants(tail)):
+        return name, Path(head), values
     return name, Path(rest), None
+
+
+def launch_variant(spec: str, taken: Collection[str]) -> tuple[str, list[int]]:
+    """``NAME=CONSTANTS`` (:data:`CONSTANTS_HELP`) as (name, all nine constants); a bad
+    spec is a one-line exit."""
+    name, _, text = spec.partition("=")
+    if not re.fullmatch(r"\w+", name):
+        raise SystemExit(f"--variant {spec!r}: give NAME={CONSTANTS_HELP}")
+    if name in RESERVED or name in taken:
+        raise SystemExit(f"--variant {spec!r}: the name {name!r} is taken")
+    if (values := parse_constants(text)) is None:
+        raise SystemExit(f"--variant {spec!r}: give NAME={CONSTANTS_HELP}")
+    return name, values
 
 
 def build(out: Path, arch: str, variants: list[str], template_variants: list[str]) -> None:
     """Extract the pinned tree, render the patched qmv.cu, compile both libraries (and one
-    per ``NAME=T,S,W,KW,WN,WKW`` variant and per ``NAME=DIFF`` template variant)."""
+    per ``NAME=CONSTANTS`` variant and per ``NAME=DIFF`` template variant)."""
     from patchkit.carry import mlx_deps, pin, source
     from patchkit.util import git
 
+    constants: dict[str, list[int]] = {}
+    for spec in variants:
+        name, values = launch_variant(spec, constants)
+        constants[name] = values
     deps = mlx_deps.deps_root()
     if missing := cuda.missing_deps(deps):
         raise SystemExit(f"MLX's configure-time sources missing: {', '.join(missing)}")
@@ -128,12 +158,9 @@ def build(out: Path, arch: str, variants: list[str], template_variants: list[str
     patched.write_text(rendered_qmv(read))
     flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root.resolve(), deps)
     sources = {"stock": root / cuda.QMV_PATH, "patched": patched}
-    constants = {}
-    for spec in variants:
-        name, _, values = spec.partition("=")
+    for name, values in constants.items():
         source = out / f"qmv_{name}.cu"
-        constants[name] = [int(v) for v in values.split(",")]
-        source.write_text(cuda.with_launch_constants(patched.read_text(), constants[name]))
+        source.write_text(cuda.with_launch_constants(patched.read_text(), values))
         sources[f"variants/{name}"] = source
     diffs = {}  # what each template variant was rendered from: compare's page records it
     for spec in template_variants:
@@ -217,15 +244,16 @@ def main() -> int:
         "--variant",
         action="append",
         default=[],
-        metavar="NAME=T,S,W,KW,WN,WKW",
-        help="also the patched file with launch constants tiles, stages, warps_per_sm, "
-        "narrow_k_warps, wide_n, wide_k_warps",
+        metavar=f"NAME={CONSTANTS_HELP}",
+        help="also the patched file with launch constants "
+        + ", ".join(cuda.LAUNCH_CONSTANTS)
+        + " (given six, wide layers take the same tiles and stages)",
     )
     b.add_argument(
         "--template-variant",
         action="append",
         default=[],
-        metavar="NAME=DIFF[:T,S,W,KW,WN,WKW]",
+        metavar="NAME=DIFF[:CONSTANTS]",
         help="also the patched file rendered from the templates with DIFF (git diff) applied "
         "(and these launch constants)",
     )

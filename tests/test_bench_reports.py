@@ -489,14 +489,36 @@ def test_mlx_tests_takes_the_prs_arm_from_its_builds_log(tmp_path: Path) -> None
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_cuda_qmv_launch_variant_specs_and_their_one_line_errors() -> None:
+    """--variant NAME=constants: six numbers give wide layers the same tiles and stages,
+    nine set each; other counts, non-numbers, bad or taken names are one-line exits."""
+    bench = load_script("bench/cuda_qmv.py")
+    assert bench.launch_variant("t2=2,2,16,8,8192,4", {}) == (
+        "t2",
+        [2, 2, 16, 8, 8192, 4, 8191, 2, 2],
+    )
+    nine = [1, 4, 16, 8, 8192, 4, 11008, 2, 3]
+    assert bench.launch_variant("w=" + ",".join(map(str, nine)), {}) == ("w", nine)
+    for bad, why in [("v=1,4,16", "give NAME="), ("v=1,4,16,8,8192,x", "give NAME="),
+                     ("v", "give NAME="), ("a-b=1,4,16,8,8192,4", "give NAME="),
+                     ("stock=1,4,16,8,8192,4", "is taken"),
+                     ("t2=1,4,16,8,8192,4", "is taken")]:  # fmt: skip
+        with pytest.raises(SystemExit, match=why) as exc:
+            bench.launch_variant(bad, {"t2": nine})
+        assert "\n" not in str(exc.value)
+
+
 def test_cuda_qmv_template_variant_specs_and_their_one_line_errors(tmp_path: Path) -> None:
-    """--template-variant NAME=DIFF[:six constants]: the constants are what follows the
-    last ':' when it is six numbers (a path may hold ':'); names of the arms or of another
-    variant, and specs without a diff, are one-line exits."""
+    """--template-variant NAME=DIFF[:constants]: the constants are what follows the last
+    ':' when it is six or nine numbers (a path may hold ':'; six give wide layers the same
+    tiles and stages); names of the arms or of another variant, and specs without a diff,
+    are one-line exits."""
     bench = load_script("bench/cuda_qmv.py")
     assert bench.template_variant("v=a:b.diff:1,4,16,8,8192,4", {}) == (
-        "v", Path("a:b.diff"), [1, 4, 16, 8, 8192, 4],
+        "v", Path("a:b.diff"), [1, 4, 16, 8, 8192, 4, 8191, 1, 4],
     )  # fmt: skip
+    nine = [1, 4, 16, 8, 8192, 4, 8192, 2, 2]
+    assert bench.template_variant("v=b.diff:" + ",".join(map(str, nine)), {})[2] == nine
     assert bench.template_variant("v=a:b.diff", {}) == ("v", Path("a:b.diff"), None)
     assert bench.template_variant("v=b.diff:1,4", {})[2] is None  # not six: part of the path
     for bad, why in [("v", "give NAME=DIFF"), ("=b.diff", "give NAME=DIFF"),

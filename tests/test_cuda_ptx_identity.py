@@ -119,10 +119,10 @@ def test_upstream_kernels_are_the_pins(ptx: dict[str, dict[str, str]]) -> None:
 def test_new_instances_are_the_tensor_core_ones(ptx: dict[str, dict[str, str]]) -> None:
     """The patch adds qmv_mma_kernel only, for 16-bit activations and 4/8-bit weights:
     affine 4 and 8 bits x 3 group sizes, mxfp4, nvfp4 and mxfp8, each for float16 and
-    bfloat16, at two numbers of warps over K."""
+    bfloat16, at three launches (8 or 4 warps over K with one tile, 4 with two)."""
     extra = [n for n in ptx["patched"] if n not in ptx["stock"]]
     assert all(n.startswith("void mlx::core::cu::qmv_mma_kernel<") for n in extra), extra
-    assert len(extra) == (2 * 3 + 3) * 2 * 2
+    assert len(extra) == (2 * 3 + 3) * 2 * 3
     assert all("cutlass::half_t" in n or "cutlass::bfloat16_t" in n for n in extra)
 
 
@@ -160,7 +160,7 @@ def tensor_core_entries(arm: dict[str, str]) -> dict[str, str]:
 def test_ring_reads_follow_their_wait(ptx: dict[str, dict[str, str]]) -> None:
     """Every instance reads its weight ring, and only after the copies are waited for."""
     found = {n: ring_reads(body) for n, body in tensor_core_entries(ptx["patched"]).items()}
-    assert len(found) == 36  # 18 per number of warps over K
+    assert len(found) == 54  # 18 per launch (warps over K, tiles)
     assert all(reads > 0 for reads, _ in found.values()), found
     assert {n: u for n, (_, u) in found.items() if u} == {}
 
@@ -168,5 +168,5 @@ def test_ring_reads_follow_their_wait(ptx: dict[str, dict[str, str]]) -> None:
 def test_control_unwaited_ring_reads_are_seen(ptx: dict[str, dict[str, str]]) -> None:
     """The control: the wait dropped, and the ordering check fails in every instance."""
     found = {n: ring_reads(body) for n, body in tensor_core_entries(ptx["unwaited"]).items()}
-    assert len(found) == 36  # 18 per number of warps over K
+    assert len(found) == 54  # 18 per launch (warps over K, tiles)
     assert all(unwaited > 0 for _, unwaited in found.values()), found

@@ -60,7 +60,7 @@ def test_instances_are_read_with_their_template_arguments() -> None:
 
 
 def test_warps_per_sm_follow_the_tightest_budget() -> None:
-    base = res.Instance("affine 4-bit", "bfloat16", 64, 8, 4, 2, 128, 16, 41984)
+    base = res.Instance("affine 4-bit", "bfloat16", 64, 1, 8, 4, 2, 128, 16, 41984)
     # 128 registers: 4096 a warp, 16 warps of the 65536, two blocks of 8
     assert base.warps_per_sm() == 16
     # control: 80 registers (2560 a warp) let 25 warps in, so 3 whole blocks of 8
@@ -86,7 +86,9 @@ def test_the_page_names_spills_and_what_it_holds_for() -> None:
         "bfloat16; 16 bytes a thread)" in text
     )
     assert "build --out LIBS --variant st3=1,3,16,8,8192,4`, then `python3" in text
-    assert "| shipped | affine 8-bit | float16 | 128 | 4 | 4 | 125 | 0 | 21504 | 16 | 16 |" in text
+    assert (
+        "| shipped | affine 8-bit | float16 | 128 | 1 | 4 | 4 | 125 | 0 | 21504 | 16 | 16 |" in text
+    )
     assert "build inputs sha256 `abababababababab`" in text
     # control: a library with nothing spilling says so without a range
     assert "- `st3`: 0 of 1 instances spill registers to the stack\n" in text

@@ -46,8 +46,8 @@ BODY = [
 def test_the_main_loop_is_the_smallest_one_holding_every_mma() -> None:
     sass = _function(NAME, BODY) + _function("_Z5otherv", ["S2R R0, SR_TID.X", "EXIT"])
     (c,) = cuda_sass.count(sass)
-    assert (c.mode, c.dtype, c.group_size, c.k_warps, c.stages) == ("affine 8-bit", "bfloat16",
-                                                                     64, 4, 2)  # fmt: skip
+    assert (c.mode, c.dtype, c.group_size, c.tiles, c.k_warps, c.stages) == (
+        "affine 8-bit", "bfloat16", 64, 1, 4, 2)  # fmt: skip
     # 8 instructions over 2 steps (the prologue's loop and EXIT are outside)
     assert c.per_step == 4 and c.mma_per_step == 2
     assert c.mix == {"HMMA": 2, "LDS": 1, "PRMT": 0.5, "BRA": 0.5}
@@ -65,7 +65,7 @@ def test_opcodes_drop_predicates_and_modifiers() -> None:
 def test_the_table_lists_each_library_and_instance() -> None:
     (c,) = cuda_sass.count(_function(NAME, BODY))
     text = cuda_sass.table({"shipped": [c], "v": [c]}, top=2)
-    assert "| shipped | affine 8-bit | bfloat16 | 64 | 4 | 4 | 2 | HMMA 2, LDS 1 |" in text
+    assert "| shipped | affine 8-bit | bfloat16 | 64 | 1 | 4 | 4 | 2 | HMMA 2, LDS 1 |" in text
     assert "| v | affine 8-bit |" in text
 
 

@@ -111,13 +111,23 @@ def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
         "  x += (static_cast<int64_t>(l) * m + v0) * k;",
         "  out += (static_cast<int64_t>(l) * m + v0) * n;",
     ]
-    # The warps over K follow the layer's n, never m.
+    # The warps over K follow the layer's n, never m; tiles and slots, only on wide layers.
     launch = cxx.find_function(text, "qmv_mma").text(text)
     flat_launch = " ".join(launch.split())
+    ic = "integral_constant<int, {}>{{}}"
+    branches = [
+        ("if (n < wide_n)", "narrow_k_warps", "tiles", "stages"),
+        ("else if (n <= wider_n)", "wide_k_warps", "tiles", "stages"),
+        ("else", "wide_k_warps", "wider_tiles", "wider_stages"),
+    ]
     assert (
-        "if (n >= wide_n) { launch(cuda::std::integral_constant<int, wide_k_warps>{}); } "
-        "else { launch(cuda::std::integral_constant<int, narrow_k_warps>{}); }"
-    ) in flat_launch
+        " } ".join(
+            f"{cond} {{ launch( {', '.join(ic.format(c) for c in consts)});"
+            for cond, *consts in branches
+        )
+        + " } }"
+        in flat_launch
+    )
     m_uses = [" ".join(ln.split()) for ln in launch.splitlines() if re.search(r"\bm\b", ln)]
     assert m_uses == [
         "int m,",
@@ -127,11 +137,14 @@ def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
 
 
 def test_launch_constants_are_set_one_each(renders: dict) -> None:
-    """bench/cuda_qmv.py's variants change qmv_mma()'s six constants and nothing else."""
+    """bench/cuda_qmv.py's variants change qmv_mma()'s nine constants and nothing else;
+    six of them give wide layers the same tiles and stages as narrow ones."""
     text = renders[QMV, "upstream"]
-    assert cuda.launch_constants(text) == [1, 4, 16, 8, 8192, 4]
+    assert cuda.launch_constants(text) == [1, 4, 16, 8, 8192, 4, 8192, 2, 2]
+    nine = cuda.with_launch_constants(text, (1, 4, 16, 8, 8192, 4, 16384, 3, 1))
+    assert cuda.launch_constants(nine) == [1, 4, 16, 8, 8192, 4, 16384, 3, 1]
     variant = cuda.with_launch_constants(text, (2, 8, 8, 4, 0, 2))
-    assert cuda.launch_constants(variant) == [2, 8, 8, 4, 0, 2]
+    assert cuda.launch_constants(variant) == [2, 8, 8, 4, 0, 2, 0, 2, 8]
     changed = [
         (a, b) for a, b in zip(text.splitlines(), variant.splitlines(), strict=True) if a != b
     ]
@@ -142,7 +155,12 @@ def test_launch_constants_are_set_one_each(renders: dict) -> None:
         ("  constexpr int narrow_k_warps = 8;", "  constexpr int narrow_k_warps = 4;"),
         ("  constexpr int wide_n = 8192;", "  constexpr int wide_n = 0;"),
         ("  constexpr int wide_k_warps = 4;", "  constexpr int wide_k_warps = 2;"),
+        ("  constexpr int wider_n = 8192;", "  constexpr int wider_n = 0;"),
+        ("  constexpr int wider_stages = 2;", "  constexpr int wider_stages = 8;"),
     ]
+    assert cuda.full_launch_constants((1, 4, 16, 8, 8192, 4)) == [1, 4, 16, 8, 8192, 4, 8191, 1, 4]
+    with pytest.raises(ValueError, match="give 6 or 9"):
+        cuda.with_launch_constants(text, (1, 4, 16))
     with pytest.raises(ValueError, match="tiles"):
         cuda.with_launch_constants(
             text.replace("constexpr int tiles = 1;", ""), (1, 4, 16, 8, 8192, 4)
@@ -172,7 +190,7 @@ def test_template_variants_apply_and_keep_the_launch_constants(
     renders: dict, diff: str, marker: str
 ) -> None:
     """Each kernel experiment kept in bench/variants applies to this checkout's templates,
-    makes its change (its marker), and keeps the six launch constants (so compare holds its
+    makes its change (its marker), and keeps the launch constants (so compare holds its
     rows to the shipped kernel's, which sum every vector in the same order, unless its diff
     declares an order of its own: only the last does)."""
     bench = load_script("bench/cuda_qmv.py")

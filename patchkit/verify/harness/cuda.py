@@ -485,21 +485,40 @@ def report(data: dict[str, Any]) -> str:
 # ------------------------------------------------------------ launch-constant variants
 
 # The tensor-core kernel's launch constants, as qmv_mma() declares them: weight-row tiles
-# of 16 per block, slots of each warp's weight ring (steps in flight), warps per SM (the
-# register budget), and the warps over K: narrow_k_warps below N = wide_n, wide_k_warps
-# from it on. Only the last three decide a vector's summation order (ORDER_CONSTANTS).
-LAUNCH_CONSTANTS = ("tiles", "stages", "warps_per_sm", "narrow_k_warps", "wide_n", "wide_k_warps")
+# of 16 per warp, slots of each warp's weight ring (steps in flight), warps per SM (the
+# register budget), the warps over K (narrow_k_warps below N = wide_n, wide_k_warps from it
+# on), and the tiles and slots of wide layers of more than wider_n rows. Only the warps over
+# K decide a vector's summation order (ORDER_CONSTANTS).
+LAUNCH_CONSTANTS = ("tiles", "stages", "warps_per_sm", "narrow_k_warps", "wide_n", "wide_k_warps",
+                    "wider_n", "wider_tiles", "wider_stages")  # fmt: skip
 ORDER_CONSTANTS = slice(3, 6)
+# A variant given by the first six constants takes its tiles and slots on every layer.
+SAME_TILES_EVERYWHERE = 6
 COMPARE_SHAPES = ((4096, 4096), (4096, 8192), (4096, 11008), (4096, 14336), (14336, 4096),
                   (8192, 28672))  # fmt: skip
 COMPARE_MS = (1, 2, 4, 8, 9, 12, 16)
 
 
+def full_launch_constants(values: Sequence[int]) -> list[int]:
+    """``values`` as all of :data:`LAUNCH_CONSTANTS`: six of them (a variant of one tiling
+    for every layer) get wide layers of the same tiles and slots, from ``wide_n`` on."""
+    values = list(values)
+    if len(values) == SAME_TILES_EVERYWHERE:
+        tiles, stages, _, _, wide_n, _ = values
+        return [*values, max(wide_n - 1, 0), tiles, stages]
+    if len(values) != len(LAUNCH_CONSTANTS):
+        raise ValueError(
+            f"{len(values)} launch constants: give {SAME_TILES_EVERYWHERE} or "
+            f"{len(LAUNCH_CONSTANTS)} ({', '.join(LAUNCH_CONSTANTS)})"
+        )
+    return values
+
+
 def with_launch_constants(qmv_source: str, values: Sequence[int]) -> str:
-    """The rendered qmv.cu with qmv_mma()'s launch constants set to ``values``, in the order
-    of :data:`LAUNCH_CONSTANTS`; every row stays M-independent whatever they are."""
+    """The rendered qmv.cu with qmv_mma()'s launch constants set to ``values`` (see
+    :func:`full_launch_constants`); every row stays M-independent whatever they are."""
     out = qmv_source
-    for name, value in zip(LAUNCH_CONSTANTS, values, strict=True):
+    for name, value in zip(LAUNCH_CONSTANTS, full_launch_constants(values), strict=True):
         out, n = re.subn(rf"(constexpr int {name} = )\d+;", rf"\g<1>{value};", out)
         if n != 1:
             raise ValueError(f"qmv.cu declares `constexpr int {name}` {n} times, not once")

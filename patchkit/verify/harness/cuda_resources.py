@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from patchkit.carry import mlx_build
+from patchkit.verify.harness import cuda
 
 # cuobjdump -res-usage: a "Function NAME:" line, then its resources on the next line.
 RESOURCES = re.compile(
@@ -41,6 +42,7 @@ class Instance:
     mode: str  # affine 4-bit, affine 8-bit, nvfp4, mxfp4, mxfp8
     dtype: str  # bfloat16, float16
     group_size: int
+    tiles: int  # tiles of 16 weight rows per warp
     k_warps: int
     stages: int
     blocks_per_sm: int  # the launch bound's minimum, which caps the registers
@@ -77,11 +79,12 @@ def template_args(name: str) -> dict[str, Any] | None:
     :class:`Instance` names them; None for another kernel (upstream's qmv, gather_qmv)."""
     if not (m := MMA_KERNEL.search(name)):
         return None
-    _tiles, k_warps, stages, blocks, group, _bias, _len, dtype, rest = m.groups()
+    tiles, k_warps, stages, blocks, group, _bias, _len, dtype, rest = m.groups()
     return {
         "mode": mode_of(rest),
         "dtype": {"bfloat16_t": "bfloat16", "half_t": "float16"}[dtype],
         "group_size": int(group),
+        "tiles": int(tiles),
         "k_warps": int(k_warps),
         "stages": int(stages),
         "blocks_per_sm": int(blocks),
@@ -161,8 +164,7 @@ def page(data: dict[str, Any]) -> str:
             f"- `{name}`: " + _spills([r for r in rows if r["library"] == name])
             for name in data["libraries"]
         ),
-        "- Libraries, by their launch constants (tiles, stages, warps_per_sm, narrow_k_warps, "
-        "wide_n, wide_k_warps): "
+        f"- Libraries, by their launch constants ({', '.join(cuda.LAUNCH_CONSTANTS)}): "
         + "; ".join(f"`{n}` {','.join(map(str, data['constants'][n]))}" for n in data["libraries"])
         + ".",
         "- Commands: `python3 bench/cuda_qmv.py build --out LIBS"
@@ -175,14 +177,14 @@ def page(data: dict[str, Any]) -> str:
         + data["command"]
         + "`.",
         "",
-        "| library | mode | dtype | group | warps over K | stages | registers | stack B "
+        "| library | mode | dtype | group | tiles | warps over K | stages | registers | stack B "
         "| shared B | warps/SM asked | warps/SM possible |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['library']} | {r['mode']} | {r['dtype']} | {r['group_size']} | {r['k_warps']} | "
-            f"{r['stages']} | {r['registers']} | {r['stack_bytes']} | {r['shared_bytes']} | "
-            f"{r['warps_asked']} | {r['warps_per_sm']} |"
+            f"| {r['library']} | {r['mode']} | {r['dtype']} | {r['group_size']} | {r['tiles']} | "
+            f"{r['k_warps']} | {r['stages']} | {r['registers']} | {r['stack_bytes']} | "
+            f"{r['shared_bytes']} | {r['warps_asked']} | {r['warps_per_sm']} |"
         )
     return "\n".join(lines) + "\n"

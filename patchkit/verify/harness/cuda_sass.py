@@ -34,6 +34,7 @@ class LoopCount:
     mode: str
     dtype: str
     group_size: int
+    tiles: int
     k_warps: int
     stages: int
     blocks_per_sm: int
@@ -95,7 +96,7 @@ def count(sass: str) -> list[LoopCount]:
                 mix={op: n / steps for op, n in mix.most_common()},
             )
         )
-    return sorted(found, key=lambda c: (c.mode, c.dtype, c.group_size, c.k_warps))
+    return sorted(found, key=lambda c: (c.mode, c.dtype, c.group_size, c.k_warps, c.tiles))
 
 
 def disassemble(lib: Path, cuobjdump: str = "cuobjdump", nvdisasm: str = "nvdisasm") -> str:
@@ -125,14 +126,15 @@ def table(libraries: dict[str, list[LoopCount]], top: int = 8) -> str:
     """Markdown: per instance and library, instructions and MMAs per step, and the most
     frequent opcodes."""
     out = [
-        "| library | mode | dtype | group | warps over K | per step | MMAs | most frequent |",
-        "|---|---|---|---|---|---|---|---|",
+        "| library | mode | dtype | group | tiles | warps over K | per step | MMAs "
+        "| most frequent |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, counts in libraries.items():
         for c in counts:
             mix = ", ".join(f"{op} {n:g}" for op, n in list(c.mix.items())[:top])
             out.append(
-                f"| {name} | {c.mode} | {c.dtype} | {c.group_size} | {c.k_warps} | "
+                f"| {name} | {c.mode} | {c.dtype} | {c.group_size} | {c.tiles} | {c.k_warps} | "
                 f"{c.per_step:g} | {c.mma_per_step:g} | {mix} |"
             )
     return "\n".join(out) + "\n"
