@@ -7,6 +7,8 @@
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
                                            --json variants.json [--group-size 64]
+  compare-summary (anywhere)           python3 bench/cuda_qmv.py compare-summary g128.json \
+                                           g64.json [--min-n 8192] [--by-layer ARM]
   resources (here: cuobjdump)          python3 bench/cuda_qmv.py resources --libs .device/qmv \
                                            --out docs/results/cuda-kernel-resources
   sass (here: cuobjdump, nvdisasm)     python3 bench/cuda_qmv.py sass --libs .device/qmv \
@@ -18,16 +20,17 @@
 ``build`` renders the patched qmv.cu from the templates and compiles both arms with MLX's
 own nvcc flags and include directories (patchkit.verify.harness.cuda says how); ``run``
 checks every row of the patched calls at M = 1..16 (and 17, 33) bit for bit against the
-patched M = 1 call of the same vector, and times both arms with cold weights. ``--variant``
-adds libraries of the patched file with other launch constants (``variants/NAME.so``; any
-other build's ``patched.so`` copied there is compared too); ``--template-variant`` adds one
-of the patched file rendered from a copy of the templates with a ``git diff`` of them
-applied (a kernel experiment kept as a reviewable diff, ``bench/variants/*.diff``), with
-the launch constants its source declares or those given after ``:``. ``compare`` checks
-the rows of each and of the shipped file (against its own M = 1, and against the M = 1 of
-the shipped kernel or another variant with the same warps over K, which sums every vector
-in the same order; a variant of other warps is the control that must differ) and times
-them all beside stock's kernel; a template variant whose diff declares its own summation
+patched M = 1 call of the same vector, and times both arms with cold weights.
+``--variant`` adds libraries of the patched file with other launch constants
+(``variants/NAME.so``; any other build's ``patched.so`` copied there is compared too);
+``--template-variant`` adds one of the patched file rendered from a copy of the templates
+with a ``git diff`` of them applied (a kernel experiment kept as a reviewable diff,
+``bench/variants/*.diff``), with the launch constants its source declares or those given
+after ``:``. ``compare`` checks the rows of each and of the shipped file (against its own
+M = 1, and against the M = 1 of the shipped kernel or another variant with the same warps
+over K, which sums every vector in the same order; a variant of other warps is the control
+that must differ) and times them all beside stock's kernel (``compare-summary`` puts
+several such runs in one table); a template variant whose diff declares its own summation
 order in its header (``cuda.OWN_ORDER``) is held to its own M = 1 only. ``resources``
 reads registers, spills and shared memory of the patched library's tensor-core instances
 (``patchkit.verify.harness.cuda_resources``); ``sass`` counts the instructions one step of
@@ -234,6 +237,38 @@ def sass(
     return found
 
 
+def compare_summary(
+    paths: list[Path], against: str, min_n: int, by_layer: str | None, ms: str,
+    pick: str | None = None,
+) -> str:  # fmt: skip
+    """``compare-summary``: the compare runs in ``paths`` (each a ``compare`` JSON or a
+    page's JSON holding them as ``runs``), those of indices ``pick`` (``0,1``) if given,
+    summarised by :func:`cuda.compare_summary`; a bad file, index or arm is a one-line
+    exit."""
+    runs = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"compare-summary: cannot read {path}: {exc}") from None
+        found = data.get("runs", [data]) if isinstance(data, dict) else []
+        if not found or not all(isinstance(r, dict) and "results" in r for r in found):
+            raise SystemExit(f"compare-summary: {path} holds no compare run")
+        runs += found
+    for flag, text in (("--ms", ms), ("--runs", pick)):
+        if text is not None and not re.fullmatch(r"\d+(,\d+)*", text):
+            raise SystemExit(f"compare-summary: {flag} {text!r}: give numbers such as 0,1")
+    if pick is not None:
+        indices = [int(i) for i in pick.split(",")]
+        if max(indices) >= len(runs):
+            raise SystemExit(f"compare-summary: --runs {pick}: the files hold {len(runs)} runs")
+        runs = [runs[i] for i in indices]
+    try:
+        return cuda.compare_summary(runs, against, min_n, by_layer, [int(m) for m in ms.split(",")])
+    except ValueError as exc:
+        raise SystemExit(f"compare-summary: {exc}") from None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -274,6 +309,13 @@ def main() -> int:
     c.add_argument("--group-size", type=int, default=64, choices=cuda.GROUPS)
     crep = sub.add_parser("compare-report")
     crep.add_argument("results", type=Path)
+    csum = sub.add_parser("compare-summary", help="ratios over several compare runs")
+    csum.add_argument("results", type=Path, nargs="+", help="compare JSON, or a page's {runs}")
+    csum.add_argument("--against", default=cuda.SHIPPED, help="the arm ratios are over")
+    csum.add_argument("--min-n", type=int, default=0, help="only layers of N >= this")
+    csum.add_argument("--by-layer", metavar="ARM", help="also ARM's ratio per layer")
+    csum.add_argument("--ms", default="1,8,16", help="the M of --by-layer's columns")
+    csum.add_argument("--runs", help="only these runs, by index in the files' order: 0,1")
     res = sub.add_parser("resources", help="registers, spills, shared memory (cuobjdump)")
     res.add_argument("--libs", type=Path, default=Path(".device/qmv"))
     res.add_argument("--out", type=Path, required=True,
@@ -317,6 +359,9 @@ def main() -> int:
         return 0
     if args.cmd == "compare-report":
         print(cuda.compare_report(json.loads(args.results.read_text())), end="")
+    if args.cmd == "compare-summary":
+        print(compare_summary(args.results, args.against, args.min_n, args.by_layer, args.ms,
+                              args.runs), end="")  # fmt: skip
         return 0
     if args.cmd == "compare":
         deadline = time.time() + args.deadline

@@ -290,6 +290,80 @@ def test_variant_report_counts_rows_across_variants() -> None:
     assert "c (other warps over K) against a's M = 1: 0 of 186 differ: NONE" in text
 
 
+def _summary_run(group: int, times: dict[tuple[int, int, int], dict[str, float]]) -> dict:
+    """A compare run of layers (K, N, bits) -> {M: arm "a"'s time}, "shipped" at 1 s."""
+    parity = _harness_result(4e-6, 5e-6)["parity"]
+    results = [
+        {"config": {"K": K, "N": N, "bits": bits}, "parity": {"a": parity, "shipped": parity},
+         "seconds": {str(m): {"stock": 2.0, "shipped": 1.0, "a": t} for m, t in by_m.items()}}
+        for (K, N, bits), by_m in times.items()
+    ]  # fmt: skip
+    return {"variants": ["a", "shipped"], "group_size": group, "results": results,
+            "constants": {"shipped": [1, 4, 16, 8, 8192, 4]}}  # fmt: skip
+
+
+def ranges(text: str) -> str:
+    """``text`` with each ``-`` an en dash, as the pages write a range."""
+    return text.replace("-", cuda.EN_DASH)
+
+
+def test_compare_summary_takes_geometric_means_over_layers_and_m() -> None:
+    """compare-summary: per run, arm and bits, the geometric mean and range of the arm's
+    time over the reference's at M = 1..8 and 9..16; --min-n keeps wide layers only; the
+    by-layer table puts one value per run in each cell."""
+    times = {(4096, 4096, 4): {1: 0.5, 8: 2.0, 16: 0.25},
+             (4096, 14336, 4): {1: 2.0, 8: 2.0, 16: 1.0},
+             (4096, 14336, 8): {1: 1.5, 9: 3.0}}  # fmt: skip
+    runs = [_summary_run(128, times), _summary_run(64, {k: {m: 1.0 for m in v}
+                                                          for k, v in times.items()})]  # fmt: skip
+    text = cuda.compare_summary(runs, by_layer="a", by_layer_ms=(1, 16))
+    # 4-bit M = 1..8: 0.5, 2, 2, 2 -> geomean 2^(2/4) = 1.41; M = 9..16: 0.25, 1 -> 0.5
+    assert ranges("| 128 | `a` | 1.41 (0.50-2.00) | 0.50 (0.25-1.00) | 1.50 (1.50-1.50) |") in text
+    assert ranges("3.00 (3.00-3.00) |") in text
+    assert ranges("| 64 | `a` | 1.00 (1.00-1.00) | 1.00 (1.00-1.00) |") in text
+    assert "| 4 | 4096x4096 | 8 | 0.50 / 1.00 | 0.25 / 1.00 |" in text
+    assert "| 8 | 4096x14336 | 4 | 1.50 / 1.00 | — / — |" in text  # no M = 16 timed there
+    assert text.startswith("bfloat16, group 128. Rows of each variant")
+    wide = cuda.compare_summary(runs[:1], min_n=8192)
+    assert ranges("| 128 | `a` | 2.00 (2.00-2.00) | 1.00 (1.00-1.00) |") in wide  # the control
+    with pytest.raises(ValueError, match="no arm 'b'"):
+        cuda.compare_summary(runs, by_layer="b")
+    with pytest.raises(ValueError, match="at least one"):
+        cuda.compare_summary([])
+
+
+def test_the_launch_page_is_compare_summary_of_its_runs() -> None:
+    """docs/results/cuda-kernel-launch.md's tables are what compare-summary prints from
+    the runs its JSON holds, as its commands say: the page is made, not summarised by
+    hand."""
+    page = (ROOT / "docs" / "results" / "cuda-kernel-launch.md").read_text()
+    runs = json.loads((ROOT / "docs" / "results" / "cuda-kernel-launch.json").read_text())["runs"]
+    for pick, min_n, by_layer in (([0, 1], 0, "t2s2"), ([2, 3], 8192, None)):
+        text = cuda.compare_summary([runs[i] for i in pick], min_n=min_n, by_layer=by_layer)
+        tables = [ln for ln in text.splitlines() if ln.startswith("| ")]
+        assert len(tables) > 6 and all(ln in page.splitlines() for ln in tables), pick
+        runs_flag = "--runs " + ",".join(map(str, pick))
+        assert f"compare-summary docs/results/cuda-kernel-launch.json {runs_flag}" in page
+
+
+def test_compare_summary_command_errors_are_one_line(tmp_path: Path) -> None:
+    bench = load_script("bench/cuda_qmv.py")
+    good = tmp_path / "g.json"
+    good.write_text(json.dumps(_summary_run(64, {(4096, 4096, 4): {1: 1.0}})))
+    assert "| 64 | `a` |" in bench.compare_summary([good], "shipped", 0, None, "1,8,16")
+    (tmp_path / "bad.json").write_text("{")
+    (tmp_path / "empty.json").write_text("{}")
+    for paths, ms, pick, why in [
+        (["nowhere.json"], "1", None, "cannot read"), (["bad.json"], "1", None, "cannot read"),
+        (["empty.json"], "1", None, "holds no compare run"), (["g.json"], "1,x", None, "--ms"),
+        (["g.json"], "1", "3", "hold 1 runs"), (["g.json"], "1", None, "no arm 'nope'"),
+    ]:  # fmt: skip
+        against = "nope" if "nope" in why else "shipped"
+        with pytest.raises(SystemExit, match=why) as exc:
+            bench.compare_summary([tmp_path / p for p in paths], against, 0, None, ms, pick)
+        assert "\n" not in str(exc.value)
+
+
 def _split_output(failing: dict[str, list[str]], passing: list[str]) -> list[str]:
     """What ``patchkit.util.split_unittest`` prints for methods that pass or fail."""
     lines = []

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import json
+import math
 import platform
 import re
 import subprocess
@@ -636,8 +637,9 @@ def compare(lib_dir: Path, out: Path, deadline: float, group: int = 64) -> dict[
     return payload
 
 
-def compare_report(data: dict[str, Any]) -> str:
-    """Markdown: per layer and M, microseconds of stock and of each variant; rows checked."""
+def rows_line(data: dict[str, Any]) -> str:
+    """One compare run's rows: each variant's against its own M = 1 calls, and whether the
+    controls differed."""
     names = data["variants"]
     res = data["results"]
     bad = {n: sum(r["parity"][n]["differing"] + r["parity"][n]["odd_neighbours_differing"]
@@ -648,12 +650,21 @@ def compare_report(data: dict[str, Any]) -> str:
         for r in res
         for n in names
     )
-    out = [
+    return (
         f"bfloat16, group {data.get('group_size', 64)}. "
         "Rows of each variant at M = 1..16, 17, 33 vs its own M = 1 call of the same vector "
         f"({rows} per variant): "
         + ", ".join(f"{n} {bad[n]} differ" for n in names)
-        + f"; controls {'differ in every config' if ctrl else 'FAILED to differ'}.",
+        + f"; controls {'differ in every config' if ctrl else 'FAILED to differ'}."
+    )
+
+
+def compare_report(data: dict[str, Any]) -> str:
+    """Markdown: per layer and M, microseconds of stock and of each variant; rows checked."""
+    names = data["variants"]
+    res = data["results"]
+    out = [
+        rows_line(data),
         "",
         *across_lines(data),
         "| bits | K x N | M | stock µs | " + " | ".join(f"{n} µs" for n in names) + " |",
@@ -685,3 +696,96 @@ def across_lines(data: dict[str, Any]) -> list[str]:
         parts.append(f"control, {other} (other warps over K) against {ref}'s M = 1: {bad} of"
                      f" {rows} {verdict}")  # fmt: skip
     return ["Rows across variants with the same warps over K: " + "; ".join(parts) + ".", ""]
+
+
+# compare-summary's M ranges: up to 8 vectors one MMA a step, from 9 two.
+SUMMARY_RANGES = ((1, 8), (9, 16))
+
+
+EN_DASH = "\u2013"  # ranges on the results pages
+
+
+def _geomean_range(values: Sequence[float]) -> str:
+    """``values`` as their geometric mean with the range, as the pages write it:
+    ``0.97 (0.94``, an en dash, ``1.01)``."""
+    mean = math.exp(sum(math.log(v) for v in values) / len(values))
+    return f"{mean:.2f} ({min(values):.2f}{EN_DASH}{max(values):.2f})"
+
+
+def _layer(result: dict[str, Any]) -> tuple[int, int, int]:
+    """A compare result's layer and bits: (K, N, bits)."""
+    c = result["config"]
+    return c["K"], c["N"], c["bits"]
+
+
+def compare_summary(
+    runs: Sequence[dict[str, Any]],
+    against: str = SHIPPED,
+    min_n: int = 0,
+    by_layer: str | None = None,
+    by_layer_ms: Sequence[int] = (1, 8, 16),
+) -> str:
+    """Markdown over several ``compare`` runs (one per group size, say): each arm's time
+    over ``against``'s, as the geometric mean and range over layers (of ``N >= min_n``) x
+    M, per bits and M range (:data:`SUMMARY_RANGES`); with ``by_layer``, that arm's ratio
+    per layer at ``by_layer_ms``, one value per run in the cell. The rows each run checked
+    come first, as ``compare-report`` states them. A page of several runs is then made
+    from their JSON, not summarised by hand."""
+    if not runs:
+        raise ValueError("compare-summary needs at least one compare run")
+    lines = []
+    for data in runs:
+        for arm in (against, by_layer):
+            if arm and arm not in data["variants"]:
+                raise ValueError(f"a run (group {data.get('group_size')}) has no arm {arm!r}")
+        lines += [rows_line(data), *across_lines(data)[:1]]
+    heads = [f"{bits}-bit, M = {lo}..{hi}" for bits in (4, 8) for lo, hi in SUMMARY_RANGES]
+    lines += [
+        "",
+        f"Time over `{against}`, geometric mean over layers x M"
+        + (f" (layers of N >= {min_n})" if min_n else "")
+        + ", with the range:",
+        "",
+        "| group | arm | " + " | ".join(heads) + " |",
+        "|---|---|" + "---|" * len(heads),
+    ]
+    for data in runs:
+        results = [r for r in data["results"] if r["config"]["N"] >= min_n]
+        for arm in (n for n in data["variants"] if n != against):
+            cells = []
+            for bits in (4, 8):
+                for lo, hi in SUMMARY_RANGES:
+                    ratios = [t[arm] / t[against] for r in results if r["config"]["bits"] == bits
+                              for m, t in r["seconds"].items() if lo <= int(m) <= hi]  # fmt: skip
+                    cells.append(_geomean_range(ratios) if ratios else "—")
+            lines.append(f"| {data.get('group_size')} | `{arm}` | " + " | ".join(cells) + " |")
+    if by_layer:
+        groups = " / ".join(str(d.get("group_size")) for d in runs)
+        known = runs[0].get("constants", {}).get(against)
+        lines += [
+            "",
+            f"`{by_layer}` over `{against}` by layer (groups {groups}):",
+            "",
+            "| bits | K x N | warps over K | " + " | ".join(f"M = {m}" for m in by_layer_ms) + " |",
+            "|---|---|---|" + "---|" * len(by_layer_ms),
+        ]
+        for r in runs[0]["results"]:
+            c = r["config"]
+            if c["N"] < min_n:
+                continue
+            key = (c["K"], c["N"], c["bits"])
+            same = [next((x for x in d["results"] if _layer(x) == key), None) for d in runs]
+            cells = [
+                " / ".join(
+                    f"{x['seconds'][str(m)][by_layer] / x['seconds'][str(m)][against]:.2f}"
+                    if x and by_layer in x["seconds"].get(str(m), {})
+                    else "—"
+                    for x in same
+                )
+                for m in by_layer_ms
+            ]
+            warps = k_warps_for(known, c["N"]) if known else "?"
+            lines.append(
+                f"| {c['bits']} | {c['K']}x{c['N']} | {warps} | " + " | ".join(cells) + " |"
+            )
+    return "\n".join(lines) + "\n"
