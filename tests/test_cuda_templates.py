@@ -114,17 +114,13 @@ def test_each_vector_takes_the_same_instructions(renders: dict) -> None:
     # The warps over K follow the layer's n, never m; tiles and slots, only on wide layers.
     launch = cxx.find_function(text, "qmv_mma").text(text)
     flat_launch = " ".join(launch.split())
-    ic = "integral_constant<int, {}>{{}}"
     branches = [
-        ("if (n < wide_n)", "narrow_k_warps", "tiles", "stages"),
-        ("else if (n <= wider_n)", "wide_k_warps", "tiles", "stages"),
-        ("else", "wide_k_warps", "wider_tiles", "wider_stages"),
+        ("if (n < wide_n)", "narrow_k_warps, tiles, stages"),
+        ("else if (n <= wider_n)", "wide_k_warps, tiles, stages"),
+        ("else", "wide_k_warps, wider_tiles, wider_stages"),
     ]
     assert (
-        " } ".join(
-            f"{cond} {{ launch( {', '.join(ic.format(c) for c in consts)});"
-            for cond, *consts in branches
-        )
+        " } ".join(f"{cond} {{ launch.template operator()<{args}>();" for cond, args in branches)
         + " } }"
         in flat_launch
     )
