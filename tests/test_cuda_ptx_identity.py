@@ -15,7 +15,8 @@ between. CuTe's wait is an ``asm volatile`` without a memory clobber, so nothing
 source language stops a compiler from hoisting a read above it; this check holds it for
 every instance nvcc makes. Its control drops the wait and must fail.
 
-Cost: four PTX compiles of the whole file (about 15 s each, in parallel).
+Cost: four PTX compiles of the whole file (about 15 s each, in parallel), and one per
+kernel experiment kept in ``bench/variants`` (each must still compile).
 Skipped without nvcc, a clone holding the pin, or MLX's cutlass and fmt downloads.
 """
 
@@ -27,9 +28,12 @@ import shutil
 import subprocess
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
 from support_git import PIN_SHA, mlx_clone
+from support_scripts import ROOT, load_script
 
 from patchkit.carry import mlx_deps, render, source
 from patchkit.util import git
@@ -38,6 +42,7 @@ from patchkit.verify.harness import cuda
 NVCC = shutil.which("nvcc")
 CXXFILT = shutil.which("c++filt")
 DEPS = mlx_deps.deps_root()
+VARIANTS = ROOT / "bench" / "variants"
 
 pytestmark = [
     pytest.mark.clone,
@@ -71,8 +76,8 @@ def mismatches(stock: dict[str, str], patched: dict[str, str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
-    """PTX entries of the pin's qmv.cu, the patched one, and the one-operation control."""
+def pinned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[str]]:
+    """The pin's reader, its ``mlx/`` tree extracted, and MLX's nvcc flags for it."""
     if missing := cuda.missing_deps(DEPS):
         pytest.skip(f"MLX's configure-time sources missing: {', '.join(missing)}")
     clone = source.ensure_clone(mlx_clone())
@@ -80,6 +85,24 @@ def ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     root = tmp_path_factory.mktemp("mlx")
     with tarfile.open(fileobj=io.BytesIO(git.archive(clone, PIN_SHA, ["mlx"]))) as t:
         t.extractall(root, filter="data")
+    return read, root, cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root, DEPS)
+
+
+def nvcc_ptx(root: Path, flags: list[str], name: str, text: str) -> str:
+    """``text`` as a qmv.cu beside the pin's, compiled to sm_90a PTX; the PTX."""
+    src = (root / cuda.QMV_PATH).parent / f"qmv_{name}.cu"
+    src.write_text(text)
+    out = src.with_suffix(".ptx")
+    cmd = [str(NVCC), *flags, "-arch=sm_90a", "-ptx", str(src), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"nvcc -ptx ({name}):\n{proc.stderr[-3000:]}"
+    return out.read_text()
+
+
+@pytest.fixture(scope="module")
+def ptx(pinned: tuple[Any, Path, list[str]]) -> dict[str, dict[str, str]]:
+    """PTX entries of the pin's qmv.cu, the patched one, and the one-operation control."""
+    read, root, flags = pinned
     stock_text = read(cuda.QMV_PATH)
     plan = next(p for p in render.load_plans() if p.path == cuda.QMV_PATH)
     patched = render.render_file(plan, stock_text, render.RenderOptions())
@@ -93,17 +116,9 @@ def ptx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
         "control": patched.replace(sums, sums.replace("+=", "-=")),
         "unwaited": patched.replace(wait, ""),
     }
-    qmv_dir = (root / cuda.QMV_PATH).parent
-    flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root, DEPS)
 
     def compile_one(arm: str) -> tuple[str, dict[str, str]]:
-        src = qmv_dir / f"qmv_{arm}.cu"
-        src.write_text(sources[arm])
-        out = src.with_suffix(".ptx")
-        cmd = [str(NVCC), *flags, "-arch=sm_90a", "-ptx", str(src), "-o", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        assert proc.returncode == 0, f"nvcc -ptx ({arm}):\n{proc.stderr[-3000:]}"
-        return arm, entries(out.read_text())
+        return arm, entries(nvcc_ptx(root, flags, arm, sources[arm]))
 
     with ThreadPoolExecutor(len(sources)) as pool:
         return dict(pool.map(compile_one, sources))
@@ -170,3 +185,15 @@ def test_control_unwaited_ring_reads_are_seen(ptx: dict[str, dict[str, str]]) ->
     found = {n: ring_reads(body) for n, body in tensor_core_entries(ptx["unwaited"]).items()}
     assert len(found) == 54  # 18 per launch (warps over K, tiles)
     assert all(unwaited > 0 for _, unwaited in found.values()), found
+
+
+@pytest.mark.parametrize("diff", sorted(p.name for p in VARIANTS.glob("*.diff")))
+def test_kept_kernel_experiments_compile(pinned: tuple[Any, Path, list[str]], diff: str) -> None:
+    """Each experiment kept in bench/variants still compiles on this checkout's templates
+    (as ``bench/cuda_qmv.py build --template-variant`` would), and adds code of its own:
+    a diff that applies but no longer compiles is a dead experiment."""
+    read, root, flags = pinned
+    bench = load_script("bench/cuda_qmv.py")
+    shipped, variant = bench.rendered_qmv(read), bench.rendered_qmv(read, VARIANTS / diff)
+    assert variant != shipped
+    assert ".entry" in nvcc_ptx(root, flags, Path(diff).stem.replace("-", "_"), variant)
