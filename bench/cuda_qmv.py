@@ -112,7 +112,7 @@ RESERVED = ("stock", "patched", cuda.SHIPPED)  # the arms' own library names
 def template_variant(spec: str, taken: Collection[str]) -> tuple[str, Path, list[int] | None]:
     """``NAME=DIFF[:CONSTANTS]`` as (name, diff, launch constants or None); a bad
     spec is a one-line exit. The constants are what follows the last ``:`` when it is six
-    numbers, so a diff's path may hold ``:`` itself."""
+    or nine numbers, so a diff's path may hold ``:`` itself."""
     name, eq, rest = spec.partition("=")
     if not eq or not re.fullmatch(r"\w+", name) or not rest:
         raise SystemExit(f"--template-variant {spec!r}: give NAME=DIFF[:CONSTANTS]")
@@ -359,6 +359,7 @@ def main() -> int:
         return 0
     if args.cmd == "compare-report":
         print(cuda.compare_report(json.loads(args.results.read_text())), end="")
+        return 0
     if args.cmd == "compare-summary":
         print(compare_summary(args.results, args.against, args.min_n, args.by_layer, args.ms,
                               args.runs), end="")  # fmt: skip

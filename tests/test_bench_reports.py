@@ -346,6 +346,21 @@ def test_the_launch_page_is_compare_summary_of_its_runs() -> None:
         assert f"compare-summary docs/results/cuda-kernel-launch.json {runs_flag}" in page
 
 
+def test_compare_report_commands_print_and_exit_0(tmp_path: Path) -> None:
+    """compare-report and compare-summary from the command line: each prints its page and
+    ends there with status 0 (neither goes on into another subcommand's code)."""
+    run_json = tmp_path / "g.json"
+    run_json.write_text(json.dumps(_summary_run(64, {(4096, 4096, 4): {1: 0.5}})))
+    script = str(ROOT / "bench" / "cuda_qmv.py")
+    for argv, expected in [
+        (["compare-report", str(run_json)], "| 4 | 4096x4096 | 1 | 2000000.0 | 500000.0 |"),
+        (["compare-summary", str(run_json)], "| 64 | `a` |"),
+    ]:
+        done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert expected in done.stdout
+
+
 def test_compare_summary_command_errors_are_one_line(tmp_path: Path) -> None:
     bench = load_script("bench/cuda_qmv.py")
     good = tmp_path / "g.json"

@@ -773,8 +773,7 @@ def compare_summary(
             c = r["config"]
             if c["N"] < min_n:
                 continue
-            key = (c["K"], c["N"], c["bits"])
-            same = [next((x for x in d["results"] if _layer(x) == key), None) for d in runs]
+            same = [next((x for x in d["results"] if _layer(x) == _layer(r)), None) for d in runs]
             cells = [
                 " / ".join(
                     f"{x['seconds'][str(m)][by_layer] / x['seconds'][str(m)][against]:.2f}"
