@@ -82,6 +82,11 @@ REPORT_START = re.compile(r"^========= (?!COMPUTE-SANITIZER)\S")
 SUMMARY = re.compile(r"^========= \w+ SUMMARY: (\d+)")
 
 
+def control_sha256() -> str:
+    """The control diff's id: a page of controls stands only for the diff it switched in."""
+    return hashlib.sha256(CONTROL_DIFF.read_bytes()).hexdigest()
+
+
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> int:
     print("+", " ".join(argv), flush=True)
     return subprocess.run(argv, cwd=cwd, env=env, check=False).returncode
@@ -347,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "patch_commit": base.patch_commit,
         **base_patch,
-        "control_sha256": hashlib.sha256(CONTROL_DIFF.read_bytes()).hexdigest(),
+        "control_sha256": control_sha256(),
         "mlx_version": build.get("mlx_version"),
         "machine": machine(build),
         "command": "python3 ci/cuda_controls.py --out DIR " + " ".join(build_args),

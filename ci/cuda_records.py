@@ -2,6 +2,7 @@
 
   python3 ci/cuda_records.py --stock PYTHON[:SITE] [--out DIR] [BUILD OPTIONS ...]
   python3 ci/cuda_records.py --plan --stock PYTHON[:SITE] [BUILD OPTIONS ...]  # commands only
+  python3 ci/cuda_records.py --skip speed ...  # keep a page already of these build inputs
 
 The CUDA pages in ``docs/results`` belong to what a CUDA build compiles of one patch
 series (``tests/test_records.py`` fails when they do not; decision 0008), so any change
@@ -29,11 +30,17 @@ earlier run's record passes for this one's). A step that produced no record stop
 nothing is copied; otherwise the records are copied into ``docs/results`` together at the
 end, also when a step recorded failures (failed MLX tests, differing rows, a control
 not as it must), which the exit status (1) and the last lines report.
+
+``--skip speed`` or ``--skip controls`` (repeatable) leaves out the steps of a page that
+is already of this checkout's build inputs (a run cut off after it, say): the page stays
+as it is, and the run refuses (2) where it is missing or of other inputs. The build and
+the tests beside stock always run: every other page is held to the build they record.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -58,6 +65,9 @@ SPEED_RUNS = (("bfloat16", 64), ("bfloat16", 32), ("bfloat16", 128), ("float16",
 # Processes per method with subtests when the failed methods run on stock (each compiles
 # only the JIT kernels of its share of the subtests).
 STOCK_SHARDS = 8
+# Steps a run may leave out (by the first word of their names), each with the page that
+# must then already be of this checkout's build inputs.
+SKIPPABLE = {"speed": "cuda.json", "controls": "cuda-controls.json"}
 
 
 class Step(NamedTuple):
@@ -125,6 +135,27 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
     return plan
 
 
+def not_current(kind: str) -> str | None:
+    """Why the committed page of the skippable steps ``kind`` cannot stand beside a new
+    build of this checkout; ``None`` when it can (the checks of ``tests/test_records.py``)."""
+    page = RESULTS / SKIPPABLE[kind]
+    name = os.path.relpath(page, ROOT)
+    if not page.is_file():
+        return f"{name} does not exist"
+    rec = json.loads(page.read_text())
+    have = (rec.get("build") or {}) if kind == "speed" else rec
+    want = mlx_build.build_inputs_id(ROOT, pin.load(ROOT / pin.PIN_FILE).short, "cuda")
+    if have.get("build_inputs_sha256") != want:
+        return (f"{name} is of build inputs {str(have.get('build_inputs_sha256'))[:16]}, "
+                f"this checkout's are {want[:16]}")  # fmt: skip
+    if kind == "controls":
+        if rec.get("control_sha256") != cuda_controls.control_sha256():
+            return f"{name} switched in another control diff"
+        if not rec.get("ok"):
+            return f"{name} has a control that did not come out as it must"
+    return None
+
+
 def ended(step: Step, code: int, out: Path, failures: list[str]) -> bool:
     """Whether ``step`` left its record (its ``keep`` files then copied into the run's
     folder); says why not. A failure the record holds is added to ``failures``."""
@@ -166,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stock", required=True, help="stock MLX: PYTHON[:SITE], as bench/mlx_qmv.py")
     ap.add_argument("--out", type=Path, help="the steps' files (default: a new temporary folder)")
     ap.add_argument("--plan", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPABLE),
+                    help="leave out the steps of a page already of these build inputs")  # fmt: skip
     args, build_args = ap.parse_known_args(argv)
+    for kind in dict.fromkeys(args.skip):
+        if why := not_current(kind):
+            print(f"cuda_records: --skip {kind}: {why}; run its steps", file=sys.stderr)
+            return 2
     if args.out:
         out = args.out.resolve()
         # A record left by an earlier run must not pass for this run's.
@@ -178,8 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tempfile.gettempdir()) / "cuda-records-XXXX"
     else:
         out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
-    plan = steps(args.stock, out, build_args, sys.executable)
+    plan = [s for s in steps(args.stock, out, build_args, sys.executable)
+            if s.name.split()[0] not in args.skip]  # fmt: skip
     if args.plan:
+        for kind in dict.fromkeys(args.skip):
+            print(
+                f"# skipped: {kind} ({os.path.relpath(RESULTS / SKIPPABLE[kind], ROOT)} is current)"
+            )
         for s in plan:
             print(f"# {s.name}" + (" (beside the steps after it)" if s.alongside else ""))
             print(shlex.join(s.argv))

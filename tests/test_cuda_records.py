@@ -8,6 +8,7 @@ failures, or leave no record, with commands that stand in for the real ones.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 import time
@@ -197,3 +198,69 @@ def test_a_failing_step_stops_what_runs_beside_it(results, tmp_path: Path, monke
     assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid.read_text()), 0)
+
+
+def _current_speed_page(records, dest: Path, inputs: str | None = None) -> None:
+    """A speed page in ``dest`` of this checkout's build inputs (or of ``inputs``)."""
+    from patchkit.carry import mlx_build, pin
+
+    short = pin.load(records.ROOT / pin.PIN_FILE).short
+    want = inputs or mlx_build.build_inputs_id(records.ROOT, short, "cuda")
+    (dest / "cuda.json").write_text(json.dumps({"build": {"build_inputs_sha256": want}}))
+
+
+def test_skip_speed_keeps_a_current_page_and_runs_the_rest(
+    results, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    records, dest = results
+    _current_speed_page(records, dest)
+    kept = (dest / "cuda.json").read_text()
+    assert records.main(["--plan", "--skip", "speed", "--stock", "python3"]) == 0
+    plan = capsys.readouterr().out
+    assert "# skipped: speed" in plan and "bench/mlx_qmv.py" not in plan
+    assert "patchkit build" in plan and "ci/cuda_controls.py" in plan
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
+    assert records.main(["--skip", "speed", "--stock", "python3", "--out",
+                         str(tmp_path / "out")]) == 0  # fmt: skip
+    assert (dest / "cuda.json").read_text() == kept  # the page as it was
+    assert not (dest / "cuda.md").exists()  # nor any other file of the skipped steps
+    assert (dest / "build-cuda.json").read_text() == "new build"
+    assert (dest / "cuda-controls.json").read_text() == "new controls"
+
+
+@pytest.mark.parametrize("page", ["missing", "other inputs"])
+def test_skip_refuses_a_page_that_is_not_current(
+    results, tmp_path: Path, monkeypatch, capsys, page: str
+) -> None:
+    """A skipped page of other build inputs would stand beside a build it did not time."""
+    records, dest = results
+    if page == "other inputs":
+        _current_speed_page(records, dest, inputs="0" * 64)
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
+    argv = ["--skip", "speed", "--stock", "python3", "--out", str(tmp_path / "out")]
+    assert records.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cuda_records: --skip speed: ") and err.count("\n") == 1, err
+    assert ("does not exist" if page == "missing" else "is of build inputs 0000") in err
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        ["build-cuda.json"] + (["cuda.json"] if page != "missing" else [])
+    )
+    assert (dest / "build-cuda.json").read_text() == "old"
+    # Control: the same run without --skip makes every page.
+    assert records.main(argv[2:]) == 0 and (dest / "cuda.md").read_text() == "new speed page"
+
+
+def test_skip_controls_needs_their_page_of_this_control_diff(results) -> None:
+    records, dest = results
+    from patchkit.carry import mlx_build, pin
+
+    want = mlx_build.build_inputs_id(records.ROOT, pin.load(records.ROOT / pin.PIN_FILE).short,
+                                     "cuda")  # fmt: skip
+    page = {"build_inputs_sha256": want, "control_sha256": "0" * 64, "ok": True}
+    (dest / "cuda-controls.json").write_text(json.dumps(page))
+    assert "another control diff" in records.not_current("controls")
+    page["control_sha256"] = records.cuda_controls.control_sha256()
+    (dest / "cuda-controls.json").write_text(json.dumps(page))
+    assert records.not_current("controls") is None
+    (dest / "cuda-controls.json").write_text(json.dumps({**page, "ok": False}))
+    assert "did not come out as it must" in records.not_current("controls")
