@@ -7,6 +7,7 @@ rejects a control the checks did not see.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -129,11 +130,34 @@ def _tool(switch: str, ours: int, summary: int | None = 0, code: int | None = 0)
         (_tool("none", 0, 0, None), False),  # timed out
         (_tool("none", 0, 0, 1), False),  # rows differed under the tool
         (_tool("no-barrier", 3, 3, 1), True),  # the race seen (its rows may differ)
+        (_tool("no-barrier", 3, None, None), True),  # seen, then cut at the time limit
         (_tool("no-barrier", 0, 0), False),  # a race racecheck missed
+        (_tool("no-barrier", 0, None, None), False),  # cut before it saw anything
     ],
 )
 def test_a_sanitizer_run_that_missed_or_reported_wrongly_is_not_ok(result: dict, ok: bool) -> None:
     assert _controls().sanitizer_verdict(result) is ok
+
+
+def test_report_judges_the_stored_counts_again(tmp_path) -> None:
+    """``--report`` takes every verdict from the raw counts, whatever the file says."""
+    controls = _controls()
+    result = {"switch": "order-by-m", "rows_compared": 10, "eager_differing": 3,
+              "graph_only_differing": 0, "pr_test_failed": True, "ok": False}  # fmt: skip
+    record = {"patch_commit": "0" * 40, "series_sha256": "1" * 64, "control_sha256": "2" * 64,
+              "mlx_version": "0.0", "machine": "m", "command": "c", "results": [result],
+              "sanitizer": [{**_tool("no-barrier", 100, None, None), "seconds": 900.0,
+                             "ok": False}], "ok": False}  # fmt: skip
+    path = tmp_path / "cuda-controls.json"
+    path.write_text(json.dumps(record))
+    assert controls.main(["--report", str(path)]) == 0
+    judged = json.loads(path.read_text())
+    assert judged["ok"] and judged["results"][0]["ok"] and judged["sanitizer"][0]["ok"]
+    assert "cut at 900 s" in path.with_suffix(".md").read_text()
+    record["sanitizer"][0]["kernel_reports"] = 0  # control: the same file, the race unseen
+    path.write_text(json.dumps({**record, "ok": True}))
+    assert controls.main(["--report", str(path)]) == 1
+    assert not json.loads(path.read_text())["ok"]
 
 
 def test_no_sanitizer_is_a_one_line_error(monkeypatch, capsys) -> None:
