@@ -4,7 +4,8 @@
       --json OUT.json [--ncu ncu] [--quick] [--dtype bfloat16] [--group-size 64]
   python3 bench/mlx_ncu.py run --lib pr=.device/qmv/patched.so --lib stock=.device/qmv/stock.so \
       --json OUT.json ...   # the libraries of bench/cuda_qmv.py build, called through torch
-  python3 bench/mlx_ncu.py page RUN.json --out docs/results/cuda-ncu   # .json, .md
+  python3 bench/mlx_ncu.py page RUN.json --out docs/results/cuda-ncu \
+      [--build-record BUILD/build-cuda.json]   # .json, .md
   python3 bench/mlx_ncu.py worker --case JSON   # internal: the profiled call
 
 Each arm is an interpreter that imports its own MLX (``SITE``, when given, goes first on its
@@ -16,6 +17,11 @@ this file says why a time is what it is.
 ``--lib`` arms profile the libraries ``bench/cuda_qmv.py build`` compiles (one qmv.cu with
 MLX's nvcc flags, called from torch): the same kernels without MLX's build, for iterating
 on a GPU host where no MLX build is at hand; ``--arm`` is what a user of MLX runs.
+
+A page made with ``--build-record`` (the ``pr`` arm's ``patchkit build`` record) is a
+record of that build's inputs, as the speed page is (decision 0008): it refuses a run
+with a failed case, or whose ``pr`` arm is another MLX. ncu is ``--ncu``, else the one
+beside ``nvcc``, else on ``PATH``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +146,21 @@ def ncu_case(
     return {"case": case, "kernels": kernels, **derived(case, kernels)}
 
 
+def find_ncu(given: str | None) -> str:
+    """ncu: ``given``, else beside ``nvcc`` (the toolkit MLX was built with), else on
+    ``PATH``; a one-line exit where there is none."""
+    if given:
+        found = shutil.which(given)
+    else:
+        nvcc = shutil.which("nvcc")
+        beside = Path(nvcc).resolve().parent / "ncu" if nvcc else None
+        found = str(beside) if beside is not None and beside.is_file() else shutil.which("ncu")
+    if not found:
+        sys.exit(f"mlx_ncu: no Nsight Compute ({given or 'ncu beside nvcc or on PATH'}): "
+                 "pass --ncu PATH")  # fmt: skip
+    return found
+
+
 def ncu_version(ncu: str) -> str:
     try:
         done = subprocess.run([ncu, "--version"], capture_output=True, text=True)
@@ -158,6 +180,7 @@ def run(a: argparse.Namespace) -> None:
         arms[name] = (sys.executable, "", str(Path(path).resolve()))
     if not arms:
         sys.exit("mlx_ncu: give at least one --arm NAME=PYTHON[:SITE] or --lib NAME=PATH.so")
+    a.ncu = find_ncu(a.ncu)
     report: dict[str, Any] = {
         "command": "python3 bench/mlx_ncu.py run " + shlex.join(sys.argv[2:]),
         "hardware": mlx_qmv.hardware(),
@@ -286,18 +309,42 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def page(report: dict[str, Any], out: Path) -> None:
-    """OUT.json (the run) and OUT.md (a table per arm)."""
+def profiled_build(report: dict[str, Any], build_record: dict[str, Any]) -> dict[str, str]:
+    """What a page of this run is a record of: the ``pr`` arm's build (its wheel and build
+    inputs, :func:`mlx_qmv.timed_build`), for a run whose every case has its readings."""
+    if "pr" not in (report.get("mlx") or {}):
+        raise SystemExit("--build-record: the run has no arm named pr")
+    if failed := [row for row in report["rows"] if "error" in row]:
+        first = " ".join(failed[0]["error"].split())[:200]
+        raise SystemExit(f"--build-record: {len(failed)} of {len(report['rows'])} cases have "
+                         f"no readings (first: {first}); no record of a partial run")  # fmt: skip
+    return mlx_qmv.timed_build([report], build_record)
+
+
+def page(report: dict[str, Any], out: Path, build: dict[str, str] | None = None) -> None:
+    """OUT.json (the run, and with ``build`` the build it is a record of) and OUT.md (a
+    table per arm)."""
+    from patchkit.carry import mlx_build  # here: the workers run this file too
+
+    record = {**report, "build": build} if build else report
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    hardware = report.get("hardware", {})
+    valid = (
+        [mlx_build.valid_while(build["backend"], build["build_inputs_sha256"]) + "."]
+        if build
+        else []
+    )
     md = [
         "# Quantized matmul kernels under Nsight Compute",
         "",
-        f"Command: `{report.get('command', '')}`",
-        "",
-        f"Hardware: {json.dumps(report.get('hardware', {}))}",
-        "",
-        f"ncu: {report.get('ncu_version', '')}",
+        f"- Command: `{report.get('command', '')}`",
+        *valid,
+        f"- Hardware: {hardware.get('gpu', json.dumps(hardware))}; ncu "
+        f"{report.get('ncu_version', '')}",
+        "- One ncu process a case, caches flushed before the profiled call (a cold call), "
+        "clocks as the GPU sets them; every kernel the call launched is a row. DRAM % peak "
+        "is of the memory's peak bandwidth as ncu knows it; occupancy in warps.",
     ]
     arms = list(dict.fromkeys(row["arm"] for row in report["rows"]))
     for arm in arms:
@@ -314,13 +361,15 @@ def main() -> None:
     r.add_argument("--arm", action="append", help="NAME=PYTHON[:SITE]: an MLX to call")
     r.add_argument("--lib", action="append", help="NAME=PATH.so: a bench/cuda_qmv.py library")
     r.add_argument("--json", required=True)
-    r.add_argument("--ncu", default="ncu")
+    r.add_argument("--ncu", help="Nsight Compute (default: beside nvcc, else on PATH)")
     r.add_argument("--quick", action="store_true", help="one layer, 4-bit, M = 1 and 16")
     r.add_argument("--dtype", choices=mlx_qmv.DTYPES, default="bfloat16")
     r.add_argument("--group-size", type=int, choices=mlx_qmv.GROUPS, default=64)
     pg = sub.add_parser("page", help="the results page of a run: OUT.json/.md")
     pg.add_argument("run", type=Path)
     pg.add_argument("--out", required=True, type=Path, help="e.g. docs/results/cuda-ncu")
+    pg.add_argument("--build-record", type=Path,
+                    help="the pr arm's build-cuda.json: the page becomes its record")  # fmt: skip
     w = sub.add_parser("worker", help="internal: one profiled call")
     w.add_argument("--case", required=True)
     w.add_argument("--lib", help="a bench/cuda_qmv.py library, called through torch")
@@ -330,7 +379,10 @@ def main() -> None:
     elif a.cmd == "run":
         run(a)
     else:
-        page(json.loads(a.run.read_text()), a.out)
+        report = json.loads(a.run.read_text())
+        build = (profiled_build(report, json.loads(a.build_record.read_text()))
+                 if a.build_record else None)  # fmt: skip
+        page(report, a.out, build)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ to the CUDA templates needs all of them again, made in this order on one machine
    (``build-cuda``);
 2. ``bench/mlx_qmv.py run`` on that build beside a stock MLX (``--stock``, its interpreter
    and optionally an unpacked wheel's folder), once per (dtype, group size) of the speed
-   page, then the page (``cuda``);
+   page, then the page (``cuda``); then ``bench/mlx_ncu.py`` on the same two arms, one
+   Nsight Compute process a call (``cuda-ncu``: registers, occupancy, DRAM bytes and
+   bandwidth of each kernel);
 3. ``bench/mlx_tests.py run --only-failed-in`` the build's record: the methods its test
    run failed, and those of MLX's the series fixes (``export_pr.FIXED_TESTS``), on stock,
    beside the build's own run of them (its log, kept by step 1) (``cuda-tests``).
@@ -31,8 +33,9 @@ nothing is copied; otherwise the records are copied into ``docs/results`` togeth
 end, also when a step recorded failures (failed MLX tests, differing rows, a control
 not as it must), which the exit status (1) and the last lines report.
 
-``--skip speed`` or ``--skip controls`` (repeatable) leaves out the steps of a page that
-is already of this checkout's build inputs (a run cut off after it, say): the page stays
+``--skip speed``, ``--skip ncu`` or ``--skip controls`` (repeatable) leaves out the steps
+of a page that is already of this checkout's build inputs (a run cut off after it, say): the
+page stays
 as it is, and the run refuses (2) where it is missing or of other inputs. The build and
 the tests beside stock always run: every other page is held to the build they record.
 """
@@ -67,7 +70,7 @@ SPEED_RUNS = (("bfloat16", 64), ("bfloat16", 32), ("bfloat16", 128), ("float16",
 STOCK_SHARDS = 8
 # Steps a run may leave out (by the first word of their names), each with the page that
 # must then already be of this checkout's build inputs.
-SKIPPABLE = {"speed": "cuda.json", "controls": "cuda-controls.json"}
+SKIPPABLE = {"speed": "cuda.json", "ncu": "cuda-ncu.json", "controls": "cuda-controls.json"}
 
 
 class Step(NamedTuple):
@@ -111,6 +114,15 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
                  "--build-record", str(build / "build-cuda.json")]  # fmt: skip
     page = (pages / "cuda.json", pages / "cuda.md", pages / "cuda.png")
     plan.append(Step("speed page", page_argv, page))
+    # Nsight Compute on the same two arms: registers, occupancy, DRAM traffic per kernel
+    # (bench/mlx_ncu.py); its page is the build's record, as the speed page is.
+    ncu_run = bench / "ncu.json"
+    ncu_argv = [python, "bench/mlx_ncu.py", "run", "--arm", f"pr={layout.python}",
+                "--arm", f"stock={stock}", "--json", str(ncu_run)]  # fmt: skip
+    plan.append(Step("ncu", ncu_argv, (ncu_run,)))
+    ncu_page = [python, "bench/mlx_ncu.py", "page", str(ncu_run), "--out", str(pages / "cuda-ncu"),
+                "--build-record", str(build / "build-cuda.json")]  # fmt: skip
+    plan.append(Step("ncu page", ncu_page, (pages / "cuda-ncu.json", pages / "cuda-ncu.md")))
     # The methods the build's own test run failed, on stock, beside that run's output:
     # whose failures they are (none failed: the page says nothing ran). Stock starts with
     # no JIT kernels compiled and only a few methods run, so each gets more processes
@@ -143,7 +155,7 @@ def not_current(kind: str) -> str | None:
     if not page.is_file():
         return f"{name} does not exist"
     rec = json.loads(page.read_text())
-    have = (rec.get("build") or {}) if kind == "speed" else rec
+    have = rec if kind == "controls" else (rec.get("build") or {})
     want = mlx_build.build_inputs_id(ROOT, pin.load(ROOT / pin.PIN_FILE).short, "cuda")
     if have.get("build_inputs_sha256") != want:
         return (f"{name} is of build inputs {str(have.get('build_inputs_sha256'))[:16]}, "

@@ -30,8 +30,8 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
     plan = records.steps("python3:/opt/stock", Path("/tmp/cr"), ["--offline", "-j", "16"],
                          sys.executable)  # fmt: skip
-    assert len(lines) == len(plan) == 5 + len(records.SPEED_RUNS)
-    apply, build, *speed, page, tests, controls = plan
+    assert len(lines) == len(plan) == 7 + len(records.SPEED_RUNS)
+    apply, build, *speed, page, ncu, ncu_page, tests, controls = plan
     # The build checks out the patch branch that apply makes in the cached clone.
     assert apply.argv[1:4] == ["-m", "patchkit", "apply"] and apply.produces == ()
     assert build.argv[1:5] == ["-m", "patchkit", "build", "--backend"]
@@ -39,12 +39,21 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     assert controls.argv[1] == "ci/cuda_controls.py" and controls.argv[-3:] == build.argv[-3:]
     # Every speed run times the venv of the build just made against the stock given.
     patched = {s.argv[s.argv.index("--patched") + 1] for s in speed}
-    assert len(patched) == 1 and patched.pop().endswith("venv/bin/python")
+    assert len(patched) == 1 and (patched_python := patched.pop()).endswith("venv/bin/python")
     assert all(s.argv[s.argv.index("--stock") + 1] == "python3:/opt/stock" for s in speed)
     assert {(s.argv[s.argv.index("--dtype") + 1], int(s.argv[s.argv.index("--group-size") + 1]))
             for s in speed} == set(records.SPEED_RUNS)  # fmt: skip
     assert page.argv[2] == "page" and all(str(p) in page.argv for s in speed for p in s.produces)
     assert page.argv[page.argv.index("--build-record") + 1] == str(build.produces[0])
+    # Nsight Compute profiles the same two arms; its page is that build's record too.
+    arms = [b for a, b in itertools.pairwise(ncu.argv) if a == "--arm"]
+    assert ncu.argv[1:3] == ["bench/mlx_ncu.py", "run"] and arms == [
+        f"pr={patched_python}",
+        "stock=python3:/opt/stock",
+    ]
+    assert ncu_page.argv[2] == "page" and str(ncu.produces[0]) in ncu_page.argv
+    assert ncu_page.argv[ncu_page.argv.index("--build-record") + 1] == str(build.produces[0])
+    assert {p.name for p in ncu_page.produces} == {"cuda-ncu.json", "cuda-ncu.md"}
     # What the build's test run failed, on the stock given, beside that run's own output
     # (the build's log) and with the test file it ran, both kept before the controls
     # rebuild: it runs beside them.
@@ -119,7 +128,8 @@ def test_a_whole_run_copies_every_record_and_no_run_file(results, tmp_path: Path
     ]
     assert sorted(p.name for p in dest.iterdir()) == [
         "build-cuda.json", "build-cuda.md", "cuda-controls.json", "cuda-controls.md",
-        "cuda-tests.json", "cuda-tests.md", "cuda.json", "cuda.md", "cuda.png",
+        "cuda-ncu.json", "cuda-ncu.md", "cuda-tests.json", "cuda-tests.md", "cuda.json",
+        "cuda.md", "cuda.png",
     ]  # fmt: skip
     assert (dest / "build-cuda.json").read_text() == "new build"
 
@@ -219,6 +229,7 @@ def test_skip_speed_keeps_a_current_page_and_runs_the_rest(
     plan = capsys.readouterr().out
     assert "# skipped: speed" in plan and "bench/mlx_qmv.py" not in plan
     assert "patchkit build" in plan and "ci/cuda_controls.py" in plan
+    assert "bench/mlx_ncu.py run" in plan  # speed's own steps only
     monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
     assert records.main(["--skip", "speed", "--stock", "python3", "--out",
                          str(tmp_path / "out")]) == 0  # fmt: skip
@@ -248,6 +259,17 @@ def test_skip_refuses_a_page_that_is_not_current(
     assert (dest / "build-cuda.json").read_text() == "old"
     # Control: the same run without --skip makes every page.
     assert records.main(argv[2:]) == 0 and (dest / "cuda.md").read_text() == "new speed page"
+
+
+def test_skip_ncu_reads_the_build_its_page_profiled(results) -> None:
+    """The Nsight Compute page names its build as the speed page does (``build``)."""
+    records, dest = results
+    assert "does not exist" in records.not_current("ncu")
+    _current_speed_page(records, dest)
+    (dest / "cuda-ncu.json").write_text((dest / "cuda.json").read_text())
+    assert records.not_current("ncu") is None
+    (dest / "cuda-ncu.json").write_text(json.dumps({"build": {"build_inputs_sha256": "0" * 64}}))
+    assert "is of build inputs 0000" in records.not_current("ncu")
 
 
 def test_skip_controls_needs_their_page_of_this_control_diff(results) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
+import pytest
 from support_scripts import load_script
 
 NCU = load_script("bench/mlx_ncu.py")
@@ -103,3 +106,58 @@ def test_ncu_case_profiles_one_call_of_the_named_library(tmp_path: Path) -> None
     fake.write_text("#!/bin/sh\necho '==ERROR== no device' >&2\nexit 3\n")
     failed = NCU.ncu_case(str(fake), "python3", "", None, case)
     assert "kernels" not in failed and "no device" in failed["error"]
+
+
+def _build_record(wheel: str = "0.32.1+patchkit.abc") -> dict:
+    return {"backend": "cuda", "wheel_version": wheel,
+            "patch": {"build_inputs_sha256": "c" * 64}}  # fmt: skip
+
+
+def _run(rows: list[dict], pr: str = "0.32.1+patchkit.abc") -> dict:
+    return {"command": "python3 bench/mlx_ncu.py run", "hardware": {"gpu": "H100"},
+            "ncu_version": "Version 2025.3", "mlx": {"pr": pr, "stock": "0.32.1"},
+            "rows": rows}  # fmt: skip
+
+
+def test_a_page_with_its_build_record_holds_for_those_build_inputs(tmp_path: Path) -> None:
+    case = {"K": 4096, "N": 4096, "bits": 8, "M": 8, "dtype": "bfloat16", "group": 64}
+    kernels = [_kernel("void qmv_mma_kernel<1>(int)", 10_000.0, 18_000_000.0)]
+    run = _run([{"arm": "pr", "case": case, "kernels": kernels, **NCU.derived(case, kernels)}])
+    build = NCU.profiled_build(run, _build_record())
+    assert build == {"backend": "cuda", "wheel_version": "0.32.1+patchkit.abc",
+                     "build_inputs_sha256": "c" * 64}  # fmt: skip
+    NCU.page(run, tmp_path / "cuda-ncu", build)
+    assert json.loads((tmp_path / "cuda-ncu.json").read_text())["build"] == build
+    md = (tmp_path / "cuda-ncu.md").read_text()
+    assert "build inputs sha256 `cccccccccccccccc`" in md and "H100; ncu Version 2025.3" in md
+
+
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        (_run([], pr="0.32.1+patchkit.other"), "the runs timed 0.32.1+patchkit.other"),
+        (
+            _run([{"arm": "stock", "case": {}, "error": "==ERROR== no kernel\n"}]),
+            "1 of 1 cases have no readings (first: ==ERROR== no kernel)",
+        ),
+        ({**_run([]), "mlx": {"stock": "0.32.1"}}, "the run has no arm named pr"),
+    ],
+)
+def test_a_page_refuses_a_build_record_its_run_does_not_match(run: dict, message: str) -> None:
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        NCU.profiled_build(run, _build_record())
+
+
+def test_ncu_is_found_beside_nvcc_first(tmp_path: Path, monkeypatch) -> None:
+    toolkit, elsewhere = tmp_path / "cuda" / "bin", tmp_path / "bin"
+    for folder, names in ((toolkit, ("nvcc", "ncu")), (elsewhere, ("ncu",))):
+        folder.mkdir(parents=True)
+        for name in names:
+            (folder / name).write_text("#!/bin/sh\n")
+            (folder / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{elsewhere}{os.pathsep}{toolkit}")
+    assert NCU.find_ncu(None) == str(toolkit / "ncu")
+    (toolkit / "ncu").unlink()  # control: none beside nvcc, the one on PATH
+    assert NCU.find_ncu(None) == str(elsewhere / "ncu")
+    with pytest.raises(SystemExit, match=r"no Nsight Compute .*: pass --ncu PATH"):
+        NCU.find_ncu(str(tmp_path / "missing-ncu"))

@@ -117,6 +117,22 @@ def test_speed_page_is_of_what_the_cuda_build_compiles_now() -> None:
     ), "cuda.json timed a build of other CUDA inputs: rerun bench/mlx_qmv.py on a new build"
 
 
+def test_ncu_page_is_of_what_the_cuda_build_compiles_now() -> None:
+    """``docs/results/cuda-ncu.json`` (bench/mlx_ncu.py page) profiled a build of what a
+    CUDA build compiles of ``patches/`` now, as the speed page timed one."""
+    ncu, build = RESULTS / "cuda-ncu.json", RESULTS / "build-cuda.json"
+    if not ncu.exists() or not build.exists():
+        pytest.skip("no Nsight Compute page or CUDA build record committed")
+    page = json.loads(ncu.read_text())
+    assert page["mlx"]["pr"] == page["build"]["wheel_version"]
+    assert not [row for row in page["rows"] if "error" in row]
+    assert (
+        page["build"]["build_inputs_sha256"]
+        == json.loads(build.read_text())["patch"]["build_inputs_sha256"]
+        == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
+    ), "cuda-ncu.json profiled a build of other CUDA inputs: rerun bench/mlx_ncu.py"
+
+
 def test_controls_page_is_of_the_recorded_cuda_build_and_control() -> None:
     """``docs/results/cuda-controls.json`` (ci/cuda_controls.py) switched its defects into
     the patch the CUDA build record is of, with the control diff as it is now, and every
