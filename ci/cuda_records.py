@@ -3,6 +3,7 @@
   python3 ci/cuda_records.py --stock PYTHON[:SITE] [--out DIR] [BUILD OPTIONS ...]
   python3 ci/cuda_records.py --plan --stock PYTHON[:SITE] [BUILD OPTIONS ...]  # commands only
   python3 ci/cuda_records.py --skip speed ...  # keep a page already of these build inputs
+  python3 ci/cuda_records.py --only speed --only ncu ...  # those pages alone
 
 The CUDA pages in ``docs/results`` belong to what a CUDA build compiles of one patch
 series (``tests/test_records.py`` fails when they do not; decision 0008), so any change
@@ -35,9 +36,15 @@ not as it must), which the exit status (1) and the last lines report.
 
 ``--skip speed``, ``--skip ncu`` or ``--skip controls`` (repeatable) leaves out the steps
 of a page that is already of this checkout's build inputs (a run cut off after it, say): the
-page stays
-as it is, and the run refuses (2) where it is missing or of other inputs. The build and
-the tests beside stock always run: every other page is held to the build they record.
+page stays as it is, and the run refuses (2) where it is missing or of other inputs. The
+build and the tests beside stock always run: every other page is held to the build they
+record.
+
+``--only KIND`` (repeatable) is the other half of such a split: the build without MLX's
+tests (its record is the pages' ``--build-record`` and is not copied: ``build-cuda`` comes
+with its tests), then only those pages' steps, whose pages alone are copied. So the pages
+of one patch can be made in two runs on hosts lent for a bounded time, e.g. ``--only speed
+--only ncu``, then ``--skip speed --skip ncu``.
 """
 
 from __future__ import annotations
@@ -211,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPABLE),
                     help="leave out the steps of a page already of these build inputs")  # fmt: skip
+    ap.add_argument("--only", action="append", default=[], choices=sorted(SKIPPABLE),
+                    help="the build without tests, then only these pages' steps")  # fmt: skip
     args, build_args = ap.parse_known_args(argv)
+    if args.only and args.skip:
+        print("cuda_records: --only and --skip do not go together", file=sys.stderr)
+        return 2
     for kind in dict.fromkeys(args.skip):
         if why := not_current(kind):
             print(f"cuda_records: --skip {kind}: {why}; run its steps", file=sys.stderr)
@@ -229,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
     plan = [s for s in steps(args.stock, out, build_args, sys.executable)
             if s.name.split()[0] not in args.skip]  # fmt: skip
+    if args.only:  # the build's record only names what the pages timed: not copied
+        plan = [s._replace(argv=[*s.argv, "--no-test"], keep=()) if s.name == "build" else s
+                for s in plan
+                if s.name in ("apply", "build") or s.name.split()[0] in args.only]  # fmt: skip
+    records = [p for s in plan for p in s.produces if p.parent != out / "bench"
+               and not (args.only and s.name == "build")]  # fmt: skip
     if args.plan:
         for kind in dict.fromkeys(args.skip):
             print(
@@ -239,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(s.argv))
             for src, dst in s.keep:
                 print(f"# then keep: {src} -> {dst}")
-        print(f"# then: copy every record into {os.path.relpath(RESULTS, ROOT)}")
+        names = ", ".join(p.name for p in records)
+        print(f"# then: copy {names} into {os.path.relpath(RESULTS, ROOT)}")
         return 0
     for d in ("build", "bench", "pages", "controls"):
         (out / d).mkdir(parents=True, exist_ok=True)
@@ -269,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             if child.poll() is None:
                 child.terminate()
                 child.wait()
-    publish([p for s in plan for p in s.produces if p.parent != out / "bench"], RESULTS)
+    publish(records, RESULTS)
     print(f"cuda_records: records copied into {os.path.relpath(RESULTS, ROOT)}; runs kept in {out}")
     if failures:
         print(f"cuda_records: recorded failures: {', '.join(failures)}", file=sys.stderr)

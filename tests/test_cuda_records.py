@@ -286,3 +286,34 @@ def test_skip_controls_needs_their_page_of_this_control_diff(results) -> None:
     assert records.not_current("controls") is None
     (dest / "cuda-controls.json").write_text(json.dumps({**page, "ok": False}))
     assert "did not come out as it must" in records.not_current("controls")
+
+
+def test_only_makes_those_pages_on_a_build_without_tests(results, tmp_path: Path, monkeypatch,
+                                                        capsys) -> None:  # fmt: skip
+    """``--only``: the build runs without MLX's tests and its record stays in the run's
+    folder (a build record comes with its tests); only the pages named are copied."""
+    records, dest = results
+    assert records.main(["--plan", "--only", "speed", "--stock", "python3"]) == 0
+    plan = capsys.readouterr().out
+    build = next(ln for ln in plan.splitlines() if "patchkit build" in ln)
+    assert build.endswith("--no-test") and "bench/mlx_qmv.py page" in plan
+    assert "mlx_tests.py" not in plan and "cuda_controls.py" not in plan and "mlx_ncu" not in plan
+    assert "# then: copy cuda.json, cuda.md, cuda.png into " in plan
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
+    out = tmp_path / "out"
+    assert records.main(["--only", "speed", "--only", "ncu", "--stock", "python3",
+                         "--out", str(out)]) == 0  # fmt: skip
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "build-cuda.json", "cuda-ncu.json", "cuda-ncu.md", "cuda.json", "cuda.md", "cuda.png",
+    ]  # fmt: skip
+    assert (dest / "build-cuda.json").read_text() == "old"  # the test-less build's stays out
+    assert (out / "build" / "build-cuda.json").read_text() == "new build"
+    assert not (dest / "cuda-tests.json").exists()
+
+
+def test_only_and_skip_together_are_a_one_line_error(results, capsys) -> None:
+    records, dest = results
+    assert records.main(["--only", "speed", "--skip", "ncu", "--stock", "python3"]) == 2
+    err = capsys.readouterr().err
+    assert err == "cuda_records: --only and --skip do not go together\n"
+    assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
