@@ -847,8 +847,44 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
         "time with this change over stock's: M = 1, 4-bit: 0.50x; M = 1, 8-bit: 1.20x; "
         "M = 2..7: 0.10-0.25x; M = 8..16: 1.50x (stock runs `qmm` from M = 8)"
     )
-    assert lines[3] == "note: first case slow"
+    # The one cell at M = 8..16 slower than stock's qmm is named: the route's cost.
+    assert lines[3] == (
+        "slower than stock's `qmm` in 1 of 1 cells at M = 8..16, at most 1.50x (4-bit "
+        "4096x4096, bfloat16 group 64, M = 8), on 4096x4096"
+    )
+    assert lines[4] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
+    run["rows"][3]["pr_us"] = 9.0  # control: faster everywhere, no cell named
+    (tmp_path / "cuda.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found[0]["lines"][3] == "no slower than stock's `qmm` in any of 1 cells at M = 8..16"
+
+
+def test_the_cuda_body_quotes_compute_sanitizer_only_when_every_tool_came_out_right(
+    tmp_path: Path,
+) -> None:
+    """The sanitizer fact says what each tool reported in the kernel, the control that
+    makes "no report" worth something, and the command that reruns it on the PR's test;
+    a record with any run not as it must is quoted not at all."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Sanitizer"\nfile = "c.json"\nkind = "sanitizer"\n'
+    )
+    runs = [{"switch": "none", "tool": t, "ok": True} for t in ("memcheck", "racecheck")]
+    runs.append({"switch": "no-barrier", "tool": "racecheck", "ok": True})
+    record = {"machine": "Linux x86_64, NVIDIA H100", "sanitizer": runs}
+    (tmp_path / "c.json").write_text(json.dumps(record))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    lines = found[0]["lines"]
+    assert notes == [] and lines[0].startswith("compute-sanitizer (memcheck, racecheck) over")
+    assert "no report names `qmv_mma_kernel`" in lines[0] and "NVIDIA H100" in lines[0]
+    assert lines[1].startswith("control: with the barrier") and "racecheck reports" in lines[1]
+    assert lines[2].startswith("to rerun on this PR's test: `compute-sanitizer")
+    assert not any("patchkit" in line or "ci/" in line for line in lines)
+    runs[2]["ok"] = False  # the race unseen: no fact
+    (tmp_path / "c.json").write_text(json.dumps(record))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found == [] and "holds no fact" in notes[0]
 
 
 def test_results_of_another_patch_series_are_left_out_of_the_body(tmp_path: Path) -> None:

@@ -934,6 +934,20 @@ def speed_fact(data: dict) -> list[str]:
         return _span(picked, lambda x: f"{x:.2f}") + "x"
 
     ones = "; ".join(f"M = 1, {b}-bit: {ratio(1, 1, b)}" for b in bits)
+    # Where this change is slower than what stock runs at M = 8..16 (its qmm): the cost of
+    # keeping those rows equal to M = 1, which the reviewer weighs.
+    cells = [(r["pr_us"] / r["stock_us"], run, r) for run in runs for r in run["rows"]
+             if 8 <= r["M"] <= 16]  # fmt: skip
+    slower = [c for c in cells if c[0] > 1.0]
+    if slower:
+        worst, wrun, wrow = max(slower, key=lambda c: c[0])
+        layers = sorted({(r["K"], r["N"]) for _, _, r in slower})
+        slow = (f"slower than stock's `qmm` in {len(slower)} of {len(cells)} cells at "
+                f"M = 8..16, at most {worst:.2f}x ({wrow['bits']}-bit {wrow['K']}x{wrow['N']}, "
+                f"{wrun['dtype']} group {wrun['group_size']}, M = {wrow['M']}), on "
+                + ", ".join(f"{k}x{n}" for k, n in layers))  # fmt: skip
+    else:
+        slow = f"no slower than stock's `qmm` in any of {len(cells)} cells at M = 8..16"
     return [
         f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
         f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
@@ -946,8 +960,34 @@ def speed_fact(data: dict) -> list[str]:
         f"{first['rounds']} rounds per arm",
         f"time with this change over stock's: {ones}; M = 2..7: {ratio(2, 7)}; "
         f"M = 8..16: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
+        slow,
         *(f"note: {n}" for n in data.get("notes") or []),
     ]
+
+
+def sanitizer_fact(data: dict) -> list[str]:
+    """Lines for compute-sanitizer's runs on the build (``ci/cuda_controls.py``'s record):
+    what each tool reported in the new kernel with the change as it is, and that racecheck
+    reports it with a barrier taken out (what makes "no report" worth something)."""
+    runs = data.get("sanitizer") or []
+    clean = [r for r in runs if r["switch"] == "none"]
+    caught = [r for r in runs if r["switch"] == "no-barrier"]
+    if not clean or not all(r.get("ok") for r in runs):
+        return []
+    tools = ", ".join(r["tool"] for r in clean)
+    lines = [
+        f"compute-sanitizer ({tools}) over `mx.quantized_matmul` calls at every M * B <= 16 "
+        "(bfloat16, 4- and 8-bit; tails in K and N, batched and broadcast weights) on the "
+        f"build above ({data.get('machine', '?')}): no report names `qmv_mma_kernel`, and "
+        "every row equals its M = 1 call under each tool",
+    ]
+    if caught:
+        lines.append("control: with the barrier before the warps' partial sums are added "
+                     "taken out, racecheck reports `qmv_mma_kernel`")  # fmt: skip
+    lines.append("to rerun on this PR's test: `compute-sanitizer --tool racecheck python "
+                 "python/tests/test_quantized.py "
+                 "TestQuantized.test_qmv_tensor_cores_match_single_vector`")  # fmt: skip
+    return lines
 
 
 def parity_fact(data: dict) -> list[str]:
@@ -1027,6 +1067,8 @@ def stale_reason(data: dict, kind: str, inputs: dict[str, str] | None) -> str | 
     ran = data.get("tests") is not None or data.get("arms") is not None
     if built and ran and data.get("patch", {}).get("pr_files_sha256") != inputs[PR_TESTS]:
         return "ran other PR tests than templates/ renders now (rerun it)"
+    if kind == "sanitizer" and data.get("build_inputs_sha256") != inputs.get("cuda"):
+        return "ran on a build of another patch series than patches/ holds now (rerun it)"
     if kind == "speed":
         build = data.get("build")
         if not isinstance(build, dict):
@@ -1080,6 +1122,8 @@ def measured_results(
                 lines = tests_fact(data)
             elif kind == "speed":
                 lines = speed_fact(data)
+            elif kind == "sanitizer":
+                lines = sanitizer_fact(data)
             else:
                 lines = bench_fact(data, entry["arm"], entry["base"], entry["m"])
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
