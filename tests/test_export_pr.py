@@ -953,3 +953,26 @@ def test_the_metal_body_names_the_work_its_kernels_meet() -> None:
     """The Metal PR replaces #3764's qmv_wide and edits the kernels #4516 edits."""
     related = " ".join(_body(backend="metal").split("## Related upstream work")[1].split())
     assert "#3764" in related and "#4516" in related
+
+
+@pytest.mark.parametrize("unfinished", [[], ["test_qmm"]])
+def test_the_cuda_body_owes_main_alone_once_a_build_ran_the_whole_file(
+    tmp_path: Path, unfinished: list[str]
+) -> None:
+    """The body's first CUDA item asks for the whole test file on this branch only while
+    no build record took every method to its end (control: one method unfinished)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Build"\nfile = "build-cuda.json"\nkind = "build"\n'
+    )
+    tests = {"file": "python/tests/test_quantized.py", "ran": 40, "passed": 38, "failed": 0,
+             "skipped": 2, "unfinished": unfinished}  # fmt: skip
+    record = {"mlx_commit": "9a795735ad9a", "backend": "cuda", "date": "2026-12-05",
+              "machine": {"gpu": "NVIDIA H100"}, "tests": tests}  # fmt: skip
+    (tmp_path / "build-cuda.json").write_text(json.dumps(record))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    context = export_pr.body_context("cuda", PIN_SHA, "b", MAIN_TEMPLATE, FACTS, found)
+    owed = export_pr.render_body(TEMPLATES, context).split("## Still to measure")[1]
+    whole = "run to the end on main on a CUDA\n  GPU (sm_90), beside this branch"
+    assert (whole in owed) == (not unfinished)
+    assert ("run to the end on this branch and\n  on main" in owed) == bool(unfinished)

@@ -1142,9 +1142,16 @@ def measured_results(
                 "source": entry["file"],
                 "own_tests": own,
                 "fixed_tests": fixed,
+                "whole_file": kind == "build" and file_run_whole(data),
             }
         )
     return found, notes
+
+
+def file_run_whole(data: dict) -> bool:
+    """Whether a build record's run of MLX's test file took every method to its end."""
+    tests = data.get("tests") or {}
+    return bool(tests.get("ran")) and tests.get("unfinished") == []
 
 
 def template_has_description(template: str) -> bool:
@@ -1184,6 +1191,8 @@ def body_context(
         "tests_shown_passing": shown_passing(results, "own_tests"),
         # Whether a build record shows every MLX test this PR fixes passing.
         "fixed_tests_shown_passing": shown_passing(results, "fixed_tests"),
+        # Whether a build record ran every method of MLX's test file to its end.
+        "test_file_run_whole": any(r.get("whole_file") for r in results),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
         # Commits of earlier PRs the base holds (a stacked export), not in upstream's main.
