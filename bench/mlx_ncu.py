@@ -33,7 +33,6 @@ import io
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlx_qmv  # the arms' convention and the host's description (it puts patchkit on the path)
 
+from patchkit.util import proc
 from patchkit.verify.harness import cuda  # a layer's bytes (torch only when called)
 
 METRICS = [
@@ -149,12 +149,7 @@ def ncu_case(
 def find_ncu(given: str | None) -> str:
     """ncu: ``given``, else beside ``nvcc`` (the toolkit MLX was built with), else on
     ``PATH``; a one-line exit where there is none."""
-    if given:
-        found = shutil.which(given)
-    else:
-        nvcc = shutil.which("nvcc")
-        beside = Path(nvcc).resolve().parent / "ncu" if nvcc else None
-        found = str(beside) if beside is not None and beside.is_file() else shutil.which("ncu")
+    found = proc.cuda_tool("ncu", given)
     if not found:
         sys.exit(f"mlx_ncu: no Nsight Compute ({given or 'ncu beside nvcc or on PATH'}): "
                  "pass --ncu PATH")  # fmt: skip

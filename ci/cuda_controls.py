@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from patchkit.carry import mlx_build, pin  # noqa: E402
 from patchkit.errors import UserError  # noqa: E402
+from patchkit.util import proc  # noqa: E402
 
 CONTROL_DIFF = ROOT / "ci" / "controls" / "cuda-qmv.diff"
 PR_TEST = "test_quantized.TestQuantized.test_qmv_tensor_cores_match_single_vector"
@@ -141,15 +142,8 @@ def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict
 
 
 def find_sanitizer(given: str | None) -> str | None:
-    """compute-sanitizer: ``given``, else beside ``nvcc`` (the toolkit the build used), else
-    on ``PATH``."""
-    if given:
-        return given if shutil.which(given) else None
-    nvcc = shutil.which("nvcc")
-    beside = Path(nvcc).resolve().parent / "compute-sanitizer" if nvcc else None
-    if beside is not None and beside.is_file():
-        return str(beside)
-    return shutil.which("compute-sanitizer")
+    """compute-sanitizer: ``given``, else beside ``nvcc``, else on ``PATH``."""
+    return proc.cuda_tool("compute-sanitizer", given)
 
 
 def sanitizer_reports(log: str) -> tuple[int, int, int | None]:

@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from ci import cuda_controls  # noqa: E402
 from patchkit.carry import export_pr, mlx_build, pin, transaction  # noqa: E402
-from patchkit.util import staging  # noqa: E402
+from patchkit.util import proc, staging  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 TXN_DIR = ".txn"  # under docs/results: an in-flight copy of the records
@@ -247,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
                 if s.name in ("apply", "build") or s.name.split()[0] in args.only]  # fmt: skip
     records = [p for s in plan for p in s.produces if p.parent != out / "bench"
                and not (args.only and s.name == "build")]  # fmt: skip
+    # A missing profiler found before the build, not after it and the speed runs.
+    if not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
+        print("cuda_records: no Nsight Compute (ncu beside nvcc or on PATH) for the ncu "
+              "step: put the CUDA toolkit's ncu on PATH", file=sys.stderr)  # fmt: skip
+        return 2
     if args.plan:
         for kind in dict.fromkeys(args.skip):
             print(

@@ -162,7 +162,7 @@ def test_report_judges_the_stored_counts_again(tmp_path) -> None:
 
 def test_no_sanitizer_is_a_one_line_error(monkeypatch, capsys) -> None:
     controls = _controls()
-    monkeypatch.setattr(controls.shutil, "which", lambda name: None)
+    monkeypatch.setattr(controls.proc.shutil, "which", lambda name: None)
     assert controls.find_sanitizer(None) is None
     assert controls.main(["--out", "x"]) == 2
     assert capsys.readouterr().err.count("\n") == 1

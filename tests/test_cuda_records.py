@@ -112,6 +112,8 @@ def results(tmp_path: Path, monkeypatch):
     dest.mkdir()
     (dest / "build-cuda.json").write_text("old")
     monkeypatch.setattr(records, "RESULTS", dest)
+    # The ncu step's profiler is looked for before anything runs: these runs have one.
+    monkeypatch.setattr(records.proc, "cuda_tool", lambda name, given=None: f"/opt/cuda/{name}")
     return records, dest
 
 
@@ -317,3 +319,19 @@ def test_only_and_skip_together_are_a_one_line_error(results, capsys) -> None:
     err = capsys.readouterr().err
     assert err == "cuda_records: --only and --skip do not go together\n"
     assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
+
+
+def test_no_profiler_stops_the_run_before_its_build(results, tmp_path: Path, monkeypatch,
+                                                    capsys) -> None:  # fmt: skip
+    """Without ncu the run would build and time for half an hour, then copy nothing."""
+    records, dest = results
+    monkeypatch.setattr(records.proc, "cuda_tool", lambda name, given=None: None)
+    ran = tmp_path / "ran"
+    before = {"apply": f"pathlib.Path({str(ran)!r}).write_text('x')"}
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}, before=before))
+    assert records.main(["--stock", "python3", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.startswith("cuda_records: no Nsight Compute")
+    assert not ran.exists() and [p.name for p in dest.iterdir()] == ["build-cuda.json"]
+    # Control: a run that makes no ncu page needs none.
+    assert records.main(["--only", "speed", "--stock", "python3", "--out",
+                         str(tmp_path / "out2")]) == 0 and ran.exists()  # fmt: skip

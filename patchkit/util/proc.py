@@ -8,9 +8,11 @@ Project-agnostic, like :mod:`patchkit.util.git` (which runs git itself).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from os import PathLike
+from pathlib import Path
 
 from patchkit.errors import ToolError
 
@@ -50,3 +52,16 @@ def run(
     if check and proc.returncode != 0:
         raise ToolError(argv, proc.returncode, proc.stdout, proc.stderr)
     return proc
+
+
+def cuda_tool(name: str, given: str | None = None) -> str | None:
+    """A CUDA toolkit program (``compute-sanitizer``, ``ncu``): ``given`` (a path or a name
+    on ``PATH``), else the one beside ``nvcc`` (the toolkit the build used), else ``name``
+    on ``PATH``; None where there is none."""
+    if given:
+        return shutil.which(given)
+    nvcc = shutil.which("nvcc")
+    beside = Path(nvcc).resolve().parent / name if nvcc else None
+    if beside is not None and beside.is_file():
+        return str(beside)
+    return shutil.which(name)
