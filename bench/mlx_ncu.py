@@ -177,7 +177,7 @@ def run(a: argparse.Namespace) -> None:
         sys.exit("mlx_ncu: give at least one --arm NAME=PYTHON[:SITE] or --lib NAME=PATH.so")
     a.ncu = find_ncu(a.ncu)
     report: dict[str, Any] = {
-        "command": "python3 bench/mlx_ncu.py run " + shlex.join(sys.argv[2:]),
+        "command": generic_command("python3 bench/mlx_ncu.py run " + shlex.join(sys.argv[2:])),
         "hardware": mlx_qmv.hardware(),
         "mlx": {
             name: _library(Path(lib)) if lib else _mlx_or_error(python, site)
@@ -195,6 +195,31 @@ def run(a: argparse.Namespace) -> None:
             Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
             what = row.get("error", "").splitlines()[-1:] or [f"{row['duration_us']:.1f} us"]
             print(f"{name} {case}: {what[0]}", file=sys.stderr, flush=True)
+
+
+# What an option's value becomes in a command a page shows: one host's paths as placeholders.
+PLACEHOLDERS = {"--json": "ncu.json", "--ncu": "NCU"}
+
+
+def _placeholder_arm(option: str, value: str) -> str:
+    name = value.partition("=")[0]
+    if option == "--lib":
+        return f"{name}=LIBS/{name}.so"
+    if name == "pr":
+        return "pr=<cache>/builds/cuda-<pin>/venv/bin/python"
+    return f"{name}={name.upper()}_PYTHON[:SITE]"
+
+
+def generic_command(command: str) -> str:
+    """``command`` with each arm's interpreter or library, the JSON and ncu as placeholders
+    (they are one host's), every option that changes what is measured kept as given."""
+    words = shlex.split(command)
+    for i, word in enumerate(words[:-1]):
+        if word in ("--arm", "--lib"):
+            words[i + 1] = _placeholder_arm(word, words[i + 1])
+        elif word in PLACEHOLDERS:
+            words[i + 1] = PLACEHOLDERS[word]
+    return " ".join(words)
 
 
 def _library(lib: Path) -> str:
@@ -321,7 +346,9 @@ def page(report: dict[str, Any], out: Path, build: dict[str, str] | None = None)
     table per arm)."""
     from patchkit.carry import mlx_build  # here: the workers run this file too
 
-    record = {**report, "build": build} if build else report
+    record = {**report, "command": generic_command(report.get("command", ""))}
+    if build:
+        record["build"] = build
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     hardware = report.get("hardware", {})
@@ -330,10 +357,16 @@ def page(report: dict[str, Any], out: Path, build: dict[str, str] | None = None)
         if build
         else []
     )
+    page_command = (
+        "; then `python3 bench/mlx_ncu.py page ncu.json --out docs/results/cuda-ncu "
+        "--build-record build-cuda.json`"
+        if build
+        else ""
+    )
     md = [
         "# Quantized matmul kernels under Nsight Compute",
         "",
-        f"- Command: `{report.get('command', '')}`",
+        f"- Command: `{record['command']}`" + page_command,
         *valid,
         f"- Hardware: {hardware.get('gpu', json.dumps(hardware))}; ncu "
         f"{report.get('ncu_version', '')}",

@@ -132,6 +132,22 @@ def test_a_page_with_its_build_record_holds_for_those_build_inputs(tmp_path: Pat
     assert "build inputs sha256 `cccccccccccccccc`" in md and "H100; ncu Version 2025.3" in md
 
 
+def test_a_page_shows_one_hosts_paths_as_placeholders(tmp_path: Path) -> None:
+    run = {**_run([]), "command": "python3 bench/mlx_ncu.py run --arm pr=/root/v/bin/python "
+           "--arm stock=python3:/tmp/stock --lib old=/x/old.so --json /tmp/r/ncu.json "
+           "--ncu /usr/local/cuda/bin/ncu --quick --dtype float16"}  # fmt: skip
+    NCU.page(run, tmp_path / "cuda-ncu")
+    shown = (
+        "python3 bench/mlx_ncu.py run --arm pr=<cache>/builds/cuda-<pin>/venv/bin/python "
+        "--arm stock=STOCK_PYTHON[:SITE] --lib old=LIBS/old.so --json ncu.json --ncu NCU --quick "
+        "--dtype float16"
+    )
+    assert f"- Command: `{shown}`" in (tmp_path / "cuda-ncu.md").read_text()
+    assert json.loads((tmp_path / "cuda-ncu.json").read_text())["command"] == shown
+    assert NCU.generic_command(shown) == shown  # a page made again shows the same
+    assert NCU.generic_command(run["command"]) != run["command"]  # control: paths replaced
+
+
 @pytest.mark.parametrize(
     ("run", "message"),
     [
