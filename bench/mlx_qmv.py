@@ -14,7 +14,11 @@ MLX on the same GPU.
 
 Timing: a call's weights are cold (the arm cycles through copies of them that add up to
 well over the L2), ``repeats`` calls are evaluated as one graph after a synchronize, and
-the wall time per call is what MLX's user sees, launch costs included. Rows are compared
+the wall time per call is what MLX's user sees, launch costs included. Each call's x
+depends on the previous call's output, as a model's layers do: MLX's CUDA graph links a
+node only to the nodes that made its inputs, so independent calls would run at once, and
+a kernel that fills a fraction of the GPU (stock's ``qmm`` at a few vectors) would be
+timed by how well its calls overlap, not by how long a decoding step waits for it. Rows are compared
 by ``patchkit parity``; this file only times.
 """
 
@@ -41,6 +45,7 @@ MS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 BITS = (4, 8)
 DTYPES, GROUPS = ("bfloat16", "float16"), (32, 64, 128)
 ROUNDS, REPEATS = 3, 200  # rounds per arm; calls per timed graph
+CALLS = "chained"  # each call's x depends on the previous call's output (_calls)
 NOISY = 1.5  # a cell whose rounds' slowest over fastest exceeds this is named on the page
 COLD_BYTES = 1 << 29  # the weight copies one arm cycles through: ten times an H200's L2
 ARMS = {"stock": {}, "pr": {}}
@@ -112,8 +117,15 @@ def _timed_us(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n
 
 
 def _calls(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> list[Any]:
-    """``n`` calls of ``x`` against the weight copies in turn (each read cold)."""
-    return [mx.quantized_matmul(x, *copies[i % len(copies)], True, group, bits) for i in range(n)]
+    """``n`` calls against the weight copies in turn (each read cold), one after another:
+    each call's x is the previous x plus zero times one column of the previous output, the
+    same values through one small elementwise op (both arms pay it; the call's own cost
+    includes it)."""
+    outs = []
+    for i in range(n):
+        outs.append(mx.quantized_matmul(x, *copies[i % len(copies)], True, group, bits))
+        x = x + outs[-1][..., :1] * 0
+    return outs
 
 
 def cases(quick: bool) -> list[dict[str, Any]]:
@@ -193,6 +205,7 @@ def run(a: argparse.Namespace) -> None:
         "group_size": a.group_size,
         "rounds": a.rounds,
         "repeats": a.repeats,
+        "calls": CALLS,
         "mlx": {name: mlx_of(*split[name]) for name in ("stock", "pr")},
         "hardware": hardware(),
         "copy_bytes_per_s": copy,
@@ -335,6 +348,16 @@ def generic_command(report: dict[str, Any]) -> str:
                      *extra])  # fmt: skip
 
 
+# How a run's calls relate, as its page says it.
+CALLS_TEXT = {
+    "chained": "Each call's x depends on the previous call's output (x + 0 · y[:, :1], one "
+    "small op in both arms), so the calls run one after another, as a model's layers do.",
+    "independent": "The calls are independent of each other, so MLX's CUDA graph may run "
+    "several at once: a kernel that fills a fraction of the GPU is timed by how its calls "
+    "overlap, not by how long a dependent call waits for it.",
+}
+
+
 def call_line(runs: list[dict[str, Any]]) -> list[str]:
     """The page's line on a call's own cost, per run (none for runs that did not time it)."""
     if not all(r.get("call_us") for r in runs):
@@ -403,8 +426,8 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
     :func:`timed_build` of the PR arm."""
     from patchkit.carry import mlx_build  # here: the arms' workers run this file too
 
-    for key in ("mlx", "hardware", "rounds", "repeats"):
-        if len({json.dumps(r[key], sort_keys=True) for r in runs}) > 1:
+    for key in ("mlx", "hardware", "rounds", "repeats", "calls"):
+        if len({json.dumps(r.get(key), sort_keys=True) for r in runs}) > 1:
             raise SystemExit(f"the runs differ in {key}: one page is of one pair of builds, "
                              "one GPU and one method")  # fmt: skip
     main_run = next((r for r in runs if (r["dtype"], r["group_size"]) == ("bfloat16", 64)), runs[0])
@@ -429,7 +452,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         f"{first['mlx']['pr']} (`patchkit build --backend cuda`), taking turns in one run, "
         f"{first['rounds']} rounds of each. Time per call: {first['repeats']} calls evaluated "
         "as one graph, over their count; the median of the rounds. Each call reads a cold copy "
-        "of the weights; launch costs included.",
+        "of the weights; launch costs included. " + CALLS_TEXT[first.get("calls", "independent")],
         mlx_build.valid_while(build["backend"], build["build_inputs_sha256"]) + ".",
         "- Stock's wheels come from MLX's release builds and the PR's arm from a local build, "
         "so compiler and build flags may differ between the arms besides the patch; the pin "

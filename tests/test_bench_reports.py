@@ -170,6 +170,12 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
     bench.page([tight], tmp_path / "tight", [], build)
     assert "; 0 of 1 meet it, 1 out of reach |" in (tmp_path / "tight.md").read_text()
     assert text.count("## PR / stock:") == 2 and "- Note: a note's text" in text
+    assert bench.CALLS_TEXT["independent"] in text  # runs that do not say: the old method
+    chained = [{**r, "calls": "chained"} for r in runs]
+    bench.page(chained, tmp_path / "chained", [], build)
+    assert bench.CALLS_TEXT["chained"] in (tmp_path / "chained.md").read_text()
+    with pytest.raises(SystemExit, match="the runs differ in calls"):
+        bench.page([chained[0], runs[1]], tmp_path / "mixed-calls", [], build)
     assert "meet it | not measured | not measured |" in text  # no M > 1 rows
     assert '--note "a note\'s text"' in text or "--note 'a note'\"'\"'s text'" in text
     assert record["notes"] == ["a note's text"] and len(record["summary"]) == 2
@@ -181,6 +187,57 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
     runs[1]["mlx"] = {"stock": "0.32.1", "pr": "0.32.1+patchkit.other"}
     with pytest.raises(SystemExit, match="the runs differ in mlx"):
         bench.page(runs, tmp_path / "mixed", [], build)
+
+
+class _Recorded:
+    """A stand-in array that knows which matmul outputs it was computed from."""
+
+    def __init__(self, made_from: frozenset[int] = frozenset()) -> None:
+        self.made_from = made_from
+
+    def __getitem__(self, _index: object) -> _Recorded:
+        return _Recorded(self.made_from)
+
+    def __mul__(self, other: object) -> _Recorded:
+        return _Recorded(self.made_from | getattr(other, "made_from", frozenset()))
+
+    __add__ = __mul__
+
+
+class _RecordingMx:
+    """Records the x each quantized_matmul gets; each output is its own source."""
+
+    def __init__(self) -> None:
+        self.xs: list[_Recorded] = []
+
+    def quantized_matmul(self, x: _Recorded, *_args: object) -> _Recorded:
+        self.xs.append(x)
+        return _Recorded(x.made_from | {len(self.xs) - 1})
+
+
+def test_mlx_qmv_times_calls_that_depend_on_each_other() -> None:
+    """Call i's x is made from call i - 1's output, so MLX's CUDA graph cannot run two
+    calls at once (it links nodes by the buffers they read)."""
+    bench = load_script("bench/mlx_qmv.py")
+    mx = _RecordingMx()
+    outs = bench._calls(mx, _Recorded(), [["w"], ["w2"]], 4, 64, 5)
+    assert len(outs) == 5 and mx.xs[0].made_from == frozenset()
+    assert [max(x.made_from) for x in mx.xs[1:]] == [0, 1, 2, 3]
+
+
+def test_mlx_qmv_chain_keeps_the_values_of_x_bit_for_bit() -> None:
+    """The op that chains the calls adds zero: every call computes what the same x alone
+    gives (bitwise, on MLX's CPU), and a chain that changed x would not."""
+    mx = pytest.importorskip("mlx.core")
+    bench = load_script("bench/mlx_qmv.py")
+    w = mx.quantize(mx.random.normal((64, 256)).astype(mx.bfloat16), group_size=64, bits=4)
+    x = mx.random.normal((3, 256)).astype(mx.bfloat16)
+    alone = mx.quantized_matmul(x, *w, True, 64, 4)
+    outs = bench._calls(mx, x, [list(w)], 4, 64, 4)
+    mx.eval(alone, outs)
+    assert all(mx.array_equal(out, alone).item() for out in outs)
+    drift = x + alone[..., :1] * 1  # control: a chain that does not add zero
+    assert not mx.array_equal(mx.quantized_matmul(drift, *w, True, 64, 4), alone).item()
 
 
 def _harness_result(patched: float, stock: float, differing: int = 0) -> dict:

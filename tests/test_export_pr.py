@@ -843,6 +843,7 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     assert notes == [] and "NVIDIA H200: stock MLX 0.32.1" in lines[0]
     assert "4- and 8-bit" in lines[0]
     assert lines[1].startswith("timing: 200 calls in one graph") and "3 rounds" in lines[1]
+    assert lines[1].endswith(export_pr.SPEED_CALLS["independent"])  # a run that does not say
     assert lines[2] == (
         "time with this change over stock's: M = 1, 4-bit: 0.50x; M = 1, 8-bit: 1.20x; "
         "M = 2..7: 0.10-0.25x; M = 8..16: 1.50x (stock runs `qmm` from M = 8)"
@@ -858,6 +859,10 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert found[0]["lines"][3] == "no slower than stock's `qmm` in any of 1 cells at M = 8..16"
+    run["calls"] = "chained"
+    (tmp_path / "cuda.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found[0]["lines"][1].endswith(export_pr.SPEED_CALLS["chained"])
 
 
 def test_the_cuda_body_quotes_compute_sanitizer_only_when_every_tool_came_out_right(

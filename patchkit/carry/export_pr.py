@@ -917,6 +917,17 @@ def tests_fact(data: dict) -> list[str]:
     return lines
 
 
+# How the speed page's timed calls relate (bench/mlx_qmv.py's "calls"; runs without it
+# timed independent calls).
+SPEED_CALLS = {
+    "chained": "each call's input made from the previous call's output, so the calls run "
+    "one after another, as a model's layers do",
+    "independent": "the calls independent of each other, so MLX's CUDA graph may run "
+    "several at once: a kernel that fills part of the GPU, as `qmm` does at a few vectors, "
+    "looks faster than one call of it is",
+}
+
+
 def speed_fact(data: dict) -> list[str]:
     """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
     the patched build's time over stock's per band of M (M = 1 per bits), how it was timed,
@@ -957,7 +968,7 @@ def speed_fact(data: dict) -> list[str]:
         f"{pairs}",
         f"timing: {first['repeats']} calls in one graph after a warm-up, each reading a cold "
         f"copy of the weights (the copies add up to well over the L2), median of "
-        f"{first['rounds']} rounds per arm",
+        f"{first['rounds']} rounds per arm; {SPEED_CALLS[first.get('calls', 'independent')]}",
         f"time with this change over stock's: {ones}; M = 2..7: {ratio(2, 7)}; "
         f"M = 8..16: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
         slow,
