@@ -56,7 +56,7 @@ METRICS = [
     "sm__maximum_warps_per_active_cycle_pct",  # theoretical occupancy
     "launch__occupancy_limit_registers",
 ]
-SHAPES = [(8192, 28672), (4096, 14336), (4096, 4096)]  # (K, N)
+SHAPES = mlx_qmv.SHAPES  # (K, N): the speed page's layers
 QUICK_SHAPES = [(4096, 14336)]
 MS, QUICK_MS = (1, 16, 8), (1, 16)
 BITS, QUICK_BITS = (4, 8), (4,)

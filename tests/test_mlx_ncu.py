@@ -11,6 +11,7 @@ import pytest
 from support_scripts import load_script
 
 NCU = load_script("bench/mlx_ncu.py")
+MLX_QMV = load_script("bench/mlx_qmv.py")
 
 SAMPLE = "\n".join(
     [
@@ -82,8 +83,9 @@ def test_cases_have_the_documented_sizes() -> None:
         (4096, 14336, 4, 16),
     }
     full = NCU.cases(quick=False)
-    assert len(full) == 3 * 2 * 3
-    assert {(c["K"], c["N"]) for c in full} == {(4096, 14336), (8192, 28672), (4096, 4096)}
+    assert len(full) == 4 * 2 * 3
+    # the speed page's layers, so a cell the speed page names can be looked at here
+    assert {(c["K"], c["N"]) for c in full} == set(MLX_QMV.SHAPES)
     assert {c["M"] for c in full} == {1, 8, 16} and {c["bits"] for c in full} == {4, 8}
     assert all(c["dtype"] == "bfloat16" and c["group"] == 64 for c in full)
 
