@@ -960,6 +960,30 @@ def test_the_metal_body_names_the_work_its_kernels_meet() -> None:
     assert "#3764" in related and "#4516" in related
 
 
+@pytest.mark.parametrize("calls", [None, "independent", "chained"])
+def test_the_cuda_body_owes_dependent_calls_while_its_speed_timed_independent_ones(
+    tmp_path: Path, calls: str | None
+) -> None:
+    """A speed page of independent calls (a run that does not say is one) leaves the
+    speed of dependent calls owed; a page of chained calls settles it (the control)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
+    )
+    rows = [{"K": 4096, "N": 4096, "bits": 4, "M": m, "stock_us": 20.0, "pr_us": 10.0}
+            for m in (1, 2, 8)]  # fmt: skip
+    run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"}, "rounds": 3,
+           "hardware": {"gpu": "NVIDIA H200"}, "repeats": 200, "rows": rows}  # fmt: skip
+    if calls:
+        run["calls"] = calls
+    (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run]}))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert notes == [] and found[0]["title"] == "Speed"
+    context = export_pr.body_context("cuda", PIN_SHA, "b", MAIN_TEMPLATE, FACTS, found)
+    owed = export_pr.render_body(TEMPLATES, context).split("## Still to measure")[1]
+    assert ("the calls timed above were\n  independent" in owed) == (calls != "chained")
+
+
 @pytest.mark.parametrize("unfinished", [[], ["test_qmm"]])
 def test_the_cuda_body_owes_main_alone_once_a_build_ran_the_whole_file(
     tmp_path: Path, unfinished: list[str]

@@ -1154,6 +1154,7 @@ def measured_results(
                 "own_tests": own,
                 "fixed_tests": fixed,
                 "whole_file": kind == "build" and file_run_whole(data),
+                "calls": data["runs"][0].get("calls", "independent") if kind == "speed" else None,
             }
         )
     return found, notes
@@ -1204,6 +1205,8 @@ def body_context(
         "fixed_tests_shown_passing": shown_passing(results, "fixed_tests"),
         # Whether a build record ran every method of MLX's test file to its end.
         "test_file_run_whole": any(r.get("whole_file") for r in results),
+        # Whether the speed quoted timed independent calls (overlapped by MLX's graph).
+        "speed_calls_independent": any(r.get("calls") == "independent" for r in results),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
         # Commits of earlier PRs the base holds (a stacked export), not in upstream's main.
