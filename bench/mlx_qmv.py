@@ -18,8 +18,9 @@ the wall time per call is what MLX's user sees, launch costs included. Each call
 depends on the previous call's output, as a model's layers do: MLX's CUDA graph links a
 node only to the nodes that made its inputs, so independent calls would run at once, and
 a kernel that fills a fraction of the GPU (stock's ``qmm`` at a few vectors) would be
-timed by how well its calls overlap, not by how long a decoding step waits for it. Rows are compared
-by ``patchkit parity``; this file only times.
+timed by how well its calls overlap, not by how long a decoding step waits for it
+(``mx.depends`` links no GPU work, so the link is one small elementwise op). Rows are
+compared by ``patchkit parity``; this file only times.
 """
 
 from __future__ import annotations
