@@ -863,6 +863,11 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert found[0]["lines"][1].endswith(export_pr.SPEED_CALLS["chained"])
+    run["rows"] = [r for r in run["rows"] if r["M"] == 1]  # a run of M = 1 alone
+    (tmp_path / "cuda.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert "M = 2..7: not timed; M = 8..16: not timed" in found[0]["lines"][2]
+    assert found[0]["lines"][3] == "note: first case slow"  # no cell at M = 8..16 to name
 
 
 def test_the_cuda_body_quotes_compute_sanitizer_only_when_every_tool_came_out_right(

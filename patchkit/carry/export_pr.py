@@ -942,7 +942,7 @@ def speed_fact(data: dict) -> list[str]:
     def ratio(lo: int, hi: int, b: int | None = None) -> str:
         picked = [r["pr_us"] / r["stock_us"] for r in rows
                   if lo <= r["M"] <= hi and b in (None, r["bits"])]  # fmt: skip
-        return _span(picked, lambda x: f"{x:.2f}") + "x"
+        return _span(picked, lambda x: f"{x:.2f}") + "x" if picked else "not timed"
 
     ones = "; ".join(f"M = 1, {b}-bit: {ratio(1, 1, b)}" for b in bits)
     # Where this change is slower than what stock runs at M = 8..16 (its qmm): the cost of
@@ -957,8 +957,10 @@ def speed_fact(data: dict) -> list[str]:
                 f"M = 8..16, at most {worst:.2f}x ({wrow['bits']}-bit {wrow['K']}x{wrow['N']}, "
                 f"{wrun['dtype']} group {wrun['group_size']}, M = {wrow['M']}), on "
                 + ", ".join(f"{k}x{n}" for k, n in layers))  # fmt: skip
-    else:
+    elif cells:
         slow = f"no slower than stock's `qmm` in any of {len(cells)} cells at M = 8..16"
+    else:
+        slow = ""
     return [
         f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
         f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
@@ -971,7 +973,7 @@ def speed_fact(data: dict) -> list[str]:
         f"{first['rounds']} rounds per arm; {SPEED_CALLS[first.get('calls', 'independent')]}",
         f"time with this change over stock's: {ones}; M = 2..7: {ratio(2, 7)}; "
         f"M = 8..16: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
-        slow,
+        *([slow] if slow else []),
         *(f"note: {n}" for n in data.get("notes") or []),
     ]
 
