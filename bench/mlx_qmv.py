@@ -18,9 +18,9 @@ the wall time per call is what MLX's user sees, launch costs included. Each call
 depends on the previous call's output, as a model's layers do: MLX's CUDA graph links a
 node only to the nodes that made its inputs, so independent calls would run at once, and
 a kernel that fills a fraction of the GPU (stock's ``qmm`` at a few vectors) would be
-timed by how well its calls overlap, not by how long a decoding step waits for it
-(``mx.depends`` links no GPU work, so the link is one small elementwise op). Rows are
-compared by ``patchkit parity``; this file only times.
+timed by how well its calls overlap, not by how long a call that needs the one before it
+waits for it (``mx.depends`` links no GPU work, so the link is two small elementwise ops,
+timed alone as well). Rows are compared by ``patchkit parity``; this file only times.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def worker(
         best = max(best, 2 * 5 * COPY_BYTES / (time.perf_counter() - start))
     del src
     call_us = _call_us(mx, dtype, group, repeats)
-    out: list[dict[str, Any]] = [{"copy_bytes_per_s": best, "call_us": call_us}]
+    link_us = _link_us(mx, dtype, repeats)
+    out: list[dict[str, Any]] = [{"copy_bytes_per_s": best, "call_us": call_us, "link_us": link_us}]
     for case in cases:
         K, N, bits = case["K"], case["N"], case["bits"]
         w = mx.random.normal((N, K)).astype(dtype)
@@ -105,6 +106,34 @@ def _call_us(mx: Any, dtype: Any, group: int, repeats: int) -> float:
     return _timed_us(mx, x, copies, 4, group, repeats)
 
 
+def _link_us(mx: Any, dtype: Any, n: int) -> float:
+    """Microseconds per link of ``n`` chained links alone (:func:`_link`, each on the x the
+    one before made), timed as the calls are: the share of a chained call's time that is
+    the bench's own."""
+    x = mx.random.normal((1, TINY_K)).astype(dtype)
+    mx.eval(x)
+
+    def links() -> Any:
+        y = x
+        for _ in range(n):
+            y = _link(y, y)
+        return y
+
+    mx.eval(links())
+    mx.synchronize()
+    start = time.perf_counter()
+    mx.eval(links())
+    mx.synchronize()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def _link(x: Any, y: Any) -> Any:
+    """x again (the same values), made from ``y``: the next call waits for the one that
+    made ``y``. Two elementwise ops (MLX's CUDA graph links nodes by the buffers they read;
+    ``mx.depends`` shares a buffer and adds no GPU node)."""
+    return x + y[..., :1] * 0
+
+
 def _timed_us(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> float:
     """Microseconds per call of ``n`` calls evaluated as one graph, after as many untimed:
     those warm the kernels, the graph cache and the output buffers' allocations (a
@@ -119,13 +148,12 @@ def _timed_us(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n
 
 def _calls(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> list[Any]:
     """``n`` calls against the weight copies in turn (each read cold), one after another:
-    each call's x is the previous x plus zero times one column of the previous output, the
-    same values through one small elementwise op (both arms pay it; the call's own cost
-    includes it)."""
+    each call's x is :func:`_link` of the previous x and output (both arms pay the link;
+    the call's own cost includes it, and ``link_us`` times it alone)."""
     outs = []
     for i in range(n):
         outs.append(mx.quantized_matmul(x, *copies[i % len(copies)], True, group, bits))
-        x = x + outs[-1][..., :1] * 0
+        x = _link(x, outs[-1])
     return outs
 
 
@@ -191,6 +219,7 @@ def run(a: argparse.Namespace) -> None:
             print(f"round {r + 1}/{a.rounds}: {name} done", file=sys.stderr, flush=True)
     copy = statistics.median(rr[0]["copy_bytes_per_s"] for rr in rounds["stock"])
     call = {name: statistics.median(rr[0]["call_us"] for rr in rounds[name]) for name in arms}
+    link = {name: statistics.median(rr[0]["link_us"] for rr in rounds[name]) for name in arms}
     rows = []
     for i, first in enumerate(rounds["stock"][0][1:], start=1):
         row = {k: first[k] for k in ("K", "N", "bits", "M", "bytes")}
@@ -211,6 +240,7 @@ def run(a: argparse.Namespace) -> None:
         "hardware": hardware(),
         "copy_bytes_per_s": copy,
         "call_us": call,
+        "link_us": link,
         "rows": rows,
     }
     Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -351,8 +381,10 @@ def generic_command(report: dict[str, Any]) -> str:
 
 # How a run's calls relate, as its page says it.
 CALLS_TEXT = {
-    "chained": "Each call's x depends on the previous call's output (x + 0 · y[:, :1], one "
-    "small op in both arms), so the calls run one after another, as a model's layers do.",
+    "chained": "Each call's x is made from the previous call's output (x + 0 · y[:, :1], two "
+    "small elementwise ops in both arms), so the calls run one after another, as a layer "
+    "that needs the one before it does (MLX's graph still overlaps calls that do not, such "
+    "as a layer's q, k and v projections).",
     "independent": "The calls are independent of each other, so MLX's CUDA graph may run "
     "several at once: a kernel that fills a fraction of the GPU is timed by how its calls "
     "overlap, not by how long a dependent call waits for it.",
@@ -364,11 +396,17 @@ def call_line(runs: list[dict[str, Any]]) -> list[str]:
     if not all(r.get("call_us") for r in runs):
         return []
     each = {arm: ", ".join(f"{r['call_us'][arm]:.1f}" for r in runs) for arm in ("stock", "pr")}
+    link = ""
+    if all(r.get("link_us") for r in runs):
+        links = {arm: ", ".join(f"{r['link_us'][arm]:.1f}" for r in runs) for arm in each}
+        link = (" It includes the link to the call before (two elementwise ops), which alone, "
+                f"chained, takes: stock {links['stock']} µs; PR {links['pr']} µs.")  # fmt: skip
     return [
         f"- A call's own cost (the same op on a {TINY_N}x{TINY_K} 4-bit layer, one vector, "
         f"timed as the layers are; median of the rounds, per run): stock {each['stock']} µs; "
-        f"PR {each['pr']} µs. No call takes less than the larger of its floor and that cost, "
-        "so where the cost is over twice the floor, floor / PR cannot reach 0.5 through MLX."
+        f"PR {each['pr']} µs.{link} No call takes less than the larger of its floor and that "
+        "cost, so where the cost is over twice the floor, floor / PR cannot reach 0.5 "
+        "through MLX."
     ]
 
 

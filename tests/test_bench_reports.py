@@ -57,6 +57,11 @@ def test_mlx_qmv_table_puts_the_pr_beside_stock_and_the_floor() -> None:
         "floor, floor / PR cannot reach 0.5 through MLX."
     ]
     assert bench.call_line([report, {**report, "call_us": None}]) == []  # control: a run without
+    report["link_us"] = {"stock": 2.5, "pr": 2.0}  # a chained run: its link timed alone
+    assert (
+        "link to the call before (two elementwise ops), which alone, chained, takes: "
+        "stock 2.5 µs; PR 2.0 µs." in bench.call_line([report])[0]
+    )
 
 
 def test_mlx_qmv_spread_line_names_cells_whose_rounds_disagree() -> None:
@@ -210,8 +215,11 @@ class _RecordingMx:
     def __init__(self) -> None:
         self.xs: list[_Recorded] = []
 
-    def quantized_matmul(self, x: _Recorded, *_args: object) -> _Recorded:
+        self.weights: list[object] = []
+
+    def quantized_matmul(self, x: _Recorded, w: object, *_args: object) -> _Recorded:
         self.xs.append(x)
+        self.weights.append(w)
         return _Recorded(x.made_from | {len(self.xs) - 1})
 
 
@@ -220,14 +228,16 @@ def test_mlx_qmv_times_calls_that_depend_on_each_other() -> None:
     calls at once (it links nodes by the buffers they read)."""
     bench = load_script("bench/mlx_qmv.py")
     mx = _RecordingMx()
-    outs = bench._calls(mx, _Recorded(), [["w"], ["w2"]], 4, 64, 5)
+    outs = bench._calls(mx, _Recorded(), [["w0"], ["w1"], ["w2"]], 4, 64, 5)
     assert len(outs) == 5 and mx.xs[0].made_from == frozenset()
     assert [max(x.made_from) for x in mx.xs[1:]] == [0, 1, 2, 3]
+    assert mx.weights == ["w0", "w1", "w2", "w0", "w1"]  # each copy in turn: read cold
 
 
-def test_mlx_qmv_chain_keeps_the_values_of_x_bit_for_bit() -> None:
-    """The op that chains the calls adds zero: every call computes what the same x alone
-    gives (bitwise, on MLX's CPU), and a chain that changed x would not."""
+def test_mlx_qmv_chain_keeps_the_values_of_x() -> None:
+    """The link between calls adds zero: every call's output equals what the same x alone
+    gives (on MLX's CPU; -0 may become +0, which no product tells apart), and a link that
+    changed x would not."""
     mx = pytest.importorskip("mlx.core")
     bench = load_script("bench/mlx_qmv.py")
     w = mx.quantize(mx.random.normal((64, 256)).astype(mx.bfloat16), group_size=64, bits=4)

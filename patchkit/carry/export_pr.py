@@ -920,8 +920,9 @@ def tests_fact(data: dict) -> list[str]:
 # How the speed page's timed calls relate (bench/mlx_qmv.py's "calls"; runs without it
 # timed independent calls).
 SPEED_CALLS = {
-    "chained": "each call's input made from the previous call's output, so the calls run "
-    "one after another, as a model's layers do",
+    "chained": "each call's input made from the previous call's output (two small "
+    "elementwise ops, in both arms), so the calls run one after another, as a layer that "
+    "needs the one before it does",
     "independent": "the calls independent of each other, so MLX's CUDA graph may run "
     "several at once: a kernel that fills part of the GPU, as `qmm` does at a few vectors, "
     "looks faster than one call of it is",
