@@ -46,7 +46,10 @@ MS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 BITS = (4, 8)
 DTYPES, GROUPS = ("bfloat16", "float16"), (32, 64, 128)
 ROUNDS, REPEATS = 3, 200  # rounds per arm; calls per timed graph
-CALLS = "chained"  # each call's x depends on the previous call's output (_calls)
+# How the timed calls relate: "chained" (each call's x made from the previous output, the
+# time a call that needs the one before waits) or "independent" (MLX's graph may overlap
+# them: the throughput of calls that do not depend on each other).
+CALLS = ("chained", "independent")
 NOISY = 1.5  # a cell whose rounds' slowest over fastest exceeds this is named on the page
 COLD_BYTES = 1 << 29  # the weight copies one arm cycles through: ten times an H200's L2
 ARMS = {"stock": {}, "pr": {}}
@@ -55,7 +58,7 @@ TINY_N, TINY_K = 16, 128  # the layer a call's own cost is timed on
 
 
 def worker(
-    cases: list[dict[str, Any]], repeats: int, dtype_name: str, group: int
+    cases: list[dict[str, Any]], repeats: int, dtype_name: str, group: int, calls: str
 ) -> list[dict[str, Any]]:
     """Time every case in this process's MLX; one entry per case, microseconds per call."""
     import mlx.core as mx
@@ -73,7 +76,8 @@ def worker(
         mx.synchronize()
         best = max(best, 2 * 5 * COPY_BYTES / (time.perf_counter() - start))
     del src
-    call_us = _call_us(mx, dtype, group, repeats)
+    chained = calls == "chained"
+    call_us = _call_us(mx, dtype, group, repeats, chained)
     link_us = _link_us(mx, dtype, repeats)
     out: list[dict[str, Any]] = [{"copy_bytes_per_s": best, "call_us": call_us, "link_us": link_us}]
     for case in cases:
@@ -88,14 +92,14 @@ def worker(
         for M in case["Ms"]:
             x = mx.random.normal((M, K)).astype(dtype)
             mx.eval(x)
-            us = _timed_us(mx, x, copies, bits, group, repeats)
+            us = _timed_us(mx, x, copies, bits, group, repeats, chained)
             out.append({"K": K, "N": N, "bits": bits, "M": M, "us": us, "bytes": size})
         del copies
         mx.clear_cache()
     return out
 
 
-def _call_us(mx: Any, dtype: Any, group: int, repeats: int) -> float:
+def _call_us(mx: Any, dtype: Any, group: int, repeats: int, chained: bool) -> float:
     """Microseconds per call of the same op on a layer too small to read any time (16 rows
     of 128 weights, 4-bit, one vector), timed as the cases are: what a call costs besides
     its bytes (building the graph's node, the launch, one block's latency)."""
@@ -103,7 +107,7 @@ def _call_us(mx: Any, dtype: Any, group: int, repeats: int) -> float:
     copies = [[a + 0 for a in w] for _ in range(2)]
     x = mx.random.normal((1, TINY_K)).astype(dtype)
     mx.eval(copies, x)
-    return _timed_us(mx, x, copies, 4, group, repeats)
+    return _timed_us(mx, x, copies, 4, group, repeats, chained)
 
 
 def _link_us(mx: Any, dtype: Any, n: int) -> float:
@@ -134,22 +138,30 @@ def _link(x: Any, y: Any) -> Any:
     return x + y[..., :1] * 0
 
 
-def _timed_us(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> float:
+def _timed_us(
+    mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int, chained: bool
+) -> float:
     """Microseconds per call of ``n`` calls evaluated as one graph, after as many untimed:
     those warm the kernels, the graph cache and the output buffers' allocations (a
     process's first case timed them otherwise)."""
-    mx.eval(_calls(mx, x, copies, bits, group, n))
+    mx.eval(_calls(mx, x, copies, bits, group, n, chained))
     mx.synchronize()
     start = time.perf_counter()
-    mx.eval(_calls(mx, x, copies, bits, group, n))
+    mx.eval(_calls(mx, x, copies, bits, group, n, chained))
     mx.synchronize()
     return (time.perf_counter() - start) / n * 1e6
 
 
-def _calls(mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int) -> list[Any]:
-    """``n`` calls against the weight copies in turn (each read cold), one after another:
-    each call's x is :func:`_link` of the previous x and output (both arms pay the link;
-    the call's own cost includes it, and ``link_us`` times it alone)."""
+def _calls(
+    mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int, chained: bool = True
+) -> list[Any]:
+    """``n`` calls against the weight copies in turn (each read cold); chained, one after
+    another: each call's x is :func:`_link` of the previous x and output (both arms pay the
+    link; the call's own cost includes it, and ``link_us`` times it alone)."""
+    if not chained:
+        return [
+            mx.quantized_matmul(x, *copies[i % len(copies)], True, group, bits) for i in range(n)
+        ]
     outs = []
     for i in range(n):
         outs.append(mx.quantized_matmul(x, *copies[i % len(copies)], True, group, bits))
@@ -209,7 +221,8 @@ def hardware() -> dict[str, Any]:
 def run(a: argparse.Namespace) -> None:
     arms = {"stock": a.stock, "pr": a.patched}
     split = {name: [*spec.split(":", 1), ""][:2] for name, spec in arms.items()}
-    job = {"cases": cases(a.quick), "repeats": a.repeats, "dtype": a.dtype, "group": a.group_size}
+    job = {"cases": cases(a.quick), "repeats": a.repeats, "dtype": a.dtype,
+           "group": a.group_size, "calls": a.calls}  # fmt: skip
     rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in arms}
     for r in range(a.rounds):
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
@@ -235,7 +248,7 @@ def run(a: argparse.Namespace) -> None:
         "group_size": a.group_size,
         "rounds": a.rounds,
         "repeats": a.repeats,
-        "calls": CALLS,
+        "calls": a.calls,
         "mlx": {name: mlx_of(*split[name]) for name in ("stock", "pr")},
         "hardware": hardware(),
         "copy_bytes_per_s": copy,
@@ -372,6 +385,12 @@ def generic_command(report: dict[str, Any]) -> str:
         *(["--quick"] if layers <= set(QUICK_SHAPES) else []),
         *([f"--rounds {report['rounds']}"] if report["rounds"] != ROUNDS else []),
         *([f"--repeats {report['repeats']}"] if report["repeats"] != REPEATS else []),
+        # a run from before the option timed independent calls
+        *(
+            [f"--calls {calls}"]
+            if (calls := report.get("calls", "independent")) != CALLS[0]
+            else []
+        ),
     ]
     return " ".join(["python3 bench/mlx_qmv.py run --stock STOCK_PYTHON[:SITE] --patched "
                      f"<cache>/builds/cuda-<pin>/venv/bin/python --json {run_name(report)} "
@@ -397,7 +416,7 @@ def call_line(runs: list[dict[str, Any]]) -> list[str]:
         return []
     each = {arm: ", ".join(f"{r['call_us'][arm]:.1f}" for r in runs) for arm in ("stock", "pr")}
     link = ""
-    if all(r.get("link_us") for r in runs):
+    if all(r.get("link_us") and r.get("calls") == "chained" for r in runs):
         links = {arm: ", ".join(f"{r['link_us'][arm]:.1f}" for r in runs) for arm in each}
         link = (" It includes the link to the call before (two elementwise ops), which alone, "
                 f"chained, takes: stock {links['stock']} µs; PR {links['pr']} µs.")  # fmt: skip
@@ -560,6 +579,12 @@ def main() -> None:
     r.add_argument("--quick", action="store_true", help="two layers")
     r.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="activations, output")
     r.add_argument("--group-size", type=int, choices=GROUPS, default=64)
+    r.add_argument(
+        "--calls",
+        choices=CALLS,
+        default=CALLS[0],
+        help="each call's x made from the previous output, or none (overlapped)",
+    )
     rep = sub.add_parser("report", help="the table (and a plot) of a run's JSON")
     rep.add_argument("json")
     rep.add_argument("--plot")
@@ -577,7 +602,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.cmd == "worker":
         job = json.loads(sys.stdin.read())
-        print(json.dumps(worker(job["cases"], job["repeats"], job["dtype"], job["group"])))
+        print(json.dumps(worker(job["cases"], job["repeats"], job["dtype"], job["group"],
+                                job["calls"])))  # fmt: skip
     elif a.cmd == "run":
         run(a)
     elif a.cmd == "page":

@@ -57,7 +57,9 @@ def test_mlx_qmv_table_puts_the_pr_beside_stock_and_the_floor() -> None:
         "floor, floor / PR cannot reach 0.5 through MLX."
     ]
     assert bench.call_line([report, {**report, "call_us": None}]) == []  # control: a run without
-    report["link_us"] = {"stock": 2.5, "pr": 2.0}  # a chained run: its link timed alone
+    report["link_us"] = {"stock": 2.5, "pr": 2.0}  # its link timed alone, not in its calls
+    assert "link" not in bench.call_line([report])[0]
+    report["calls"] = "chained"  # a chained run: its calls include the link
     assert (
         "link to the call before (two elementwise ops), which alone, chained, takes: "
         "stock 2.5 µs; PR 2.0 µs." in bench.call_line([report])[0]
@@ -185,10 +187,14 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
     assert '--note "a note\'s text"' in text or "--note 'a note'\"'\"'s text'" in text
     assert record["notes"] == ["a note's text"] and len(record["summary"]) == 2
     assert not any("/tmp" in r["command"] or "/root" in r["command"] for r in record["runs"])
-    assert record["runs"][0]["command"].endswith("--dtype bfloat16 --group-size 64 --quick")
+    # runs that do not say timed independent calls: the command that reruns them says so
+    assert record["runs"][0]["command"].endswith(
+        "--dtype bfloat16 --group-size 64 --quick --calls independent"
+    )
     runs[0]["rows"][0]["N"] = 14336 * 2  # a layer --quick does not time
     runs[0]["repeats"] = 50
-    assert bench.generic_command(runs[0]).endswith("--group-size 64 --repeats 50")
+    assert bench.generic_command(runs[0]).endswith("--repeats 50 --calls independent")
+    assert bench.generic_command({**runs[0], "calls": "chained"}).endswith("--repeats 50")
     runs[1]["mlx"] = {"stock": "0.32.1", "pr": "0.32.1+patchkit.other"}
     with pytest.raises(SystemExit, match="the runs differ in mlx"):
         bench.page(runs, tmp_path / "mixed", [], build)
@@ -232,6 +238,9 @@ def test_mlx_qmv_times_calls_that_depend_on_each_other() -> None:
     assert len(outs) == 5 and mx.xs[0].made_from == frozenset()
     assert [max(x.made_from) for x in mx.xs[1:]] == [0, 1, 2, 3]
     assert mx.weights == ["w0", "w1", "w2", "w0", "w1"]  # each copy in turn: read cold
+    control = _RecordingMx()  # --calls independent: no call's x is made from another's
+    bench._calls(control, _Recorded(), [["w0"]], 4, 64, 3, chained=False)
+    assert [x.made_from for x in control.xs] == [frozenset()] * 3
 
 
 def test_mlx_qmv_chain_keeps_the_values_of_x() -> None:
