@@ -1,7 +1,8 @@
 """Stock MLX and the MLX `patchkit build` made, timed through ``mx.quantized_matmul``.
 
   python3 bench/mlx_qmv.py run --stock PYTHON[:SITE] --patched PYTHON[:SITE] \
-      --json mlx_qmv.json [--quick] [--dtype bfloat16] [--group-size 64]
+      --json mlx_qmv.json [--quick] [--dtype bfloat16] [--group-size 64] \
+      [--calls chained|independent]
   python3 bench/mlx_qmv.py report mlx_qmv.json [--plot mlx_qmv.png]
   python3 bench/mlx_qmv.py page RUN.json... --out docs/results/cuda \
       --build-record BUILD/build-cuda.json   # .json, .md, .png
