@@ -14,7 +14,7 @@ bytes a call reads over the bandwidth of an elementwise copy measured by the sto
 MLX on the same GPU.
 
 Timing: a call's weights are cold (the arm cycles through copies of them that add up to
-well over the L2), ``repeats`` calls are evaluated as one graph after a synchronize, and
+well over the L2), ``repeats`` calls are evaluated by one ``mx.eval`` after a synchronize, and
 the wall time per call is what MLX's user sees, launch costs included. Each call's x
 depends on the previous call's output, as a model's layers do: MLX's CUDA graph links a
 node only to the nodes that made its inputs, so independent calls would run at once, and
@@ -142,7 +142,7 @@ def _link(x: Any, y: Any) -> Any:
 def _timed_us(
     mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int, chained: bool
 ) -> float:
-    """Microseconds per call of ``n`` calls evaluated as one graph, after as many untimed:
+    """Microseconds per call of ``n`` calls evaluated by one ``mx.eval``, after as many untimed:
     those warm the kernels, the graph cache and the output buffers' allocations (a
     process's first case timed them otherwise)."""
     mx.eval(_calls(mx, x, copies, bits, group, n, chained))
@@ -510,8 +510,9 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         f"- Arms: stock MLX {first['mlx']['stock']} (its CUDA wheels) and MLX "
         f"{first['mlx']['pr']} (`patchkit build --backend cuda`), taking turns in one run, "
         f"{first['rounds']} rounds of each. Time per call: {first['repeats']} calls evaluated "
-        "as one graph, over their count; the median of the rounds. Each call reads a cold copy "
-        "of the weights; launch costs included. " + CALLS_TEXT[first.get("calls", "independent")],
+        "by one `mx.eval` (MLX commits them as CUDA graphs of up to 100 nodes on sm90), over "
+        "their count; the median of the rounds. Each call reads a cold copy of the weights; "
+        "launch costs included. " + CALLS_TEXT[first.get("calls", "independent")],
         mlx_build.valid_while(build["backend"], build["build_inputs_sha256"]) + ".",
         "- Stock's wheels come from MLX's release builds and the PR's arm from a local build, "
         "so compiler and build flags may differ between the arms besides the patch; the pin "

@@ -842,7 +842,7 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     lines = found[0]["lines"]
     assert notes == [] and "NVIDIA H200: stock MLX 0.32.1" in lines[0]
     assert "4- and 8-bit" in lines[0]
-    assert lines[1].startswith("timing: 200 calls in one graph") and "3 rounds" in lines[1]
+    assert lines[1].startswith("timing: 200 calls evaluated together") and "3 rounds" in lines[1]
     assert lines[1].endswith(export_pr.SPEED_CALLS["independent"])  # a run that does not say
     assert lines[2] == (
         "time with this change over stock's: M = 1, 4-bit: 0.50x; M = 1, 8-bit: 1.20x; "

@@ -969,8 +969,9 @@ def speed_fact(data: dict) -> list[str]:
         f"{len({(r['K'], r['N']) for r in rows})} "
         f"layers of {sizes[0]:,} to {sizes[-1]:,} weights, {'- and '.join(map(str, bits))}-bit, "
         f"{pairs}",
-        f"timing: {first['repeats']} calls in one graph after a warm-up, each reading a cold "
-        f"copy of the weights (the copies add up to well over the L2), median of "
+        f"timing: {first['repeats']} calls evaluated together (one `mx.eval`) after a "
+        f"warm-up, each reading a cold copy of the weights (the copies add up to well over "
+        f"the L2), median of "
         f"{first['rounds']} rounds per arm; {SPEED_CALLS[first.get('calls', 'independent')]}",
         f"time with this change over stock's: {ones}; M = 2..7: {ratio(2, 7)}; "
         f"M = 8..16: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
