@@ -124,12 +124,7 @@ def _link_us(mx: Any, dtype: Any, n: int) -> float:
             y = _link(y, y)
         return y
 
-    mx.eval(links())
-    mx.synchronize()
-    start = time.perf_counter()
-    mx.eval(links())
-    mx.synchronize()
-    return (time.perf_counter() - start) / n * 1e6
+    return _per_call_us(mx, links, n)
 
 
 def _link(x: Any, y: Any) -> Any:
@@ -142,13 +137,18 @@ def _link(x: Any, y: Any) -> Any:
 def _timed_us(
     mx: Any, x: Any, copies: list[list[Any]], bits: int, group: int, n: int, chained: bool
 ) -> float:
-    """Microseconds per call of ``n`` calls evaluated by one ``mx.eval``, after as many untimed:
-    those warm the kernels, the graph cache and the output buffers' allocations (a
-    process's first case timed them otherwise)."""
-    mx.eval(_calls(mx, x, copies, bits, group, n, chained))
+    """Microseconds per call of ``n`` calls (:func:`_calls`), by :func:`_per_call_us`."""
+    return _per_call_us(mx, lambda: _calls(mx, x, copies, bits, group, n, chained), n)
+
+
+def _per_call_us(mx: Any, make: Any, n: int) -> float:
+    """Microseconds per op of the ``n`` ops ``make()`` builds, evaluated by one ``mx.eval``
+    after as many untimed: those warm the kernels, the graph cache and the output buffers'
+    allocations (a process's first case timed them otherwise)."""
+    mx.eval(make())
     mx.synchronize()
     start = time.perf_counter()
-    mx.eval(_calls(mx, x, copies, bits, group, n, chained))
+    mx.eval(make())
     mx.synchronize()
     return (time.perf_counter() - start) / n * 1e6
 
@@ -159,14 +159,11 @@ def _calls(
     """``n`` calls against the weight copies in turn (each read cold); chained, one after
     another: each call's x is :func:`_link` of the previous x and output (both arms pay the
     link; the call's own cost includes it, and ``link_us`` times it alone)."""
-    if not chained:
-        return [
-            mx.quantized_matmul(x, *copies[i % len(copies)], True, group, bits) for i in range(n)
-        ]
     outs = []
     for i in range(n):
         outs.append(mx.quantized_matmul(x, *copies[i % len(copies)], True, group, bits))
-        x = _link(x, outs[-1])
+        if chained:
+            x = _link(x, outs[-1])
     return outs
 
 
@@ -386,17 +383,18 @@ def generic_command(report: dict[str, Any]) -> str:
         *(["--quick"] if layers <= set(QUICK_SHAPES) else []),
         *([f"--rounds {report['rounds']}"] if report["rounds"] != ROUNDS else []),
         *([f"--repeats {report['repeats']}"] if report["repeats"] != REPEATS else []),
-        # a run from before the option timed independent calls
-        *(
-            [f"--calls {calls}"]
-            if (calls := report.get("calls", "independent")) != CALLS[0]
-            else []
-        ),
+        *([f"--calls {calls_of(report)}"] if calls_of(report) != CALLS[0] else []),
     ]
     return " ".join(["python3 bench/mlx_qmv.py run --stock STOCK_PYTHON[:SITE] --patched "
                      f"<cache>/builds/cuda-<pin>/venv/bin/python --json {run_name(report)} "
                      f"--dtype {report['dtype']} --group-size {report['group_size']}",
                      *extra])  # fmt: skip
+
+
+def calls_of(report: dict[str, Any]) -> str:
+    """How a run's calls relate (:data:`CALLS`); a run from before ``--calls`` timed
+    independent calls."""
+    return report.get("calls", "independent")
 
 
 # How a run's calls relate, as its page says it.
@@ -417,7 +415,7 @@ def call_line(runs: list[dict[str, Any]]) -> list[str]:
         return []
     each = {arm: ", ".join(f"{r['call_us'][arm]:.1f}" for r in runs) for arm in ("stock", "pr")}
     link = ""
-    if all(r.get("link_us") and r.get("calls") == "chained" for r in runs):
+    if all(r.get("link_us") and calls_of(r) == "chained" for r in runs):
         links = {arm: ", ".join(f"{r['link_us'][arm]:.1f}" for r in runs) for arm in each}
         link = (" It includes the link to the call before (two elementwise ops), which alone, "
                 f"chained, takes: stock {links['stock']} µs; PR {links['pr']} µs.")  # fmt: skip
@@ -486,7 +484,8 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
     from patchkit.carry import mlx_build  # here: the arms' workers run this file too
 
     for key in ("mlx", "hardware", "rounds", "repeats", "calls"):
-        if len({json.dumps(r.get(key), sort_keys=True) for r in runs}) > 1:
+        values = [calls_of(r) if key == "calls" else r[key] for r in runs]
+        if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
             raise SystemExit(f"the runs differ in {key}: one page is of one pair of builds, "
                              "one GPU and one method")  # fmt: skip
     main_run = next((r for r in runs if (r["dtype"], r["group_size"]) == ("bfloat16", 64)), runs[0])
@@ -512,7 +511,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         f"{first['rounds']} rounds of each. Time per call: {first['repeats']} calls evaluated "
         "by one `mx.eval` (MLX commits them as CUDA graphs of up to 100 nodes on sm90), over "
         "their count; the median of the rounds. Each call reads a cold copy of the weights; "
-        "launch costs included. " + CALLS_TEXT[first.get("calls", "independent")],
+        "launch costs included. " + CALLS_TEXT[calls_of(first)],
         mlx_build.valid_while(build["backend"], build["build_inputs_sha256"]) + ".",
         "- Stock's wheels come from MLX's release builds and the PR's arm from a local build, "
         "so compiler and build flags may differ between the arms besides the patch; the pin "

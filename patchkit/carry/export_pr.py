@@ -929,6 +929,11 @@ SPEED_CALLS = {
 }
 
 
+def speed_calls(data: dict) -> str:
+    """How a speed page's timed calls related (a key of :data:`SPEED_CALLS`)."""
+    return data["runs"][0].get("calls", "independent")
+
+
 def speed_fact(data: dict) -> list[str]:
     """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
     the patched build's time over stock's per band of M (M = 1 per bits), how it was timed,
@@ -984,7 +989,7 @@ def speed_fact(data: dict) -> list[str]:
         f"timing: {first['repeats']} calls evaluated together (one `mx.eval`) after a "
         f"warm-up, each reading a cold copy of the weights (the copies add up to well over "
         f"the L2), median of "
-        f"{first['rounds']} rounds per arm; {SPEED_CALLS[first.get('calls', 'independent')]}",
+        f"{first['rounds']} rounds per arm; {SPEED_CALLS[speed_calls(data)]}",
         f"time with this change over stock's: {ones}; {band(2, 7)}: {ratio(2, 7)}; "
         f"{band(8, 16)}: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
         *([slow] if slow else []),
@@ -1170,7 +1175,7 @@ def measured_results(
                 "own_tests": own,
                 "fixed_tests": fixed,
                 "whole_file": kind == "build" and file_run_whole(data),
-                "calls": data["runs"][0].get("calls", "independent") if kind == "speed" else None,
+                "calls": speed_calls(data) if kind == "speed" else None,
             }
         )
     return found, notes
