@@ -14,14 +14,15 @@ bytes a call reads over the bandwidth of an elementwise copy measured by the sto
 MLX on the same GPU.
 
 Timing: a call's weights are cold (the arm cycles through copies of them that add up to
-well over the L2), ``repeats`` calls are evaluated by one ``mx.eval`` after a synchronize, and
-the wall time per call is what MLX's user sees, launch costs included. Each call's x
-depends on the previous call's output, as a model's layers do: MLX's CUDA graph links a
-node only to the nodes that made its inputs, so independent calls would run at once, and
-a kernel that fills a fraction of the GPU (stock's ``qmm`` at a few vectors) would be
-timed by how well its calls overlap, not by how long a call that needs the one before it
-waits for it (``mx.depends`` links no GPU work, so the link is two small elementwise ops,
-timed alone as well). Rows are compared by ``patchkit parity``; this file only times.
+well over the L2), ``repeats`` calls are evaluated by one ``mx.eval`` after a
+synchronize, and the wall time per call is what MLX's user sees, launch costs included.
+By default (``--calls chained``) each call's x is made from the previous call's output,
+as for a layer that needs the one before it: MLX's CUDA graph links a node only to the
+nodes that made its inputs, so independent calls would run at once, and a kernel that
+fills a fraction of the GPU (stock's ``qmm`` at a few vectors) would be timed by how
+well its calls overlap, not by how long a call that needs the one before it waits for it
+(``mx.depends`` links no GPU work, so the link is two small elementwise ops, timed alone
+as well). Rows are compared by ``patchkit parity``; this file only times.
 """
 
 from __future__ import annotations
