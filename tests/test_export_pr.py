@@ -996,6 +996,36 @@ def test_the_cuda_body_owes_dependent_calls_while_its_speed_timed_independent_on
     assert ("the calls timed above were independent" in owed) == (calls != "chained")
 
 
+@pytest.mark.parametrize("qmm_us", [None, 20.0, 5.0])
+def test_the_cuda_route_section_follows_where_the_speed_page_has_qmm_faster(
+    tmp_path: Path, qmm_us: float | None
+) -> None:
+    """The route section offers keeping `qmm` "where it is faster" while a speed page shows
+    such cells (or none is quoted); on a page where it is faster nowhere, it says so and
+    leaves the alternative for where `qmm` proves faster (control: one cell slower)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
+    )
+    found: list[dict] = []
+    if qmm_us is not None:
+        rows = [{"K": 4096, "N": 4096, "bits": 4, "M": m, "stock_us": s, "pr_us": 10.0}
+                for m, s in ((1, 20.0), (8, qmm_us))]  # fmt: skip
+        run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"},
+               "rounds": 3, "hardware": {"gpu": "NVIDIA H200"}, "repeats": 200,
+               "rows": rows, "calls": "chained"}  # fmt: skip
+        (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run]}))
+        found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+        assert notes == [] and found[0]["qmm_faster"] == int(qmm_us < 10.0)
+    context = export_pr.body_context("cuda", PIN_SHA, "b", MAIN_TEMPLATE, FACTS, found)
+    route = export_pr.render_body(TEMPLATES, context).split("## The route")[1]
+    route = " ".join(route.split("## Measured so far")[0].split())
+    faster_nowhere = qmm_us == 20.0
+    assert ("`qmm` is faster in none" in route) == faster_nowhere
+    assert ("Where `qmm` is faster there" in route) == (not faster_nowhere)
+    assert "Which of the two MLX wants is the reviewers' call." in route
+
+
 @pytest.mark.parametrize("unfinished", [[], ["test_qmm"]])
 def test_the_cuda_body_owes_main_alone_once_a_build_ran_the_whole_file(
     tmp_path: Path, unfinished: list[str]

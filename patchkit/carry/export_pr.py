@@ -934,6 +934,19 @@ def speed_calls(data: dict) -> str:
     return data["runs"][0].get("calls", "independent")
 
 
+# A speed page's cell: (PR / stock, its run, its row).
+SpeedCell = tuple[float, dict, dict]
+
+
+def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
+    """The speed page's cells at M = 8..16, where stock runs its ``qmm``, as
+    ``(PR / stock, run, row)``, and those of them where this change is slower: the cost of
+    keeping those rows equal to M = 1, which the reviewer weighs."""
+    cells = [(r["pr_us"] / r["stock_us"], run, r) for run in data["runs"] for r in run["rows"]
+             if 8 <= r["M"] <= 16]  # fmt: skip
+    return cells, [c for c in cells if c[0] > 1.0]
+
+
 def speed_fact(data: dict) -> list[str]:
     """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
     the patched build's time over stock's per band of M (M = 1 per bits), how it was timed,
@@ -960,11 +973,7 @@ def speed_fact(data: dict) -> list[str]:
         return _span(picked, lambda x: f"{x:.2f}") + "x" if picked else "not timed"
 
     ones = "; ".join(f"M = 1, {b}-bit: {ratio(1, 1, b)}" for b in bits)
-    # Where this change is slower than what stock runs at M = 8..16 (its qmm): the cost of
-    # keeping those rows equal to M = 1, which the reviewer weighs.
-    cells = [(r["pr_us"] / r["stock_us"], run, r) for run in runs for r in run["rows"]
-             if 8 <= r["M"] <= 16]  # fmt: skip
-    slower = [c for c in cells if c[0] > 1.0]
+    cells, slower = qmm_band_cells(data)
     if slower:
         worst, wrun, wrow = max(slower, key=lambda c: c[0])
         layers = sorted({(r["K"], r["N"]) for _, _, r in slower})
@@ -1176,6 +1185,8 @@ def measured_results(
                 "fixed_tests": fixed,
                 "whole_file": kind == "build" and file_run_whole(data),
                 "calls": speed_calls(data) if kind == "speed" else None,
+                # Cells at M = 8..16 where stock's qmm is faster (None: not a speed page).
+                "qmm_faster": len(qmm_band_cells(data)[1]) if kind == "speed" else None,
             }
         )
     return found, notes
@@ -1228,6 +1239,9 @@ def body_context(
         "test_file_run_whole": any(r.get("whole_file") for r in results),
         # Whether the speed quoted timed independent calls (overlapped by MLX's graph).
         "speed_calls_independent": any(r.get("calls") == "independent" for r in results),
+        # Whether a speed page is quoted, and whether it has stock's qmm faster somewhere.
+        "speed_quoted": any(r.get("qmm_faster") is not None for r in results),
+        "qmm_faster_somewhere": any(r.get("qmm_faster") for r in results),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
         # Commits of earlier PRs the base holds (a stacked export), not in upstream's main.
