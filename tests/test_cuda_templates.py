@@ -180,6 +180,7 @@ def test_wrapper_asks_each_arm_for_its_kernel() -> None:
         ("scale-after.diff", "qmv_mma_scale_after<T, Q, has_bias>"),
         ("x-prefetch.diff", "prefetch.global.L1"),
         ("x-prefetch-16.diff", '::"l"(x_rows[h] + k0)'),
+        ("x-registers.diff", "load_x(s + k_warps);"),
     ],
 )
 def test_template_variants_apply_and_keep_the_launch_constants(
