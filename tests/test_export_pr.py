@@ -893,10 +893,20 @@ def test_the_cuda_body_quotes_compute_sanitizer_only_when_every_tool_came_out_ri
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     lines = found[0]["lines"]
     assert notes == [] and lines[0].startswith("compute-sanitizer (memcheck, racecheck) over")
-    assert "no report names `qmv_mma_kernel`" in lines[0] and "NVIDIA H100" in lines[0]
+    assert "no printed report names `qmv_mma_kernel`, and" in lines[0]
+    assert "NVIDIA H100" in lines[0]
     assert lines[1].startswith("control: with the barrier") and "racecheck reports" in lines[1]
     assert lines[2].startswith("to rerun on this PR's test: `compute-sanitizer")
     assert not any("patchkit" in line or "ci/" in line for line in lines)
+    # A tool that counted more reports than it printed: the body says how many it printed.
+    runs[0].update(summary=5000, kernel_reports=0, other_reports=100)
+    (tmp_path / "c.json").write_text(json.dumps(record))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert "(memcheck counts 5,000 reports, the first 100 printed)" in found[0]["lines"][0]
+    runs[0].update(summary=100)  # control: every report it counted was printed
+    (tmp_path / "c.json").write_text(json.dumps(record))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert "(memcheck counts 100 reports, all printed)" in found[0]["lines"][0]
     runs[2]["ok"] = False  # the race unseen: no fact
     (tmp_path / "c.json").write_text(json.dumps(record))
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
@@ -994,6 +1004,33 @@ def test_the_cuda_body_owes_dependent_calls_while_its_speed_timed_independent_on
     owed = export_pr.render_body(TEMPLATES, context).split("## Still to measure")[1]
     owed = " ".join(owed.split())
     assert ("the calls timed above were independent" in owed) == (calls != "chained")
+
+
+@pytest.mark.parametrize("ms", [(1, 2, 8, 12, 16), tuple(range(1, 17))])
+def test_the_cuda_body_owes_what_a_chained_speed_page_leaves_untimed(
+    tmp_path: Path, ms: tuple[int, ...]
+) -> None:
+    """A chained speed page leaves owed the Ms up to 16 it did not time (control: a page
+    of every M owes none), the throughput of independent calls, and other sm90 GPUs."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
+    )
+    rows = [{"K": 4096, "N": 4096, "bits": 4, "M": m, "stock_us": 20.0, "pr_us": 10.0}
+            for m in ms]  # fmt: skip
+    run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"}, "rounds": 3,
+           "hardware": {"gpu": "NVIDIA H200"}, "repeats": 200, "rows": rows,
+           "calls": "chained"}  # fmt: skip
+    (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run]}))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    context = export_pr.body_context("cuda", PIN_SHA, "b", MAIN_TEMPLATE, FACTS, found)
+    owed = export_pr.render_body(TEMPLATES, context).split("## Still to measure")[1]
+    owed = " ".join(owed.split("## Related")[0].split())
+    untimed = "The speed at M = 3, 4, 5, 6, 7, 9, 10, 11, 13, 14, 15, which the runs"
+    assert (untimed in owed) == (len(ms) == 5)
+    assert ("The speed at M =" in owed) == (len(ms) == 5)
+    assert "The throughput of calls that do not wait for each other" in owed
+    assert "on sm90 GPUs other than the one above" in owed
 
 
 @pytest.mark.parametrize("qmm_us", [None, 20.0, 5.0])

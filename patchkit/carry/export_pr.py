@@ -947,6 +947,12 @@ def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
     return cells, [c for c in cells if c[0] > 1.0]
 
 
+def untimed_ms(data: dict) -> list[int]:
+    """The M from 2 to 16 that no run of a speed page timed."""
+    timed = {r["M"] for run in data["runs"] for r in run["rows"]}
+    return [m for m in range(2, 17) if m not in timed]
+
+
 def speed_fact(data: dict) -> list[str]:
     """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
     the patched build's time over stock's per band of M (M = 1 per bits), how it was timed,
@@ -991,7 +997,9 @@ def speed_fact(data: dict) -> list[str]:
     return [
         f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
         f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
-        f"this change and the other PRs of its series, taking turns; "
+        f"this change and the other PRs of its series (compiler and build flags may differ "
+        f"between the two besides the changes: main built the same way is owed below), "
+        f"taking turns; "
         f"{len({(r['K'], r['N']) for r in rows})} "
         f"layers of {sizes[0]:,} to {sizes[-1]:,} weights, {'- and '.join(map(str, bits))}-bit, "
         f"{pairs}",
@@ -1016,11 +1024,22 @@ def sanitizer_fact(data: dict) -> list[str]:
     if not clean or not all(r.get("ok") for r in runs):
         return []
     tools = ", ".join(r["tool"] for r in clean)
+    # A tool with reports: how many its summary counts and how many its log printed (the
+    # tool prints the first ones only), so that "none names the kernel" is read as "none
+    # of those printed" where it printed fewer than it counted.
+    seen = []
+    for r in clean:
+        if count := r.get("summary"):
+            printed = r.get("kernel_reports", 0) + r.get("other_reports", 0)
+            shown = "all printed" if printed >= count else f"the first {printed:,} printed"
+            seen.append(f"{r['tool']} counts {count:,} reports, {shown}")
     lines = [
         f"compute-sanitizer ({tools}) over `mx.quantized_matmul` calls at every M * B <= 16 "
-        "(bfloat16, 4- and 8-bit; tails in K and N, batched and broadcast weights) on the "
-        f"build above ({data.get('machine', '?')}): no report names `qmv_mma_kernel`, and "
-        "every row equals its M = 1 call under each tool",
+        "(bfloat16, 4- and 8-bit; tails in K and N, batched and broadcast weights), the "
+        f"switches off ({data.get('machine', '?')}): no printed report names "
+        "`qmv_mma_kernel`"
+        + (f" ({'; '.join(seen)})" if seen else "")
+        + ", and every row equals its M = 1 call under each tool",
     ]
     if caught:
         lines.append("control: with the barrier before the warps' partial sums are added "
@@ -1187,6 +1206,8 @@ def measured_results(
                 "calls": speed_calls(data) if kind == "speed" else None,
                 # Cells at M = 8..16 where stock's qmm is faster (None: not a speed page).
                 "qmm_faster": len(qmm_band_cells(data)[1]) if kind == "speed" else None,
+                # The M of 2..16 a speed page did not time (the bench samples 9..16).
+                "untimed_ms": untimed_ms(data) if kind == "speed" else None,
             }
         )
     return found, notes
@@ -1241,6 +1262,9 @@ def body_context(
         "speed_calls_independent": any(r.get("calls") == "independent" for r in results),
         # Whether a speed page is quoted, and whether it has stock's qmm faster somewhere.
         "speed_quoted": any(r.get("qmm_faster") is not None for r in results),
+        "speed_calls_chained": any(r.get("calls") == "chained" for r in results),
+        # The M up to 16 the quoted speed page left untimed, owed in "Still to measure".
+        "speed_untimed_ms": sorted({m for r in results for m in r.get("untimed_ms") or []}),
         "qmm_faster_somewhere": any(r.get("qmm_faster") for r in results),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
