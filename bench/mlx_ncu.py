@@ -363,6 +363,8 @@ def page(report: dict[str, Any], out: Path, build: dict[str, str] | None = None)
         if build
         else ""
     )
+    # The dtypes and group sizes the cases ran (one pair per run of `run`).
+    inputs = sorted({f"{r['case']['dtype']} group {r['case']['group']}" for r in report["rows"]})
     md = [
         "# Quantized matmul kernels under Nsight Compute",
         "",
@@ -370,6 +372,7 @@ def page(report: dict[str, Any], out: Path, build: dict[str, str] | None = None)
         *valid,
         f"- Hardware: {hardware.get('gpu', json.dumps(hardware))}; ncu "
         f"{report.get('ncu_version', '')}",
+        f"- Inputs: affine quantization, {', '.join(inputs)}; random weights and x.",
         "- One ncu process a case, caches flushed before the profiled call (a cold call), "
         "clocks as the GPU sets them; every kernel the call launched is a row. DRAM % peak "
         "is of the memory's peak bandwidth as ncu knows it; occupancy in warps.",

@@ -67,6 +67,7 @@ def test_page_writes_a_table_row_per_kernel_and_errors(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "cuda-ncu.md").read_text()
     assert json.loads((tmp_path / "out" / "cuda-ncu.json").read_text()) == run
     assert "## pr" in md and "## stock" in md and "Version 2025.1" in md
+    assert "- Inputs: affine quantization, bfloat16 group 64;" in md  # what every case ran
     row = "| 4096x14336 | 4 | 1 | void mlx::core::cu::qmv_fast | 20.0 | 3000 | 88.2 | 1.82 | 40 | 128 | 3584 | 75.0 | 61.5 |  |"  # noqa: E501
     assert row in md
     assert "| 4096x14336 | 4 | 16 |" in md and "==ERROR== boom failed |" in md
