@@ -133,6 +133,10 @@ def _tool(switch: str, ours: int, summary: int | None = 0, code: int | None = 0)
         (_tool("no-barrier", 3, None, None), True),  # seen, then cut at the time limit
         (_tool("no-barrier", 0, 0), False),  # a race racecheck missed
         (_tool("no-barrier", 0, None, None), False),  # cut before it saw anything
+        # The tool checked the kernel alone: its summary counts the kernel's reports, the
+        # printed ones (the first 100) and the rest, so a count with none printed fails.
+        ({**_tool("none", 0, 5000), "kernel_only": True}, False),
+        ({**_tool("none", 0, 0), "kernel_only": True}, True),
     ],
 )
 def test_a_sanitizer_run_that_missed_or_reported_wrongly_is_not_ok(result: dict, ok: bool) -> None:
@@ -166,3 +170,30 @@ def test_no_sanitizer_is_a_one_line_error(monkeypatch, capsys) -> None:
     assert controls.find_sanitizer(None) is None
     assert controls.main(["--out", "x"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_each_sanitizer_run_checks_the_kernel_alone(tmp_path: Path) -> None:
+    """The tools are told to check the new kernel alone, so the summary a run ends with
+    counts that kernel's reports (control: a summary of reports none printed fails it)."""
+    controls = _controls()
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'printf "%s\\n" "$@" > "$(dirname "$0")/argv"\n'
+        'while [ "$1" != "--log-file" ]; do shift; done\n'
+        'printf "========= COMPUTE-SANITIZER\\n========= ERROR SUMMARY: %s errors\\n" '
+        '"$(cat "$(dirname "$0")/count")" > "$2"\n'
+    )
+    fake.chmod(0o755)
+
+    class Layout:
+        python = Path("python3")
+
+    for count, ok in (("0", True), ("7", False)):
+        (tmp_path / "count").write_text(count)
+        result = controls.sanitize(Layout(), tmp_path, "none", "initcheck", tmp_path,
+                                   str(fake), 60)  # fmt: skip
+        argv = (tmp_path / "argv").read_text().split()
+        assert argv[argv.index("--kernel-name") + 1] == "kns=qmv_mma_kernel"
+        assert result["kernel_only"] and result["summary"] == int(count)
+        assert controls.sanitizer_verdict(result) is ok

@@ -907,6 +907,12 @@ def test_the_cuda_body_quotes_compute_sanitizer_only_when_every_tool_came_out_ri
     (tmp_path / "c.json").write_text(json.dumps(record))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert "(memcheck counts 100 reports, all printed)" in found[0]["lines"][0]
+    # Runs of tools that checked the kernel alone: their summaries are the claim.
+    for r in runs[:2]:
+        r.update(summary=0, kernel_only=True)
+    (tmp_path / "c.json").write_text(json.dumps(record))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert "each tool checked `qmv_mma_kernel` alone and counted no report" in found[0]["lines"][0]
     runs[2]["ok"] = False  # the race unseen: no fact
     (tmp_path / "c.json").write_text(json.dumps(record))
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
