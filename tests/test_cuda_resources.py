@@ -59,6 +59,21 @@ def test_instances_are_read_with_their_template_arguments() -> None:
     assert got[0].blocks_per_sm == 2 and got[1].blocks_per_sm == 4
 
 
+def test_a_variants_own_template_arguments_are_read_apart() -> None:
+    """A kernel experiment's integer arguments after tiles (row-pointers.diff's second MMA
+    switch) are its own: the launch constants are still the last four (control: the
+    shipped kernel has none)."""
+    variant = AFFINE4.replace("ILi1ELi8E", "ILi1ELi2ELi8E")
+    got = res.parse(_usage((variant, 120, 0, 21504), (AFFINE4, 128, 16, 41984)))
+    assert [(i.tiles, i.extra, i.k_warps, i.stages, i.group_size) for i in got] == [
+        (1, (2,), 8, 4, 64),
+        (1, (), 8, 4, 64),
+    ]
+    assert res.tiles_cell(1, (2,)) == "1 [own: 2]" and res.tiles_cell(1, ()) == "1"
+    rows = res.record({"b": got[:1], "shipped": got[1:]}, {})["instances"]
+    assert rows[0]["extra"] == (2,) and "extra" not in rows[1]  # the shipped rows unchanged
+
+
 def test_warps_per_sm_follow_the_tightest_budget() -> None:
     base = res.Instance("affine 4-bit", "bfloat16", 64, 1, 8, 4, 2, 128, 16, 41984)
     # 128 registers: 4096 a warp, 16 warps of the 65536, two blocks of 8

@@ -24,9 +24,10 @@ from patchkit.verify.harness import cuda
 RESOURCES = re.compile(
     r"^\s*Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", re.M
 )
-# qmv_mma_kernel<tiles, k_warps, stages, blocks_per_sm, group_size, has_bias, T, Q, S>
+# qmv_mma_kernel<tiles, k_warps, stages, blocks_per_sm, group_size, has_bias, T, Q, S>; a
+# kernel experiment (bench/variants) may take integer arguments of its own after tiles.
 MMA_KERNEL = re.compile(
-    r"qmv_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])EN7cutlass(\d+)(\w+?_t)E(.*)$"
+    r"qmv_mma_kernelILi(\d+)E((?:Li\d+E){4,})Lb([01])EN7cutlass(\d+)(\w+?_t)E(.*)$"
 )
 # sm_90's budgets per SM (CUDA programming guide, compute capability 9.0): registers,
 # resident warps and blocks, shared memory, and the shared memory the system reserves per
@@ -49,6 +50,7 @@ class Instance:
     registers: int
     stack_bytes: int  # per thread: spilled registers live here
     shared_bytes: int
+    extra: tuple[int, ...] = ()  # a variant's own template arguments, after tiles
 
     def warps_per_sm(self, budget: dict[str, int] = SM90) -> int:
         """Warps an SM holds at most: whole blocks of ``k_warps``, within every budget."""
@@ -79,7 +81,8 @@ def template_args(name: str) -> dict[str, Any] | None:
     :class:`Instance` names them; None for another kernel (upstream's qmv, gather_qmv)."""
     if not (m := MMA_KERNEL.search(name)):
         return None
-    tiles, k_warps, stages, blocks, group, _bias, _len, dtype, rest = m.groups()
+    tiles, ints, _bias, _len, dtype, rest = m.groups()
+    *extra, k_warps, stages, blocks, group = (int(v) for v in re.findall(r"Li(\d+)E", ints))
     return {
         "mode": mode_of(rest),
         "dtype": {"bfloat16_t": "bfloat16", "half_t": "float16"}[dtype],
@@ -88,6 +91,7 @@ def template_args(name: str) -> dict[str, Any] | None:
         "k_warps": int(k_warps),
         "stages": int(stages),
         "blocks_per_sm": int(blocks),
+        **({"extra": tuple(extra)} if extra else {}),
     }
 
 
@@ -127,10 +131,17 @@ def record(libraries: dict[str, Iterable[Instance]], meta: dict[str, Any]) -> di
     """The page's JSON: ``meta`` (what was compiled, how) and one entry per instance of each
     library (the shipped kernel, variants of its launch constants), with the warps per SM
     its resources allow beside the ones its launch bound asks for."""
-    rows = [{"library": name, **asdict(i), "warps_per_sm": i.warps_per_sm(),
+    rows = [{"library": name, **{k: v for k, v in asdict(i).items() if k != "extra" or v},
+             "warps_per_sm": i.warps_per_sm(),
              "warps_asked": i.blocks_per_sm * i.k_warps}
             for name, instances in libraries.items() for i in instances]  # fmt: skip
     return {**meta, "libraries": list(libraries), "instances": rows}
+
+
+def tiles_cell(tiles: int, extra: Iterable[int] | None) -> str:
+    """A table's tiles cell, with a variant's own template arguments beside it."""
+    own = ", ".join(map(str, extra or ()))
+    return f"{tiles} [own: {own}]" if own else str(tiles)
 
 
 def _spills(rows: list[dict[str, Any]]) -> str:
@@ -183,7 +194,8 @@ def page(data: dict[str, Any]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['library']} | {r['mode']} | {r['dtype']} | {r['group_size']} | {r['tiles']} | "
+            f"| {r['library']} | {r['mode']} | {r['dtype']} | {r['group_size']} | "
+            f"{tiles_cell(r['tiles'], r.get('extra'))} | "
             f"{r['k_warps']} | {r['stages']} | {r['registers']} | {r['stack_bytes']} | "
             f"{r['shared_bytes']} | {r['warps_asked']} | {r['warps_per_sm']} |"
         )

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.verify.harness.cuda_resources import template_args
+from patchkit.verify.harness.cuda_resources import template_args, tiles_cell
 
 # nvdisasm -c: "        /*0a30*/                   HMMA.16816.F32.BF16 R40, R40, R76, RZ ;"
 INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.+?)\s*;")
@@ -41,6 +41,7 @@ class LoopCount:
     per_step: float  # instructions
     mma_per_step: float
     mix: dict[str, float] = field(default_factory=dict)  # opcode: instructions per step
+    extra: tuple[int, ...] = ()  # a variant's own template arguments, after tiles
 
 
 def opcode(instruction: str) -> str:
@@ -96,7 +97,7 @@ def count(sass: str) -> list[LoopCount]:
                 mix={op: n / steps for op, n in mix.most_common()},
             )
         )
-    return sorted(found, key=lambda c: (c.mode, c.dtype, c.group_size, c.k_warps, c.tiles))
+    return sorted(found, key=lambda c: (c.mode, c.dtype, c.group_size, c.k_warps, c.tiles, c.extra))
 
 
 def disassemble(lib: Path, cuobjdump: str = "cuobjdump", nvdisasm: str = "nvdisasm") -> str:
@@ -134,7 +135,8 @@ def table(libraries: dict[str, list[LoopCount]], top: int = 8) -> str:
         for c in counts:
             mix = ", ".join(f"{op} {n:g}" for op, n in list(c.mix.items())[:top])
             out.append(
-                f"| {name} | {c.mode} | {c.dtype} | {c.group_size} | {c.tiles} | {c.k_warps} | "
+                f"| {name} | {c.mode} | {c.dtype} | {c.group_size} | "
+                f"{tiles_cell(c.tiles, c.extra)} | {c.k_warps} | "
                 f"{c.per_step:g} | {c.mma_per_step:g} | {mix} |"
             )
     return "\n".join(out) + "\n"
