@@ -79,9 +79,9 @@ SANITIZER_SWITCHES = {
 # kernel (tails in N and K, 8 and 4 warps over K, batched and broadcast weights); more
 # dtypes and modes add time under the tools, not code paths.
 SANITIZER_PARITY = ("--dtype", "bfloat16", "--bits", "4", "--bits", "8")
-# The kernel the tools check, by a substring of its mangled name; a run of this sets
-# "kernel_only" in its result.
 KERNEL = "qmv_mma_kernel"
+# The tools check that kernel alone, found by a substring of its mangled name; a run with
+# this filter sets "kernel_only" in its result.
 SANITIZER_FILTER = ("--kernel-name", f"kns={KERNEL}")
 # A report's first line ("========= Invalid __global__ read ...", "========= Error: Race
 # reported ..."); its details follow, indented. The last line sums them up.
