@@ -179,6 +179,8 @@ def test_wrapper_asks_each_arm_for_its_kernel() -> None:
         ("row-pointers.diff", "int vec_mmas,"),
         ("scale-ring.diff", "qmv_mma_copy_word(smem.ring.s["),
         ("scale-rounds.diff", "load_scales(next_scale, next_bias,"),
+        ("x-ring.diff", "v = x_ring[warp][slot][quad][j];"),
+        ("x-ring-scale-rounds.diff", "v = x_ring[warp][slot][quad][j];"),
         ("scale-after.diff", "qmv_mma_scale_after<T, Q, has_bias>"),
         ("x-prefetch.diff", "prefetch.global.L1"),
         ("x-prefetch-16.diff", '::"l"(x_rows[h] + k0)'),
