@@ -6,7 +6,8 @@
   run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
                                            --json results.json [--deadline SECONDS] [--quick]
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
-                                           --json variants.json [--group-size 64]
+                                           --json variants.json [--group-size 64] \
+                                           [--shapes 8192x16896,8192x28672]
   compare-summary (anywhere)           python3 bench/cuda_qmv.py compare-summary g128.json \
                                            g64.json [--min-n 8192] [--by-layer ARM]
   resources (here: cuobjdump)          python3 bench/cuda_qmv.py resources --libs .device/qmv \
@@ -237,6 +238,20 @@ def sass(
     return found
 
 
+def shapes_arg(text: str) -> tuple[tuple[int, int], ...]:
+    """``--shapes 8192x16896,8192x28672``: (K, N) pairs; K a multiple of 128 (one group
+    of every size and a 4-bit step) and N of 16 (an MMA tile), else a one-line error."""
+    shapes = []
+    for item in text.split(","):
+        m = re.fullmatch(r"(\d+)x(\d+)", item.strip())
+        if not m or int(m[1]) % 128 or int(m[2]) % 16 or not int(m[1]) or not int(m[2]):
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: give KxN with K a positive multiple of 128 and N of 16"
+            )
+        shapes.append((int(m[1]), int(m[2])))
+    return tuple(shapes)
+
+
 def compare_summary(
     paths: list[Path], against: str, min_n: int, by_layer: str | None, ms: str,
     pick: str | None = None,
@@ -307,6 +322,8 @@ def main() -> int:
     c.add_argument("--json", type=Path, required=True)
     c.add_argument("--deadline", type=float, default=480.0, help="seconds from start")
     c.add_argument("--group-size", type=int, default=64, choices=cuda.GROUPS)
+    c.add_argument("--shapes", type=shapes_arg, default=cuda.COMPARE_SHAPES,
+                   help="layers as KxN,KxN (default: the six of every compare page)")  # fmt: skip
     crep = sub.add_parser("compare-report")
     crep.add_argument("results", type=Path)
     csum = sub.add_parser("compare-summary", help="ratios over several compare runs")
@@ -366,7 +383,7 @@ def main() -> int:
         return 0
     if args.cmd == "compare":
         deadline = time.time() + args.deadline
-        payload = cuda.compare(args.libs, args.json, deadline, args.group_size)
+        payload = cuda.compare(args.libs, args.json, deadline, args.group_size, args.shapes)
         bad = sum(
             p["differing"] + p["odd_neighbours_differing"]
             for r in payload["results"]

@@ -6,6 +6,7 @@ against the arithmetic it stands for (ratio to stock, floor over time, rows chec
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -700,6 +701,17 @@ def test_cuda_qmv_template_variant_specs_and_their_one_line_errors(tmp_path: Pat
     with pytest.raises(SystemExit, match="does not apply to this checkout's templates") as exc:
         bench.rendered_qmv(lambda path: "", bad)
     assert "\n" not in str(exc.value)
+
+
+def test_cuda_qmv_compare_shapes_and_their_one_line_errors() -> None:
+    """``compare --shapes`` takes the layers a page asks about; a shape no launch can take
+    (K off a step, N off a tile) is refused before a GPU is touched."""
+    bench = load_script("bench/cuda_qmv.py")
+    assert bench.shapes_arg("8192x16896, 4096x4096") == ((8192, 16896), (4096, 4096))
+    for bad in ("8192", "8192x100", "100x4096", "0x16", "8192x16896,"):
+        with pytest.raises(argparse.ArgumentTypeError, match="give KxN") as exc:
+            bench.shapes_arg(bad)
+        assert "\n" not in str(exc.value)
 
 
 def test_mlx_tests_page_shows_no_hosts_paths() -> None:

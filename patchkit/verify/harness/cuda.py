@@ -585,12 +585,15 @@ def same_order_references(
     return refs
 
 
-def compare(lib_dir: Path, out: Path, deadline: float, group: int = 64) -> dict[str, Any]:
+def compare(
+    lib_dir: Path, out: Path, deadline: float, group: int = 64,
+    shapes: Sequence[tuple[int, int]] = COMPARE_SHAPES,
+) -> dict[str, Any]:  # fmt: skip
     """Every library under ``lib_dir/variants/NAME.so`` and the shipped ``patched.so``,
     beside ``stock.so``: rows of each
     (bit for bit against its own M = 1 call, with its controls, and against the M = 1 call
     of the variant that sums in the same order, :func:`same_order_references`) and time at
-    ``COMPARE_MS`` on ``COMPARE_SHAPES``, bfloat16, 4 and 8 bits, groups of ``group``."""
+    ``COMPARE_MS`` on ``shapes`` (K, N), bfloat16, 4 and 8 bits, groups of ``group``."""
     paths = {p.stem: p for p in (lib_dir / "variants").glob("*.so")}
     if (lib_dir / "patched.so").is_file():
         paths[SHIPPED] = lib_dir / "patched.so"
@@ -616,7 +619,7 @@ def compare(lib_dir: Path, out: Path, deadline: float, group: int = 64) -> dict[
         "controls": controls, "results": [], "template_variants": template_variants,
         "group_size": group,
     }  # fmt: skip
-    for bits, (K, N) in itertools.product((4, 8), COMPARE_SHAPES):
+    for bits, (K, N) in itertools.product((4, 8), shapes):
         if time.time() > deadline:
             payload["stopped_at"] = [K, N, bits]
             break
