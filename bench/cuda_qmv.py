@@ -244,11 +244,12 @@ def shapes_arg(text: str) -> tuple[tuple[int, int], ...]:
     shapes = []
     for item in text.split(","):
         m = re.fullmatch(r"(\d+)x(\d+)", item.strip())
-        if not m or int(m[1]) % 128 or int(m[2]) % 16 or not int(m[1]) or not int(m[2]):
+        k, n = (int(m[1]), int(m[2])) if m else (0, 0)
+        if not k or not n or k % 128 or n % 16:
             raise argparse.ArgumentTypeError(
                 f"{item!r}: give KxN with K a positive multiple of 128 and N of 16"
             )
-        shapes.append((int(m[1]), int(m[2])))
+        shapes.append((k, n))
     return tuple(shapes)
 
 
