@@ -306,6 +306,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.plot(Ms, [r[arm + "_us"] for r in rows], marker="o", label=label)
         ax.set_title(f"{bits}-bit {K}x{N}")
         ax.set_xlabel("M")
+        ax.set_xticks(Ms)  # the M timed, and only those: M is a count
         ax.set_ylim(bottom=0)
     axes[0][0].set_ylabel("µs per call")
     axes[0][0].legend()
