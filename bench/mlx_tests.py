@@ -5,7 +5,7 @@ failures are stock's own.
   python3 bench/mlx_tests.py run --stock PYTHON[:SITE] --patched PYTHON[:SITE] \\
       --tests MLX_TREE/python/tests --json mlx_tests.json [--md PAGE.md] [--jobs N] \\
       [--deadline-s S] [--shards N] [--only METHOD ...] [--only-failed-in BUILD.json] \\
-      [--patched-log BUILD_LOG]
+      [--patched-log BUILD_LOG | --patched-record BUILD.json]
   python3 bench/mlx_tests.py compare --stock STOCK.log --patched PATCHED.log \\
       --stock-mlx VERSION --patched-mlx VERSION --json mlx_tests.json
   python3 bench/mlx_tests.py report mlx_tests.json
@@ -16,6 +16,9 @@ one process per method, at the same time, each with its own JIT cache. With
 ``--patched-log``, the PR's arm is not run again: its output is the build's own run of the
 file (``patchkit build``'s log), and only stock runs, so the step needs half the compiles
 and leaves the build alone (``ci/cuda_records.py`` runs it while another step rebuilds).
+``--patched-record`` takes that arm from the build's record alone (the verdict of each
+method and the headers of its failing subtests, which the record keeps): a record already
+committed is compared with stock without building and running the file again.
 ``compare`` reads two outputs of that module made another way. Not a timed benchmark: the
 seconds are what each method took with whatever ran beside it.
 """
@@ -46,7 +49,11 @@ MODULE = "test_quantized"
 # become placeholders, files their names (what the page's JSON and its siblings are).
 PLACEHOLDERS = {"--stock": "STOCK_PYTHON[:SITE]", "--patched": "PATCHED_PYTHON[:SITE]",
                 "--patched-log": "BUILD/build.log", "--tests": "MLX/python/tests"}  # fmt: skip
-FILE_OPTIONS = ("--json", "--md", "--only-failed-in")
+FILE_OPTIONS = ("--json", "--md", "--only-failed-in", "--patched-record")
+# A build record's verdicts (patchkit.carry.mlx_build.method_results) as parse_output's.
+RECORDED_VERDICTS = {
+    "passed": "ok", "skipped": "ok", "failed": "FAILED", "unfinished": "UNFINISHED",
+}  # fmt: skip
 
 
 def run_arms(
@@ -79,13 +86,14 @@ def run_arms(
         return {name: p.communicate()[0].splitlines() for name, p in procs.items()}
 
 
-def side_by_side(outputs: dict[str, list[str]], methods: list[str]) -> dict[str, Any]:
+def side_by_side(
+    outputs: dict[str, list[str]], methods: list[str], parsed: dict[str, dict] | None = None
+) -> dict[str, Any]:
     """Per arm and method: verdict, seconds, failing subtests; and the comparison. A method
-    of ``methods`` an output does not end is ``UNFINISHED`` there (its run was cut off)."""
-    arms = {
-        name: {m: r for m, r in parse_output(lines).items() if m in methods}
-        for name, lines in outputs.items()
-    }
+    of ``methods`` an output does not end is ``UNFINISHED`` there (its run was cut off).
+    ``parsed`` holds arms already in that form (a build record's, :func:`recorded_arm`)."""
+    ran = {name: parse_output(lines) for name, lines in outputs.items()} | (parsed or {})
+    arms = {name: {m: r for m, r in got.items() if m in methods} for name, got in ran.items()}
     for ran in arms.values():
         for m in methods:
             ran.setdefault(m, {"verdict": "UNFINISHED", "seconds": None, "problems": []})
@@ -181,6 +189,28 @@ def logged_arm(log: Path, record: Path | None, data: dict[str, Any]) -> tuple[li
     return lines, data.get("mlx_version") or "unknown"
 
 
+def recorded_arm(record: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The PR's arm from a ``patchkit build`` record ``record`` (read as ``data``): each
+    method's verdict and the headers of its failing subtests, as the build's own run of the
+    file left them. The record keeps no times, and a method it calls failed is taken as run
+    to its end (the record lists the methods a deadline cut off as unfinished)."""
+    tests = data.get("tests") or {}
+    verdicts = tests.get("per_test") or {}
+    if not verdicts:
+        raise SystemExit(f"--patched-record: {record} holds no run of {MODULE}.py (--no-test?)")
+    if unknown := sorted(set(verdicts.values()) - set(RECORDED_VERDICTS)):
+        raise SystemExit(f"--patched-record: {record} has verdicts {', '.join(unknown)}")
+    subtests = tests.get("failing_subtests") or {}
+    arm = {}
+    for method, verdict in verdicts.items():
+        arm[method] = {"verdict": RECORDED_VERDICTS[verdict], "seconds": None,
+                       "problems": list(subtests.get(method, [])), "sections": 1,
+                       "skipped_sections": int(verdict == "skipped")}  # fmt: skip
+        if verdict == "unfinished":
+            arm[method]["cut_off"] = True
+    return arm
+
+
 def build_record(path: Path) -> dict[str, Any]:
     """A ``patchkit build`` record, read once; missing or not JSON is a one-line exit."""
     try:
@@ -218,6 +248,7 @@ def page(report: dict[str, Any]) -> str:
                         verdicts.count("UNFINISHED"))  # fmt: skip
     only = report["pr_failing_only_on_pr"]
     hw = report["hardware"]
+    not_rerun = report.get("patched_log") or report.get("patched_record")  # the PR's arm
     lines = [
         f"# MLX's `{report['module']}.py`: the PR's build beside stock MLX",
         "",
@@ -227,7 +258,7 @@ def page(report: dict[str, Any]) -> str:
         f"- PR: {report['mlx']['pr']}; stock: {report['mlx']['stock']}",
         "- The same test file on both (the PR's, so its new tests run on stock too), one "
         "process per method, both arms at the same time"
-        + (f"; but {report['how']}." if report.get("patched_log") else
+        + (f"; but {report['how']}." if not_rerun else
            f": {report['how']}" if report.get("how") else "."),
         *([f"- Methods compared: {', '.join(report['only']) or 'none'}"
            + methods_why(report) + "; the others not run or left out"]
@@ -281,6 +312,9 @@ def main() -> None:
     which.add_argument("--patched-log", type=Path, metavar="BUILD_LOG",
                        help="the PR's arm: this patchkit build log's test run, not a rerun "
                        "(with --only-failed-in that build's record)")  # fmt: skip
+    which.add_argument("--patched-record", type=Path, metavar="BUILD_JSON",
+                       help="the PR's arm: the verdicts this patchkit build record keeps of "
+                       "its test run, not a rerun (its failed methods run on stock)")  # fmt: skip
     r.add_argument("--tests", required=True, type=Path, help="MLX's python/tests, PR's")
     r.add_argument("--json", required=True)
     r.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
@@ -306,6 +340,7 @@ def main() -> None:
     rep.add_argument("--md", type=Path, help="write the page there and the JSON back in place")
     a = parser.parse_args()
     command = generic_command(sys.argv[1:])
+    parsed: dict[str, dict] = {}  # arms given whole, not as a run's output
     if a.cmd == "report":  # the comparison re-derived from the per-method verdicts kept
         data = json.loads(Path(a.json).read_text())
         data.update(compare(data["arms"]))
@@ -316,11 +351,23 @@ def main() -> None:
             write(data, a.json, a.md)
         return
     if a.cmd == "run":
-        arms = {"stock": a.stock} if a.patched_log else {"stock": a.stock, "pr": a.patched}
+        if a.patched_record is not None:  # the record is also the one its failures come from
+            if a.only_failed_in not in (None, a.patched_record):
+                raise SystemExit("--patched-record: its record is the --only-failed-in one")
+            a.only_failed_in = a.patched_record
+        rerun = a.patched_log is None and a.patched_record is None
+        arms = {"stock": a.stock, "pr": a.patched} if rerun else {"stock": a.stock}
         mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in arms.items()}
         hw: dict[str, Any] | None = hardware()
         tests, how, logged = a.tests / f"{MODULE}.py", None, None
         record = {} if a.only_failed_in is None else build_record(a.only_failed_in)
+        if a.patched_record is not None:
+            parsed["pr"] = recorded_arm(a.patched_record, record)
+            mlx["pr"] = record.get("mlx_version") or "unknown"
+            where = (record.get("machine") or {}).get("gpu") or "a host it does not name"
+            how = (f"the PR's arm is its build's own run of the whole file, as its record "
+                   f"({a.patched_record.name}, on {where}) keeps it, not run again; "
+                   "stock's ran here")  # fmt: skip
         if a.patched_log is not None:
             logged, mlx["pr"] = logged_arm(a.patched_log, a.only_failed_in, record)
             how = (f"the PR's arm is its build's own run of the whole file ({a.patched_log.name}"
@@ -329,6 +376,7 @@ def main() -> None:
         a.only = list(dict.fromkeys([*a.only, *failed]))  # named first, then the failed
         if a.only_failed_in is not None and not a.only:  # nothing failed: nothing to rerun
             outputs: dict[str, list[str]] = {name: [] for name in arms}
+            parsed = {name: {} for name in parsed}
         else:
             outputs = run_arms(arms, a.tests, a.jobs, a.deadline_s, a.shards, a.only)
         if logged is not None:
@@ -349,8 +397,9 @@ def main() -> None:
               "patch": series(), "backend": "cuda", "only": a.only,
               "only_failed_in_build": from_build,
               **({"failed_in_build": failed} if from_build else {}),
-              "patched_log": getattr(a, "patched_log", None) is not None}  # fmt: skip
-    write({**report, **side_by_side(outputs, selected)}, a.json, a.md)
+              "patched_log": getattr(a, "patched_log", None) is not None,
+              "patched_record": getattr(a, "patched_record", None) is not None}  # fmt: skip
+    write({**report, **side_by_side(outputs, selected, parsed)}, a.json, a.md)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,11 @@ record.
 tests (its record is the pages' ``--build-record`` and is not copied: ``build-cuda`` comes
 with its tests), then only those pages' steps, whose pages alone are copied. So the pages
 of one patch can be made in two runs on hosts lent for a bounded time, e.g. ``--only speed
---only ncu``, then ``--skip speed --skip ncu``.
+--only ncu``, then ``--skip speed --skip ncu``. ``--only tests`` runs the tests beside stock
+with the PR's arm taken from the committed ``build-cuda`` record (``bench/mlx_tests.py
+--patched-record``), which must be of this checkout's build inputs and PR tests and hold
+its run of MLX's test file: so ``--only controls --only tests`` makes the two pages that a
+run cut off after its build record leaves, without MLX's test file run on a build again.
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ STOCK_SHARDS = 8
 # Steps a run may leave out (by the first word of their names), each with the page that
 # must then already be of this checkout's build inputs.
 SKIPPABLE = {"speed": "cuda.json", "ncu": "cuda-ncu.json", "controls": "cuda-controls.json"}
+# What --only may name: those, and the tests beside stock against the committed build record.
+ONLY = (*SKIPPABLE, "tests")
+BUILD_RECORD = "build-cuda.json"
 
 
 class Step(NamedTuple):
@@ -94,8 +101,12 @@ class Step(NamedTuple):
     alongside: bool = False
 
 
-def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Step]:
-    """The run's commands, in order, for a stock interpreter spec and an output folder."""
+def steps(
+    stock: str, out: Path, build_args: list[str], python: str, pr_record: Path | None = None
+) -> list[Step]:
+    """The run's commands, in order, for a stock interpreter spec and an output folder.
+    With ``pr_record`` (a committed build record), the tests beside stock take the PR's
+    arm from it, not from this run's build."""
     short = pin.load(ROOT / pin.PIN_FILE).short
     layout = mlx_build.layout("cuda", short, cmake_args=cuda_controls.cmake_args(build_args))
     build, bench, pages, controls = (out / d for d in ("build", "bench", "pages", "controls"))
@@ -107,7 +118,7 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
     # the log's run of MLX's test file is its PR arm, and stock runs the same file.
     build_log, test_dir = build / "build.log", build / "tests"
     keep = ((layout.log, build_log), (layout.worktree / "python" / "tests", test_dir))
-    plan.append(Step("build", build_argv, (build / "build-cuda.json", build / "build-cuda.md"),
+    plan.append(Step("build", build_argv, (build / BUILD_RECORD, build / "build-cuda.md"),
                      (1,), keep=keep))  # fmt: skip
     runs = []
     for dtype, group in SPEED_RUNS:
@@ -134,11 +145,12 @@ def steps(stock: str, out: Path, build_args: list[str], python: str) -> list[Ste
     # whose failures they are (none failed: the page says nothing ran). Stock starts with
     # no JIT kernels compiled and only a few methods run, so each gets more processes
     # (every core: nothing is timed by then) to end within the deadline.
-    tests_argv = [python, "bench/mlx_tests.py", "run", "--stock", stock, "--patched-log",
-                  str(build_log), "--tests", str(test_dir),
+    pr_arm = (["--patched-log", str(build_log), "--only-failed-in", str(build / BUILD_RECORD)]
+              if pr_record is None else ["--patched-record", str(pr_record)])  # fmt: skip
+    tests_argv = [python, "bench/mlx_tests.py", "run", "--stock", stock, *pr_arm,
+                  "--tests", str(test_dir),
                   "--json", str(pages / "cuda-tests.json"), "--md", str(pages / "cuda-tests.md"),
-                  "--shards", str(STOCK_SHARDS), "--jobs", str(os.cpu_count() or 1),
-                  "--only-failed-in", str(build / "build-cuda.json")]  # fmt: skip
+                  "--shards", str(STOCK_SHARDS), "--jobs", str(os.cpu_count() or 1)]  # fmt: skip
     # MLX's own methods the series fixes run too, failed or not: stock failing them and the
     # build passing them is the fix shown (MLX asks a PR's tests to fail on main).
     tests_argv += [a for t in export_pr.FIXED_TESTS["qmm-sm90"] for a in ("--only", t)]
@@ -175,6 +187,30 @@ def not_current(kind: str) -> str | None:
     return None
 
 
+def record_not_current() -> str | None:
+    """Why the committed build record cannot be the PR's arm of the tests beside stock
+    (``--only tests``); ``None`` when it can: of this checkout's build inputs and PR tests
+    (the checks of ``tests/test_records.py``), with its run of MLX's test file."""
+    page = RESULTS / BUILD_RECORD
+    name = os.path.relpath(page, ROOT)
+    if not page.is_file():
+        return f"{name} does not exist"
+    try:
+        rec = json.loads(page.read_text())
+    except ValueError:
+        return f"{name} is not JSON"
+    have = rec.get("patch") or {}
+    want = mlx_build.build_inputs_id(ROOT, pin.load(ROOT / pin.PIN_FILE).short, "cuda")
+    if have.get("build_inputs_sha256") != want:
+        return (f"{name} is of build inputs {str(have.get('build_inputs_sha256'))[:16]}, "
+                f"this checkout's are {want[:16]}")  # fmt: skip
+    if have.get("pr_files_sha256") != mlx_build.pr_files_id(ROOT):
+        return f"{name} ran other PR tests than templates/ renders now"
+    if not (rec.get("tests") or {}).get("per_test"):
+        return f"{name} holds no run of MLX's test file"
+    return None
+
+
 def ended(step: Step, code: int, out: Path, failures: list[str]) -> bool:
     """Whether ``step`` left its record (its ``keep`` files then copied into the run's
     folder); says why not. A failure the record holds is added to ``failures``."""
@@ -193,6 +229,12 @@ def ended(step: Step, code: int, out: Path, failures: list[str]) -> bool:
     if code:
         failures.append(f"{step.name} (exit {code})")
     return True
+
+
+def only_keep(build: Step, only: list[str]) -> tuple[tuple[Path, Path], ...]:
+    """What a test-less build (``--only``) still keeps: the PR's test file's folder, which
+    the tests beside stock run, when they are among the steps."""
+    return tuple((src, dst) for src, dst in build.keep if "tests" in only and dst.name == "tests")
 
 
 def publish(files: list[Path], dest: Path) -> None:
@@ -218,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPABLE),
                     help="leave out the steps of a page already of these build inputs")  # fmt: skip
-    ap.add_argument("--only", action="append", default=[], choices=sorted(SKIPPABLE),
+    ap.add_argument("--only", action="append", default=[], choices=sorted(ONLY),
                     help="the build without tests, then only these pages' steps")  # fmt: skip
     args, build_args = ap.parse_known_args(argv)
     if args.only and args.skip:
@@ -228,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         if why := not_current(kind):
             print(f"cuda_records: --skip {kind}: {why}; run its steps", file=sys.stderr)
             return 2
+    if "tests" in args.only and (why := record_not_current()):
+        print(f"cuda_records: --only tests: {why}; run without --only", file=sys.stderr)
+        return 2
     if args.out:
         out = args.out.resolve()
         # A record left by an earlier run must not pass for this run's.
@@ -239,11 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tempfile.gettempdir()) / "cuda-records-XXXX"
     else:
         out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
-    plan = [s for s in steps(args.stock, out, build_args, sys.executable)
+    pr_record = RESULTS / BUILD_RECORD if "tests" in args.only else None
+    plan = [s for s in steps(args.stock, out, build_args, sys.executable, pr_record)
             if s.name.split()[0] not in args.skip]  # fmt: skip
     if args.only:  # the build's record only names what the pages timed: not copied
-        plan = [s._replace(argv=[*s.argv, "--no-test"], keep=()) if s.name == "build" else s
-                for s in plan
+        plan = [s._replace(argv=[*s.argv, "--no-test"], keep=only_keep(s, args.only))
+                if s.name == "build" else s for s in plan
                 if s.name in ("apply", "build") or s.name.split()[0] in args.only]  # fmt: skip
     records = [p for s in plan for p in s.produces if p.parent != out / "bench"
                and not (args.only and s.name == "build")]  # fmt: skip

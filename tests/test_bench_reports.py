@@ -655,6 +655,63 @@ def test_mlx_tests_takes_the_prs_arm_from_its_builds_log(tmp_path: Path) -> None
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_mlx_tests_takes_the_prs_arm_from_its_builds_record(tmp_path: Path) -> None:
+    """``--patched-record BUILD_JSON``: only stock runs, the methods the record's run failed
+    and those named; the PR's arm is the record's verdicts and failing subtests, labelled
+    with its MLX and its GPU. A record without a test run, one of verdicts it does not
+    know, and another --only-failed-in are one-line errors."""
+    (tmp_path / "test_quantized.py").write_text(
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+        "        self.assertEqual(1, 2)\n\n    def test_b(self):\n        pass\n\n"
+        "    def test_c(self):\n        pass\n"
+    )
+    record = tmp_path / "build-cuda.json"
+    header = "FAIL: test_a (test_quantized.TestQuantized.test_a) (k=1)"
+    tests = {"per_test": {"test_a": "failed", "test_b": "passed", "test_c": "skipped"},
+             "failing_subtests": {"test_a": [header]}}  # fmt: skip
+    built = {"mlx_version": "0.32.1+patchkit.abc", "machine": {"gpu": "GPU X"}, "tests": tests}
+    record.write_text(json.dumps(built))
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, str(ROOT / "bench" / "mlx_tests.py"), "run",
+                "--stock", sys.executable, "--patched-record", str(record),
+                "--tests", str(tmp_path), "--json", str(tmp_path / "t.json"),
+                "--md", str(tmp_path / "t.md"), "--jobs", "1", *extra]  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+    done = run("--only", "test_b")
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["mlx"]["pr"] == "0.32.1+patchkit.abc" and data["patched_record"] is True
+    assert data["failed_in_build"] == ["test_a"] and data["only"] == ["test_b", "test_a"]
+    assert data["arms"]["pr"] == {
+        "test_a": {"verdict": "FAILED", "seconds": None, "problems": [header],
+                   "sections": 1, "skipped_sections": 0},
+        "test_b": {"verdict": "ok", "seconds": None, "problems": [], "sections": 1,
+                   "skipped_sections": 0},
+    }  # fmt: skip
+    # Stock really ran the two methods (and only those): its own failure is its own.
+    assert set(data["arms"]["stock"]) == {"test_a", "test_b"}
+    assert data["arms"]["stock"]["test_a"]["verdict"] == "FAILED"
+    assert data["arms"]["stock"]["test_a"]["seconds"] is not None
+    assert data["pr_failing_also_on_stock"] == 0 and len(data["pr_failing_only_on_pr"]) == 1
+    md = (tmp_path / "t.md").read_text()
+    assert "as its record (build-cuda.json, on GPU X) keeps it, not run again" in md
+    assert "--patched-record build-cuda.json" in data["command"]
+    # Controls: a build without tests, an unknown verdict, a second record.
+    record.write_text(json.dumps({**built, "tests": None}))
+    done = run()
+    assert done.returncode != 0 and "holds no run of test_quantized.py" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    record.write_text(json.dumps({**built, "tests": {"per_test": {"test_a": "flaky"}}}))
+    assert "has verdicts flaky" in run().stderr
+    record.write_text(json.dumps(built))
+    done = run("--only-failed-in", str(tmp_path / "other.json"))
+    assert done.returncode != 0 and "is the --only-failed-in one" in done.stderr
+    done = run("--patched-log", str(tmp_path / "build.log"))
+    assert done.returncode != 0 and "not allowed with argument" in done.stderr
+
+
 def test_cuda_qmv_launch_variant_specs_and_their_one_line_errors() -> None:
     """--variant NAME=constants: six numbers give wide layers the same tiles and stages,
     nine set each; other counts, non-numbers, bad or taken names are one-line exits."""

@@ -85,8 +85,8 @@ def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = "",
     original = records.steps
     kept = out / "cache" / "build.log"
 
-    def steps(stock, out_dir, build_args, python):
-        real = original(stock, out_dir, build_args, python)
+    def steps(stock, out_dir, build_args, python, pr_record=None):
+        real = original(stock, out_dir, build_args, python, pr_record)
         fake = []
         for s in real:
             files = [str(p) for p in s.produces if s.name != skip]
@@ -95,7 +95,7 @@ def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = "",
             code = (f"import sys, time, pathlib\n{(before or {}).get(s.name, '')}\n"
                     f"for f in {files!r}: open(f, 'w').write('new {s.name}')\n"
                     f"sys.exit({exits.get(s.name, 0)})")  # fmt: skip
-            keep = tuple((kept, out_dir / "build" / "build.log") for _ in s.keep[:1])
+            keep = tuple((kept, out_dir / "build" / dst.name) for _, dst in s.keep)
             beside = s.alongside and not in_turn
             fake.append(records.Step(s.name, [python, "-c", code], s.produces,
                                      s.recorded_failure, keep, beside))  # fmt: skip
@@ -311,6 +311,57 @@ def test_only_makes_those_pages_on_a_build_without_tests(results, tmp_path: Path
     assert (dest / "build-cuda.json").read_text() == "old"  # the test-less build's stays out
     assert (out / "build" / "build-cuda.json").read_text() == "new build"
     assert not (dest / "cuda-tests.json").exists()
+
+
+def test_only_tests_compares_the_committed_build_record_with_stock(
+    results, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """``--only tests``: the build without MLX's tests, keeping the PR's test folder; the
+    tests beside stock take the PR's arm from the committed build record, which must be
+    of this checkout's build inputs and PR tests and hold a test run; only their page is
+    copied, the record stays as it was."""
+    records, dest = results
+    from patchkit.carry import mlx_build, pin
+
+    short = pin.load(records.ROOT / pin.PIN_FILE).short
+    current = {"patch": {"build_inputs_sha256": mlx_build.build_inputs_id(records.ROOT, short,
+                                                                          "cuda"),
+                         "pr_files_sha256": mlx_build.pr_files_id(records.ROOT)},
+               "tests": {"per_test": {"test_qmv": "passed"}}}  # fmt: skip
+    argv = ["--only", "tests", "--only", "controls", "--stock", "python3"]
+    # Refused, with the reason, while the record cannot be the PR's arm.
+    for record, why in (("old", "is not JSON"), ({**current, "tests": None}, "no run of MLX's"),
+                        ({**current, "patch": {}}, "is of build inputs None")):  # fmt: skip
+        (dest / "build-cuda.json").write_text(record if isinstance(record, str) else
+                                              json.dumps(record))  # fmt: skip
+        assert records.main(["--plan", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cuda_records: --only tests: ") and why in err, err
+        assert err.count("\n") == 1
+    (dest / "build-cuda.json").write_text(json.dumps(current))
+    kept = (dest / "build-cuda.json").read_text()
+    assert records.main(["--plan", *argv]) == 0
+    plan = capsys.readouterr().out
+    build = next(ln for ln in plan.splitlines() if "patchkit build" in ln)
+    tests = next(ln for ln in plan.splitlines() if "bench/mlx_tests.py" in ln)
+    assert build.endswith("--no-test") and "ci/cuda_controls.py" in plan
+    assert f"--patched-record {dest / 'build-cuda.json'}" in tests
+    assert "--patched-log" not in tests and "--only-failed-in" not in tests
+    assert "# then keep: " in plan and "build.log ->" not in plan  # the tests' folder only
+    assert "# then: copy cuda-tests.json, cuda-tests.md, cuda-controls.json, " in plan
+    # Control: without --only tests, the run's own build is the PR's arm again.
+    full = records.steps("python3", tmp_path / "o", [], sys.executable)
+    assert "--patched-log" in next(s for s in full if s.name == "tests beside stock").argv
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
+    out = tmp_path / "out"
+    assert records.main([*argv, "--out", str(out)]) == 0
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "build-cuda.json", "cuda-controls.json", "cuda-controls.md", "cuda-tests.json",
+        "cuda-tests.md",
+    ]  # fmt: skip
+    assert (dest / "build-cuda.json").read_text() == kept
+    assert (dest / "cuda-tests.json").read_text() == "new tests beside stock"
+    assert (out / "build" / "tests").is_file()  # kept from the test-less build
 
 
 def test_only_and_skip_together_are_a_one_line_error(results, capsys) -> None:
