@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -166,19 +166,34 @@ def steps(
     return plan
 
 
+def committed(file: str) -> tuple[str, dict[str, Any], str | None]:
+    """A committed record in ``docs/results``: its name as messages give it, its JSON, and
+    why it cannot be read (``None`` when it can)."""
+    page = RESULTS / file
+    name = os.path.relpath(page, ROOT)
+    if not page.is_file():
+        return name, {}, f"{name} does not exist"
+    try:
+        return name, json.loads(page.read_text()), None
+    except ValueError:
+        return name, {}, f"{name} is not JSON"
+
+
+def other_inputs(name: str, have: dict[str, Any]) -> str | None:
+    """Why a record whose patch facts are ``have`` is of another CUDA build than this
+    checkout's (``None`` when it is of this one)."""
+    want = mlx_build.build_inputs_id(ROOT, pin.load(ROOT / pin.PIN_FILE).short, "cuda")
+    if (got := have.get("build_inputs_sha256")) != want:
+        return f"{name} is of build inputs {str(got)[:16]}, this checkout's are {want[:16]}"
+    return None
+
+
 def not_current(kind: str) -> str | None:
     """Why the committed page of the skippable steps ``kind`` cannot stand beside a new
     build of this checkout; ``None`` when it can (the checks of ``tests/test_records.py``)."""
-    page = RESULTS / SKIPPABLE[kind]
-    name = os.path.relpath(page, ROOT)
-    if not page.is_file():
-        return f"{name} does not exist"
-    rec = json.loads(page.read_text())
-    have = rec if kind == "controls" else (rec.get("build") or {})
-    want = mlx_build.build_inputs_id(ROOT, pin.load(ROOT / pin.PIN_FILE).short, "cuda")
-    if have.get("build_inputs_sha256") != want:
-        return (f"{name} is of build inputs {str(have.get('build_inputs_sha256'))[:16]}, "
-                f"this checkout's are {want[:16]}")  # fmt: skip
+    name, rec, why = committed(SKIPPABLE[kind])
+    if why or (why := other_inputs(name, rec if kind == "controls" else rec.get("build") or {})):
+        return why
     if kind == "controls":
         if rec.get("control_sha256") != cuda_controls.control_sha256():
             return f"{name} switched in another control diff"
@@ -191,19 +206,10 @@ def record_not_current() -> str | None:
     """Why the committed build record cannot be the PR's arm of the tests beside stock
     (``--only tests``); ``None`` when it can: of this checkout's build inputs and PR tests
     (the checks of ``tests/test_records.py``), with its run of MLX's test file."""
-    page = RESULTS / BUILD_RECORD
-    name = os.path.relpath(page, ROOT)
-    if not page.is_file():
-        return f"{name} does not exist"
-    try:
-        rec = json.loads(page.read_text())
-    except ValueError:
-        return f"{name} is not JSON"
+    name, rec, why = committed(BUILD_RECORD)
     have = rec.get("patch") or {}
-    want = mlx_build.build_inputs_id(ROOT, pin.load(ROOT / pin.PIN_FILE).short, "cuda")
-    if have.get("build_inputs_sha256") != want:
-        return (f"{name} is of build inputs {str(have.get('build_inputs_sha256'))[:16]}, "
-                f"this checkout's are {want[:16]}")  # fmt: skip
+    if why or (why := other_inputs(name, have)):
+        return why
     if have.get("pr_files_sha256") != mlx_build.pr_files_id(ROOT):
         return f"{name} ran other PR tests than templates/ renders now"
     if not (rec.get("tests") or {}).get("per_test"):
