@@ -192,31 +192,44 @@ def logged_arm(log: Path, record: Path | None, data: dict[str, Any]) -> tuple[li
 def recorded_arm(record: Path, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The PR's arm from a ``patchkit build`` record ``record`` (read as ``data``): each
     method's verdict and the headers of its failing subtests, as the build's own run of the
-    file left them. The record keeps no times, and a method it calls failed is taken as run
-    to its end (the record lists the methods a deadline cut off as unfinished)."""
-    tests = data.get("tests") or {}
-    verdicts = tests.get("per_test") or {}
-    if not verdicts:
+    file left them, which must be of the patch this checkout holds (its build inputs and PR
+    tests). The record keeps no times. A method with a shard a deadline cut off is listed in
+    its ``cut_off``; a record without that list says nothing of it, so its failed methods
+    are taken as cut off (their subtests not compared) rather than as run to the end."""
+    tests = data.get("tests")
+    verdicts = tests.get("per_test") if isinstance(tests, dict) else None
+    if not verdicts or not isinstance(verdicts, dict):
         raise SystemExit(f"--patched-record: {record} holds no run of {MODULE}.py (--no-test?)")
-    if unknown := sorted(set(verdicts.values()) - set(RECORDED_VERDICTS)):
+    if unknown := sorted(set(map(str, verdicts.values())) - set(RECORDED_VERDICTS)):
         raise SystemExit(f"--patched-record: {record} has verdicts {', '.join(unknown)}")
+    have, want = data.get("patch") or {}, series()
+    for key in ("build_inputs_sha256", "pr_files_sha256") if want else ():
+        if have.get(key) != want[key]:
+            raise SystemExit(f"--patched-record: {record} is of another patch than this "
+                             f"checkout's ({key} {str(have.get(key))[:16]}, "
+                             f"not {want[key][:16]})")  # fmt: skip
     subtests = tests.get("failing_subtests") or {}
+    cut = tests.get("cut_off")
     arm = {}
     for method, verdict in verdicts.items():
         arm[method] = {"verdict": RECORDED_VERDICTS[verdict], "seconds": None,
                        "problems": list(subtests.get(method, [])), "sections": 1,
                        "skipped_sections": int(verdict == "skipped")}  # fmt: skip
-        if verdict == "unfinished":
+        if verdict == "unfinished" or (method in cut if cut is not None else verdict == "failed"):
             arm[method]["cut_off"] = True
     return arm
 
 
-def build_record(path: Path) -> dict[str, Any]:
-    """A ``patchkit build`` record, read once; missing or not JSON is a one-line exit."""
+def build_record(path: Path, option: str) -> dict[str, Any]:
+    """A ``patchkit build`` record, read once; missing, not JSON or not a record (an
+    object) is a one-line exit naming ``option``, the one that gave it."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"--only-failed-in: cannot read {path}: {exc}") from None
+        raise SystemExit(f"{option}: cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"{option}: {path} is not a patchkit build record")
+    return data
 
 
 def failed_in(record: dict[str, Any]) -> list[str]:
@@ -341,6 +354,7 @@ def main() -> None:
     a = parser.parse_args()
     command = generic_command(sys.argv[1:])
     parsed: dict[str, dict] = {}  # arms given whole, not as a run's output
+    named = list(a.only) if a.cmd != "report" else []  # --only's own, before the failed
     if a.cmd == "report":  # the comparison re-derived from the per-method verdicts kept
         data = json.loads(Path(a.json).read_text())
         data.update(compare(data["arms"]))
@@ -360,7 +374,8 @@ def main() -> None:
         mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in arms.items()}
         hw: dict[str, Any] | None = hardware()
         tests, how, logged = a.tests / f"{MODULE}.py", None, None
-        record = {} if a.only_failed_in is None else build_record(a.only_failed_in)
+        given = "--patched-record" if a.patched_record is not None else "--only-failed-in"
+        record = {} if a.only_failed_in is None else build_record(a.only_failed_in, given)
         if a.patched_record is not None:
             parsed["pr"] = recorded_arm(a.patched_record, record)
             mlx["pr"] = record.get("mlx_version") or "unknown"
@@ -390,6 +405,9 @@ def main() -> None:
         tests, how = a.test_file, a.how
     methods = methods_of(tests)
     if unknown := sorted(set(a.only) - set(methods)):
+        if not set(unknown) <= set(named):  # the record's failures: another file's build
+            raise SystemExit(f"{a.only_failed_in} failed {', '.join(unknown)}, which {tests} "
+                             "does not define: not the build of this test file")  # fmt: skip
         raise SystemExit(f"--only: {tests} has no test method {', '.join(unknown)}")
     from_build = getattr(a, "only_failed_in", None) is not None
     selected = a.only or ([] if from_build else methods)

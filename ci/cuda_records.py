@@ -47,8 +47,9 @@ of one patch can be made in two runs on hosts lent for a bounded time, e.g. ``--
 --only ncu``, then ``--skip speed --skip ncu``. ``--only tests`` runs the tests beside stock
 with the PR's arm taken from the committed ``build-cuda`` record (``bench/mlx_tests.py
 --patched-record``), which must be of this checkout's build inputs and PR tests and hold
-its run of MLX's test file: so ``--only controls --only tests`` makes the two pages that a
-run cut off after its build record leaves, without MLX's test file run on a build again.
+its run of MLX's test file: so once the ``build-cuda`` record of a run cut off after it is
+copied from that run's folder into ``docs/results``, ``--only controls --only tests``
+makes the two pages it left, without MLX's test file run on a build again.
 """
 
 from __future__ import annotations
@@ -174,9 +175,10 @@ def committed(file: str) -> tuple[str, dict[str, Any], str | None]:
     if not page.is_file():
         return name, {}, f"{name} does not exist"
     try:
-        return name, json.loads(page.read_text()), None
+        rec = json.loads(page.read_text())
     except ValueError:
         return name, {}, f"{name} is not JSON"
+    return (name, rec, None) if isinstance(rec, dict) else (name, {}, f"{name} is not a record")
 
 
 def other_inputs(name: str, have: dict[str, Any]) -> str | None:

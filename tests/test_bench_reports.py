@@ -526,6 +526,15 @@ def test_mlx_tests_tells_the_prs_own_failures_from_stocks(tmp_path) -> None:
     assert got["pr_failing_also_on_stock"] == 1 and got["pr_failing_only_on_pr"] == []
     assert got["pr_failing_not_compared"] == 1  # k=3: in the shard that never ended
     assert got["stock_failing_only_on_stock"] == 1  # test_new M=8: ended on the PR, passed
+    # A build record keeps that: the method failed, and it is listed as cut off.
+    from patchkit.carry import mlx_build
+
+    kept = mlx_build.method_results(half)
+    assert kept["per_test"]["test_a"] == "failed" and kept["unfinished"] == []
+    assert kept["cut_off"] == ["test_a"]
+    assert bench.recorded_arm(Path("r.json"), {"tests": kept, "patch": bench.series()})[
+        "test_a"
+    ].get("cut_off")
 
 
 def test_rebase_gate_page_shows_each_scenarios_seconds() -> None:
@@ -658,8 +667,11 @@ def test_mlx_tests_takes_the_prs_arm_from_its_builds_log(tmp_path: Path) -> None
 def test_mlx_tests_takes_the_prs_arm_from_its_builds_record(tmp_path: Path) -> None:
     """``--patched-record BUILD_JSON``: only stock runs, the methods the record's run failed
     and those named; the PR's arm is the record's verdicts and failing subtests, labelled
-    with its MLX and its GPU. A record without a test run, one of verdicts it does not
-    know, and another --only-failed-in are one-line errors."""
+    with its MLX and its GPU. A record of another patch, without a test run, of verdicts it
+    does not know, not a record at all or missing, and another --only-failed-in are
+    one-line errors; a record that does not list the methods a deadline cut off has its
+    failed ones counted as cut off."""
+    bench = load_script("bench/mlx_tests.py")
     (tmp_path / "test_quantized.py").write_text(
         "import unittest\n\nclass T(unittest.TestCase):\n    def test_a(self):\n"
         "        self.assertEqual(1, 2)\n\n    def test_b(self):\n        pass\n\n"
@@ -668,8 +680,9 @@ def test_mlx_tests_takes_the_prs_arm_from_its_builds_record(tmp_path: Path) -> N
     record = tmp_path / "build-cuda.json"
     header = "FAIL: test_a (test_quantized.TestQuantized.test_a) (k=1)"
     tests = {"per_test": {"test_a": "failed", "test_b": "passed", "test_c": "skipped"},
-             "failing_subtests": {"test_a": [header]}}  # fmt: skip
-    built = {"mlx_version": "0.32.1+patchkit.abc", "machine": {"gpu": "GPU X"}, "tests": tests}
+             "failing_subtests": {"test_a": [header]}, "cut_off": []}  # fmt: skip
+    built = {"mlx_version": "0.32.1+patchkit.abc", "machine": {"gpu": "GPU X"}, "tests": tests,
+             "patch": bench.series()}  # fmt: skip
     record.write_text(json.dumps(built))
 
     def run(*extra: str) -> subprocess.CompletedProcess:
@@ -698,13 +711,35 @@ def test_mlx_tests_takes_the_prs_arm_from_its_builds_record(tmp_path: Path) -> N
     md = (tmp_path / "t.md").read_text()
     assert "as its record (build-cuda.json, on GPU X) keeps it, not run again" in md
     assert "--patched-record build-cuda.json" in data["command"]
-    # Controls: a build without tests, an unknown verdict, a second record.
+    assert data["stock_failing_not_compared"] == 0
+    # A record that does not list what a deadline cut off: its failure is not compared.
+    record.write_text(json.dumps({**built, "tests": {**tests, "cut_off": None}}))
+    assert run("--only", "test_b").returncode == 0
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["arms"]["pr"]["test_a"]["cut_off"] is True
+    assert "cut_off" not in data["arms"]["pr"]["test_b"]
+    assert data["stock_failing_not_compared"] == 1
+    # Controls: another patch's record, a build without tests, an unknown verdict, not a
+    # record, no file, a second record.
+    stale = {**built["patch"], "build_inputs_sha256": "0" * 64}
+    record.write_text(json.dumps({**built, "patch": stale}))
+    done = run()
+    assert done.returncode != 0 and "is of another patch than this checkout's" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
     record.write_text(json.dumps({**built, "tests": None}))
     done = run()
     assert done.returncode != 0 and "holds no run of test_quantized.py" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+    record.write_text("[1, 2]")
+    done = run()
+    assert done.stderr.strip() == f"--patched-record: {record} is not a patchkit build record"
+    record.unlink()
+    assert run().stderr.startswith(f"--patched-record: cannot read {record}: ")
     record.write_text(json.dumps({**built, "tests": {"per_test": {"test_a": "flaky"}}}))
     assert "has verdicts flaky" in run().stderr
+    record.write_text(json.dumps({**built, "tests": {**tests, "per_test": {"test_z": "failed"}}}))
+    done = run()
+    assert done.stderr.strip().endswith("does not define: not the build of this test file")
     record.write_text(json.dumps(built))
     done = run("--only-failed-in", str(tmp_path / "other.json"))
     assert done.returncode != 0 and "is the --only-failed-in one" in done.stderr

@@ -330,7 +330,8 @@ def test_only_tests_compares_the_committed_build_record_with_stock(
                "tests": {"per_test": {"test_qmv": "passed"}}}  # fmt: skip
     argv = ["--only", "tests", "--only", "controls", "--stock", "python3"]
     # Refused, with the reason, while the record cannot be the PR's arm.
-    for record, why in (("old", "is not JSON"), ({**current, "tests": None}, "no run of MLX's"),
+    for record, why in (("old", "is not JSON"), ("[]", "is not a record"),
+                        ({**current, "tests": None}, "no run of MLX's"),
                         ({**current, "patch": {}}, "is of build inputs None")):  # fmt: skip
         (dest / "build-cuda.json").write_text(record if isinstance(record, str) else
                                               json.dumps(record))  # fmt: skip

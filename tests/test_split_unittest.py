@@ -119,6 +119,7 @@ def test_a_deadline_stops_a_run_and_names_what_it_left(tmp_path: Path) -> None:
     assert done.returncode == 1 and lines[-1] == "FAILED (unfinished=2)", done.stdout
     results = mlx_build.method_results(lines)
     assert results["unfinished"] == ["test_a_sleeps", "test_b_would_pass"]
+    assert results["cut_off"] == ["test_a_sleeps", "test_b_would_pass"]
     assert mlx_build.unittest_counts(lines)["ran"] == 0
     line = mlx_build.tests_line({"file": "t.py", **mlx_build.unittest_counts(lines), **results})
     assert "2 not finished in the time given: test_a_sleeps, test_b_would_pass" in line
@@ -129,6 +130,7 @@ def test_a_deadline_stops_a_run_and_names_what_it_left(tmp_path: Path) -> None:
         "per_test": {"test_a_sleeps": "passed", "test_b_would_pass": "passed"},
         "failing_subtests": {},
         "unfinished": [],
+        "cut_off": [],
     }
 
 

@@ -792,7 +792,8 @@ def unittest_counts(lines: list[str]) -> dict[str, int]:
 
 def method_results(lines: list[str]) -> dict[str, Any]:
     """The record's per-method view of a split run: each method's verdict, the headers
-    of its failing subtests, and the methods a deadline left unfinished."""
+    of its failing subtests, the methods a deadline left unfinished, and those with a
+    shard it cut off (``cut_off``; a failed one's other subtests never ran)."""
     methods = split_unittest.parse_output(lines)
     words = {"ok": "passed", "FAILED": "failed", "UNFINISHED": "unfinished"}
 
@@ -806,6 +807,7 @@ def method_results(lines: list[str]) -> dict[str, Any]:
         "per_test": {name: verdict(m) for name, m in methods.items()},
         "failing_subtests": {n: m["problems"] for n, m in methods.items() if m["problems"]},
         "unfinished": [n for n, m in methods.items() if m["verdict"] == "UNFINISHED"],
+        "cut_off": [n for n, m in methods.items() if m.get("cut_off")],
     }
 
 
