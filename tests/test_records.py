@@ -46,6 +46,21 @@ def test_record_is_of_the_current_patch_series(record: Path) -> None:
         )
 
 
+def test_cuda_tests_page_compares_the_committed_cuda_build() -> None:
+    """``cuda-tests.json`` takes its PR arm from a build's own test run (its log or its
+    record): that build is the one ``build-cuda.json`` records, not an earlier one."""
+    tests, build = RESULTS / "cuda-tests.json", RESULTS / "build-cuda.json"
+    if not tests.exists() or not build.exists():
+        pytest.skip("no CUDA tests page or build record committed")
+    rec, built = json.loads(tests.read_text()), json.loads(build.read_text())
+    if not (rec.get("patched_log") or rec.get("patched_record")):
+        pytest.skip("cuda-tests.json ran the PR's arm itself")
+    assert rec["mlx"]["pr"] == built["mlx_version"], (
+        "cuda-tests.json compared another build than build-cuda.json records: rerun "
+        "ci/cuda_records.py (--only tests for the committed build record)"
+    )
+
+
 def _copy_patches(tmp_path: Path) -> Path:
     copy = tmp_path / "patches" / SHORT
     shutil.copytree(ROOT / "patches" / SHORT, copy)
