@@ -92,8 +92,8 @@ def side_by_side(
     """Per arm and method: verdict, seconds, failing subtests; and the comparison. A method
     of ``methods`` an output does not end is ``UNFINISHED`` there (its run was cut off).
     ``parsed`` holds arms already in that form (a build record's, :func:`recorded_arm`)."""
-    ran = {name: parse_output(lines) for name, lines in outputs.items()} | (parsed or {})
-    arms = {name: {m: r for m, r in got.items() if m in methods} for name, got in ran.items()}
+    every = {name: parse_output(lines) for name, lines in outputs.items()} | (parsed or {})
+    arms = {name: {m: r for m, r in got.items() if m in methods} for name, got in every.items()}
     for ran in arms.values():
         for m in methods:
             ran.setdefault(m, {"verdict": "UNFINISHED", "seconds": None, "problems": []})
