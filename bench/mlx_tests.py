@@ -391,7 +391,6 @@ def main() -> None:
         a.only = list(dict.fromkeys([*a.only, *failed]))  # named first, then the failed
         if a.only_failed_in is not None and not a.only:  # nothing failed: nothing to rerun
             outputs: dict[str, list[str]] = {name: [] for name in arms}
-            parsed = {name: {} for name in parsed}
         else:
             outputs = run_arms(arms, a.tests, a.jobs, a.deadline_s, a.shards, a.only)
         if logged is not None:
