@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from patchkit.carry import mlx_build, pin  # noqa: E402
 from patchkit.errors import UserError  # noqa: E402
-from patchkit.util import proc  # noqa: E402
+from patchkit.util import proc, split_unittest  # noqa: E402
 
 CONTROL_DIFF = ROOT / "ci" / "controls" / "cuda-qmv.diff"
 PR_TEST = "test_quantized.TestQuantized.test_qmv_tensor_cores_match_single_vector"
@@ -121,6 +121,23 @@ def control_env(copy: Path, switch: str) -> dict[str, str]:
     return env
 
 
+def run_test(layout: mlx_build.Layout, env: dict[str, str]) -> split_unittest.MethodRun:
+    """The PR's test on the control build, judged by unittest's own summary and failure
+    lines as MLX's test runs are (:mod:`patchkit.util.split_unittest`): not by the exit
+    code, which MLX's CUDA backend can turn into an abort after the summary, while the
+    process tears down (see :func:`patchkit.verify.mlx_parity.exit_without_teardown`)."""
+    argv = [str(layout.python), "-m", "unittest", "-f", PR_TEST]
+    print("+", " ".join(argv), flush=True)
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=layout.worktree / "python" / "tests", env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          check=False)  # fmt: skip
+    print(done.stdout, end="", flush=True)
+    return split_unittest.MethodRun(
+        PR_TEST, done.returncode, time.monotonic() - started, done.stdout.splitlines()
+    )
+
+
 def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict[str, Any]:
     """Parity and the PR's test on the control build with one switch."""
     env = control_env(copy, switch)
@@ -131,8 +148,7 @@ def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict
     parity = json.loads(report.read_text()) if report.exists() else {}
     by_m = [m for r in parity.get("rows", []) for m in r.get("by_m", [])]
     graph_only = sum(m.get("graph_only_differing", 0) for m in by_m)
-    test = run([str(layout.python), "-m", "unittest", "-f", PR_TEST],
-               layout.worktree / "python" / "tests", env)  # fmt: skip
+    test = run_test(layout, env)
     return {
         "switch": switch,
         "parity_exit": code,
@@ -141,7 +157,7 @@ def check(layout: mlx_build.Layout, copy: Path, switch: str, work: Path) -> dict
         "graph_only_differing": graph_only,
         "eager_differing": (parity.get("rows_differing") or 0) - graph_only,
         "differing_by_path": parity.get("rows_differing_by_path"),
-        "pr_test_failed": test != 0,
+        "pr_test_failed": test.verdict() != "ok",
         "seconds": round(time.monotonic() - started, 1),
     }
 

@@ -197,3 +197,32 @@ def test_each_sanitizer_run_checks_the_kernel_alone(tmp_path: Path) -> None:
         assert argv[argv.index("--kernel-name") + 1] == "kns=qmv_mma_kernel"
         assert result["kernel_only"] and result["summary"] == int(count)
         assert controls.sanitizer_verdict(result) is ok
+
+
+_PR_TEST_FILE = """
+import atexit, os, unittest
+
+class TestQuantized(unittest.TestCase):
+    def test_qmv_tensor_cores_match_single_vector(self):
+        self.assertEqual({value}, 1)
+
+atexit.register(os.abort)  # a teardown that aborts after unittest's summary
+"""
+
+
+@pytest.mark.parametrize(("value", "failed"), [(1, False), (2, True)])
+def test_the_pr_test_is_judged_by_its_summary_not_an_abort_at_teardown(
+    tmp_path: Path, value: int, failed: bool
+) -> None:
+    """MLX's CUDA backend can abort while a process tears down, after unittest's summary:
+    a passing PR test must still read as passing, and a failing one as failing."""
+    import sys
+    from types import SimpleNamespace
+
+    tests = tmp_path / "python" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_quantized.py").write_text(_PR_TEST_FILE.format(value=value))
+    layout = SimpleNamespace(python=Path(sys.executable), worktree=tmp_path)
+    run = _controls().run_test(layout, {"PATH": "/usr/bin:/bin"})
+    assert run.returncode < 0  # the abort: an exit-code verdict would call both failed
+    assert (run.verdict() != "ok") is failed

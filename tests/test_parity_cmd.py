@@ -251,3 +251,27 @@ def test_the_module_run_narrows_like_patchkit_parity(tmp_path: Path, monkeypatch
     assert mlx_parity.main(["--out", str(out)]) == 0
     assert len(seen[1]) > len(seen[0])  # control: unnarrowed, more
     assert mlx_parity.main(["--out", str(out), "--mode", "nonesuch"]) == 2
+
+
+@pytest.mark.parametrize(("ending", "teardown_ran"), [
+    ("mlx_parity.exit_without_teardown(3)", False),
+    ("raise SystemExit(3)", True),  # control: the usual exit runs the teardown
+])  # fmt: skip
+def test_parity_ends_without_the_teardown_that_can_abort(ending: str, teardown_ran: bool) -> None:
+    """The verdict's exit code and output survive a teardown that would abort (MLX's CUDA
+    backend at driver unload): ``python -m patchkit.verify.mlx_parity`` skips it."""
+    import subprocess
+    import sys
+
+    program = (
+        "import atexit, os, sys\n"
+        "from patchkit.verify import mlx_parity\n"
+        "atexit.register(lambda: (print('teardown', flush=True), os.abort()))\n"
+        "print('verdict')\n"
+        f"{ending}\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], check=False)  # fmt: skip
+    assert "verdict" in done.stdout
+    assert ("teardown" in done.stdout) is teardown_ran
+    assert done.returncode == (-6 if teardown_ran else 3)

@@ -548,5 +548,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report["identical"] else 1
 
 
+def exit_without_teardown(code: int) -> None:
+    """End the process with ``code`` once its output is out, skipping interpreter teardown.
+
+    MLX's CUDA backend can abort after the verdict, while the process tears down: a
+    ``CudaHandle`` destructor throws ("driver shutting down") once the CUDA runtime has
+    unloaded (ml-explore/mlx#4531, more often when another process shares the GPU). The
+    verdict is complete and written by then; the abort would make it read as a crash.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_without_teardown(main())
