@@ -55,10 +55,12 @@ makes the two pages it left, without MLX's test file run on a build again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -261,6 +263,20 @@ def publish(files: list[Path], dest: Path) -> None:
         txn.commit()
 
 
+def stop(child: subprocess.Popen) -> None:
+    """End a step that runs beside the others, with its process group: SIGTERM (the tests'
+    runner then kills its methods, which run in groups of their own), SIGKILL if that does
+    not end it within 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
+    try:
+        child.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stock", required=True, help="stock MLX: PYTHON[:SITE], as bench/mlx_qmv.py")
@@ -329,8 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             if s.alongside:
                 log = out / (s.name.replace(" ", "-") + ".log")
                 with log.open("w") as output:
+                    # Its own process group, so that stopping it reaches its children.
                     beside.append((s, subprocess.Popen(s.argv, cwd=ROOT, stdout=output,
-                                                       stderr=subprocess.STDOUT)))  # fmt: skip
+                                                       stderr=subprocess.STDOUT,
+                                                       start_new_session=True)))  # fmt: skip
                 print(f"cuda_records: {s.name} runs beside the steps after it; output: {log}")
                 continue
             started = time.monotonic()
@@ -345,8 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # a run that stops leaves nothing of its own running
         for _, child in beside:
             if child.poll() is None:
-                child.terminate()
-                child.wait()
+                stop(child)
     publish(records, RESULTS)
     print(f"cuda_records: records copied into {os.path.relpath(RESULTS, ROOT)}; runs kept in {out}")
     if failures:

@@ -195,10 +195,13 @@ def test_the_tests_step_runs_beside_the_controls_and_is_waited_for(
 
 def test_a_failing_step_stops_what_runs_beside_it(results, tmp_path: Path, monkeypatch) -> None:
     """The controls fail while the tests step still runs: the run ends (2), copies nothing
-    and leaves no process of its own running."""
+    and leaves no process of its own running, the tests step's children included."""
     records, dest = results
-    pid = tmp_path / "pid"
-    write_pid = f"import os\npathlib.Path({str(pid)!r}).write_text(str(os.getpid()))"
+    pid, child = tmp_path / "pid", tmp_path / "child"
+    write_pid = (f"import os, subprocess\nc = subprocess.Popen([sys.executable, '-c', "
+                 f"'import time; time.sleep(60)'])\n"
+                 f"pathlib.Path({str(child)!r}).write_text(str(c.pid))\n"
+                 f"pathlib.Path({str(pid)!r}).write_text(str(os.getpid()))")  # fmt: skip
     before = {"tests beside stock": write_pid + "\ntime.sleep(60)",
               "controls": f"p = pathlib.Path({str(pid)!r})\nend = time.time() + 20\n"
               "while not p.exists() and time.time() < end: time.sleep(0.05)"}  # fmt: skip
@@ -210,6 +213,15 @@ def test_a_failing_step_stops_what_runs_beside_it(results, tmp_path: Path, monke
     assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid.read_text()), 0)
+    grandchild = int(child.read_text())  # reparented to init once its parent died
+    for _ in range(40):
+        stat = Path(f"/proc/{grandchild}/stat")
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(grandchild, 9)
+        raise AssertionError("the tests step's child outlived the run")
 
 
 def _current_speed_page(records, dest: Path, inputs: str | None = None) -> None:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+import pytest
 
 from patchkit.carry import mlx_build
 from patchkit.util import split_unittest
@@ -132,6 +136,60 @@ def test_a_deadline_stops_a_run_and_names_what_it_left(tmp_path: Path) -> None:
         "unfinished": [],
         "cut_off": [],
     }
+
+
+SLEEPER = """
+import os, time, unittest
+from pathlib import Path
+
+class TestSleeper(unittest.TestCase):
+    def test_sleeps(self):
+        Path("sleeper.pid").write_text(str(os.getpid()))
+        time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, not yet reaped by init, counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize(("sent", "left_running"), [
+    (signal.SIGTERM, False),
+    (signal.SIGKILL, True),  # control: no handler runs, and the method's process survives
+])  # fmt: skip
+def test_a_terminated_run_leaves_no_method_running(
+    tmp_path: Path, sent: signal.Signals, left_running: bool
+) -> None:
+    """A method runs in its own process group, which the run's process group does not
+    reach: SIGTERM to the run must still end it (a records run stopping its tests)."""
+    (tmp_path / "test_sleeper.py").write_text(SLEEPER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "patchkit.util.split_unittest", "test_sleeper", "--jobs", "1"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    pid_file = tmp_path / "sleeper.pid"
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    sleeper = int(pid_file.read_text())
+    try:
+        run.send_signal(sent)
+        assert run.wait(timeout=10) == (128 + sent if sent == signal.SIGTERM else -sent)
+        for _ in range(40):
+            if not _alive(sleeper):
+                break
+            time.sleep(0.05)
+        assert _alive(sleeper) is left_running
+    finally:
+        if _alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
 
 
 def test_method_results_name_each_failing_subtest(tmp_path: Path) -> None:

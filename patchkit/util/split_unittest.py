@@ -40,6 +40,7 @@ indented, under a line naming it. Exit 0 when every method passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import math
@@ -49,6 +50,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import unittest
 from collections.abc import Iterable, Iterator
@@ -238,6 +240,25 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(count)] if out.returncode == 0 else []
 
 
+# The method processes running now (each leads its own process group), so that a SIGTERM
+# stops them too: they are in other sessions than this one, so only this process can.
+_running: set[int] = set()
+_running_lock = threading.Lock()
+_stopping = False
+
+
+def stop_running(signum: int, _frame: object) -> None:
+    """SIGTERM's handler: kill every method's process group, then end. Without it a
+    terminated run would leave its methods (and their compilers) running on the host."""
+    global _stopping
+    with _running_lock:
+        _stopping = True
+        for pid in _running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    os._exit(128 + signum)
+
+
 def run_method(
     test_id: str,
     shard: tuple[int, int] | None,
@@ -269,10 +290,15 @@ def run_method(
         if shard
         else [sys.executable, "-m", "unittest", "-v", test_id]
     )  # fmt: skip
-    with subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    ) as child:  # fmt: skip
+    with _running_lock:
+        if _stopping:
+            return MethodRun(test_id, None, 0.0, [], shard)
+        child = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        _running.add(child.pid)
+    with child:
         try:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             out, _ = child.communicate(timeout=remaining)
@@ -281,6 +307,9 @@ def run_method(
             os.killpg(child.pid, signal.SIGKILL)
             out, _ = child.communicate()
             code = None
+        finally:
+            with _running_lock:
+                _running.discard(child.pid)
     if folder is not None and cache_root is not None:
         if code is not None and code >= 0:
             jit_pool.publish(folder, cache_root / POOL)
@@ -430,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jit-memory-gib", type=float, default=JIT_MEMORY_GIB,
                         help="with --cache-root: GiB a process may take (0: no limit)")  # fmt: skip
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, stop_running)
     if args.shards < 1:
         parser.error("--shards must be at least 1")
     sys.path.insert(0, os.getcwd())
