@@ -9,6 +9,7 @@ failures are stock's own.
   python3 bench/mlx_tests.py compare --stock STOCK.log --patched PATCHED.log \\
       --stock-mlx VERSION --patched-mlx VERSION --json mlx_tests.json
   python3 bench/mlx_tests.py report mlx_tests.json
+  python3 bench/mlx_tests.py pr-tests --out DIR [--mlx-repo PATH]   # after patchkit apply
 
 Both arms run the same file (the PR's worktree's, so the PR's new tests run on stock too:
 MLX asks that new tests be shown failing on main) through ``patchkit.util.split_unittest``,
@@ -18,7 +19,8 @@ file (``patchkit build``'s log), and only stock runs, so the step needs half the
 and leaves the build alone (``ci/cuda_records.py`` runs it while another step rebuilds).
 ``--patched-record`` takes that arm from the build's record alone (the verdict of each
 method and the headers of its failing subtests, which the record keeps): a record already
-committed is compared with stock without building and running the file again.
+committed is compared with stock without building and running the file again; ``pr-tests``
+writes the file's folder from the branch ``patchkit apply`` left, so that needs no build.
 ``compare`` reads two outputs of that module made another way. Not a timed benchmark: the
 seconds are what each method took with whatever ran beside it.
 """
@@ -315,6 +317,19 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_pr_tests(out: Path, mlx_repo: str | None) -> None:
+    """``pr-tests``: the test folder both arms run, without building the PR: with
+    ``--patched-record`` only stock runs, so a committed record needs no build at all."""
+    from patchkit.carry import mlx_build
+    from patchkit.errors import UserError
+
+    try:
+        mlx_build.write_pr_tests(Path(__file__).resolve().parent.parent, out, mlx_repo)
+    except UserError as exc:
+        raise SystemExit(f"pr-tests: {exc}") from None
+    print(f"the PR's python/tests: {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -348,10 +363,17 @@ def main() -> None:
     c.add_argument("--test-file", required=True, type=Path, help="the file both arms ran")
     c.add_argument("--how", required=True, help="how the two outputs were made, in words")
     c.add_argument("--json", required=True)
+    t = sub.add_parser("pr-tests", help="MLX's python/tests with the PR's tests, from the "
+                       "branch `patchkit apply` left (no build): run's --tests")  # fmt: skip
+    t.add_argument("--out", required=True, type=Path, help="a new or empty folder")
+    t.add_argument("--mlx-repo", help="the MLX source `patchkit apply` cloned (default: its)")
     rep = sub.add_parser("report", help="the page of a run's JSON, its comparison re-derived")
     rep.add_argument("json")
     rep.add_argument("--md", type=Path, help="write the page there and the JSON back in place")
     a = parser.parse_args()
+    if a.cmd == "pr-tests":
+        write_pr_tests(a.out, a.mlx_repo)
+        return
     command = generic_command(sys.argv[1:])
     parsed: dict[str, dict] = {}  # arms given whole, not as a run's output
     named = list(a.only) if a.cmd != "report" else []  # --only's own, before the failed

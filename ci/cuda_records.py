@@ -49,7 +49,10 @@ with the PR's arm taken from the committed ``build-cuda`` record (``bench/mlx_te
 --patched-record``), which must be of this checkout's build inputs and PR tests and hold
 its run of MLX's test file: so once the ``build-cuda`` record of a run cut off after it is
 copied from that run's folder into ``docs/results``, ``--only controls --only tests``
-makes the two pages it left, without MLX's test file run on a build again.
+makes the two pages it left, without MLX's test file run on a build again. The tests
+beside stock then need no build of this run: their folder is the applied branch's
+(``bench/mlx_tests.py pr-tests``), so they start before the controls' build, and
+``--only tests`` alone builds nothing.
 """
 
 from __future__ import annotations
@@ -121,6 +124,10 @@ def steps(
     # the log's run of MLX's test file is its PR arm, and stock runs the same file.
     build_log, test_dir = build / "build.log", build / "tests"
     keep = ((layout.log, build_log), (layout.worktree / "python" / "tests", test_dir))
+    if pr_record is not None:  # the test folder from the applied branch: no build needed
+        keep = ()
+        pr_tests = [python, "bench/mlx_tests.py", "pr-tests", "--out", str(test_dir)]
+        plan.append(Step("pr tests", pr_tests, (test_dir / f"{mlx_build.TEST_FILE}.py",)))
     plan.append(Step("build", build_argv, (build / BUILD_RECORD, build / "build-cuda.md"),
                      (1,), keep=keep))  # fmt: skip
     runs = []
@@ -161,7 +168,11 @@ def steps(
     limit = cuda_controls.option_values(build_args, "--test-timeout")
     tests_argv += ["--deadline-s", limit[0]] if limit else []
     tests = (pages / "cuda-tests.json", pages / "cuda-tests.md")
-    plan.append(Step("tests beside stock", tests_argv, tests, alongside=True))
+    tests_step = Step("tests beside stock", tests_argv, tests, alongside=True)
+    if pr_record is None:
+        plan.append(tests_step)
+    else:  # against a committed record it needs no build of this run: it starts before it
+        plan.insert([s.name for s in plan].index("build"), tests_step)
     # Exit 1: a control came out otherwise than it must; the page says which.
     controls_argv = [python, "ci/cuda_controls.py", "--out", str(controls), *build_args]
     record = (controls / "cuda-controls.json", controls / "cuda-controls.md")
@@ -241,12 +252,6 @@ def ended(step: Step, code: int, out: Path, failures: list[str]) -> bool:
     return True
 
 
-def only_keep(build: Step, only: list[str]) -> tuple[tuple[Path, Path], ...]:
-    """What a test-less build (``--only``) still keeps: the PR's test file's folder, which
-    the tests beside stock run, when they are among the steps."""
-    return tuple((src, dst) for src, dst in build.keep if "tests" in only and dst.name == "tests")
-
-
 def publish(files: list[Path], dest: Path) -> None:
     """Install ``files`` into ``dest`` as one transaction (``patchkit.util.staging``, as
     ``patches/`` is written): a kill at any moment leaves the old records or the new ones,
@@ -312,11 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     plan = [s for s in steps(args.stock, out, build_args, sys.executable, pr_record)
             if s.name.split()[0] not in args.skip]  # fmt: skip
     if args.only:  # the build's record only names what the pages timed: not copied
-        plan = [s._replace(argv=[*s.argv, "--no-test"], keep=only_keep(s, args.only))
-                if s.name == "build" else s for s in plan
-                if s.name in ("apply", "build") or s.name.split()[0] in args.only]  # fmt: skip
+        built = set(args.only) != {"tests"}  # the tests need no build (a committed record)
+        plan = [s._replace(argv=[*s.argv, "--no-test"], keep=()) if s.name == "build" else s
+                for s in plan if s.name in ("apply", "pr tests") or s.name.split()[0] in args.only
+                or (s.name == "build" and built)]  # fmt: skip
     records = [p for s in plan for p in s.produces if p.parent != out / "bench"
-               and not (args.only and s.name == "build")]  # fmt: skip
+               and s.name != "pr tests" and not (args.only and s.name == "build")]  # fmt: skip
     # A missing profiler found before the build, not after it and the speed runs.
     if not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
         print("cuda_records: no Nsight Compute (ncu beside nvcc or on PATH) for the ncu "

@@ -1022,3 +1022,49 @@ def test_the_patchs_own_tests_start_first(project: dict[str, Path]) -> None:
     plan = mlx_build.plan(project["root"], backend="cpu")
     test = next(s for s in plan.steps if s.stage == "test")
     assert "--first" not in test.argv
+
+
+def test_pr_tests_folder_is_the_applied_branchs_without_a_build(
+    project: dict[str, Path], tmp_path: Path
+) -> None:
+    """What stock runs of the PR's tests: the applied branch's python/tests, written whole
+    into a new or empty folder; anything else is refused and left as it was."""
+    dest = tmp_path / "out" / "tests"
+    mlx_build.write_pr_tests(project["root"], dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["test_quantized.py"]
+    assert (dest / "test_quantized.py").read_text() == TESTS_PY
+    assert [p.name for p in dest.parent.iterdir()] == ["tests"]  # no staging left behind
+    (dest / "test_quantized.py").write_text("mine")
+    with pytest.raises(UserError, match="not a new or empty folder"):
+        mlx_build.write_pr_tests(project["root"], dest)
+    assert (dest / "test_quantized.py").read_text() == "mine"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    mlx_build.write_pr_tests(project["root"], empty)
+    assert (empty / "test_quantized.py").read_text() == TESTS_PY
+    assert not (mlx_build.layout("cpu", "x").base.exists())  # nothing built
+
+
+@pytest.mark.skipif(mlx_clone() is None, reason="needs a full MLX clone: set PATCHKIT_MLX_REPO")
+def test_pr_tests_folder_holds_the_prs_rendered_tests(tmp_path: Path) -> None:
+    """On MLX itself, after ``patchkit apply`` (of a copy of this checkout): the folder has
+    MLX's test files and the PR's tests rendered into test_quantized.py, as a build's
+    worktree has them (control: the pin's own file lacks them)."""
+    from patchkit.carry import pin
+
+    root = tmp_path / "checkout"
+    root.mkdir()
+    shutil.copyfile(ROOT / "pin.toml", root / "pin.toml")
+    for name in ("templates", "patches"):
+        shutil.copytree(ROOT / name, root / name)
+    p = pin.load(root / pin.PIN_FILE)
+    done = CliRunner().invoke(main, ["apply", "--pin", p.short, "--root", str(root),
+                                     "--mlx-repo", mlx_clone()])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    mlx_build.write_pr_tests(root, tmp_path / "tests", mlx_clone())
+    text = (tmp_path / "tests" / "test_quantized.py").read_text()
+    assert "def test_qmv_tensor_cores_match_single_vector" in text
+    clone = source.clone_dir(source.source_spec(mlx_clone(), p.url))
+    pinned = git.show_file(clone, p.commit, "python/tests/test_quantized.py")
+    assert "def test_qmv_tensor_cores_match_single_vector" not in pinned
+    assert (tmp_path / "tests" / "mlx_tests.py").is_file()

@@ -93,7 +93,9 @@ def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = "",
             if s.name == "build":
                 files.append(str(kept))
             code = (f"import sys, time, pathlib\n{(before or {}).get(s.name, '')}\n"
-                    f"for f in {files!r}: open(f, 'w').write('new {s.name}')\n"
+                    f"for f in map(pathlib.Path, {files!r}):\n"
+                    "    f.parent.mkdir(parents=True, exist_ok=True)\n"
+                    f"    f.write_text('new {s.name}')\n"
                     f"sys.exit({exits.get(s.name, 0)})")  # fmt: skip
             keep = tuple((kept, out_dir / "build" / dst.name) for _, dst in s.keep)
             beside = s.alongside and not in_turn
@@ -328,10 +330,10 @@ def test_only_makes_those_pages_on_a_build_without_tests(results, tmp_path: Path
 def test_only_tests_compares_the_committed_build_record_with_stock(
     results, tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    """``--only tests``: the build without MLX's tests, keeping the PR's test folder; the
-    tests beside stock take the PR's arm from the committed build record, which must be
-    of this checkout's build inputs and PR tests and hold a test run; only their page is
-    copied, the record stays as it was."""
+    """``--only tests``: the PR's test folder from the applied branch, no build; the tests
+    beside stock take the PR's arm from the committed build record, which must be of this
+    checkout's build inputs and PR tests and hold a test run, and start before any build
+    (the controls'); only their page is copied, the record stays as it was."""
     records, dest = results
     from patchkit.carry import mlx_build, pin
 
@@ -355,13 +357,21 @@ def test_only_tests_compares_the_committed_build_record_with_stock(
     kept = (dest / "build-cuda.json").read_text()
     assert records.main(["--plan", *argv]) == 0
     plan = capsys.readouterr().out
-    build = next(ln for ln in plan.splitlines() if "patchkit build" in ln)
-    tests = next(ln for ln in plan.splitlines() if "bench/mlx_tests.py" in ln)
-    assert build.endswith("--no-test") and "ci/cuda_controls.py" in plan
-    assert f"--patched-record {dest / 'build-cuda.json'}" in tests
-    assert "--patched-log" not in tests and "--only-failed-in" not in tests
-    assert "# then keep: " in plan and "build.log ->" not in plan  # the tests' folder only
+    lines = plan.splitlines()
+    build = next(i for i, ln in enumerate(lines) if "patchkit build" in ln)
+    pr_tests = next(i for i, ln in enumerate(lines) if "bench/mlx_tests.py pr-tests" in ln)
+    tests = next(i for i, ln in enumerate(lines) if "bench/mlx_tests.py run" in ln)
+    assert lines[build].endswith("--no-test") and "ci/cuda_controls.py" in plan
+    assert pr_tests < tests < build  # the folder, then the tests, then the controls' build
+    assert lines[pr_tests].endswith(f"--out {lines[tests].split('--tests ')[1].split()[0]}")
+    assert f"--patched-record {dest / 'build-cuda.json'}" in lines[tests]
+    assert "--patched-log" not in lines[tests] and "--only-failed-in" not in lines[tests]
+    assert "# then keep: " not in plan  # nothing of the build: its tests' folder not needed
     assert "# then: copy cuda-tests.json, cuda-tests.md, cuda-controls.json, " in plan
+    # The tests alone build nothing.
+    assert records.main(["--plan", "--only", "tests", "--stock", "python3"]) == 0
+    alone = capsys.readouterr().out
+    assert "patchkit build" not in alone and "bench/mlx_tests.py pr-tests" in alone
     # Control: without --only tests, the run's own build is the PR's arm again.
     full = records.steps("python3", tmp_path / "o", [], sys.executable)
     assert "--patched-log" in next(s for s in full if s.name == "tests beside stock").argv
@@ -374,7 +384,7 @@ def test_only_tests_compares_the_committed_build_record_with_stock(
     ]  # fmt: skip
     assert (dest / "build-cuda.json").read_text() == kept
     assert (dest / "cuda-tests.json").read_text() == "new tests beside stock"
-    assert (out / "build" / "tests").is_file()  # kept from the test-less build
+    assert (out / "build" / "tests" / "test_quantized.py").read_text() == "new pr tests"
 
 
 def test_only_and_skip_together_are_a_one_line_error(results, capsys) -> None:

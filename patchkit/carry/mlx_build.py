@@ -27,6 +27,7 @@ every command's output in one log, and :func:`record` is the build record
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import platform
@@ -36,6 +37,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import tomllib
@@ -286,6 +288,48 @@ PTH_WRITER = (
 )
 
 
+def applied(
+    root: Path, mlx_repo: str | None = None, cache: Path | None = None
+) -> tuple[pin.Pin, Path, str]:
+    """The pin, the cached clone and the head of its ``patchkit/<pin>`` branch, which must
+    hold this checkout's series: what ``patchkit apply`` left for a build."""
+    p = pin.load(root / pin.PIN_FILE)
+    clone = source.clone_dir(source.source_spec(mlx_repo, p.url), cache)
+    branch = BRANCH_PREFIX + p.short
+    if not clone.exists() or (head := git.try_rev_parse(clone, branch)) is None:
+        raise UserError(f"no branch {branch} in the cached clone; run `patchkit apply` first")
+    if git.format_patch_text(clone, p.commit, head) != series_text(root, p.short):
+        raise UserError(
+            f"{branch} in the cached clone is not this checkout's patches/{p.short} "
+            "(another patch was applied there); run `patchkit apply` first"
+        )
+    return p, clone, head
+
+
+def write_pr_tests(
+    root: Path, dest: Path, mlx_repo: str | None = None, cache: Path | None = None
+) -> None:
+    """MLX's ``python/tests`` into ``dest`` (new or empty) as a build's worktree holds them:
+    the applied branch's tree with the PR's rendered test files. What stock MLX runs of
+    the PR's tests needs no build of the PR (``bench/mlx_tests.py --patched-record``)."""
+    _, clone, head = applied(root, mlx_repo, cache)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UserError(f"{dest} is not a new or empty folder")
+    tests = "python/tests"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Staged beside dest and renamed into place: a folder of tests is whole or absent.
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(git.archive(clone, head, [tests]))) as tar:
+            tar.extractall(tmp, filter="data")
+        for path, text in rendered_pr_files(root, clone, head).items():
+            if path.startswith(tests + "/"):
+                (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / path).write_text(text)
+        if dest.exists():
+            dest.rmdir()
+        (Path(tmp) / tests).rename(dest)
+
+
 def plan(
     root: Path,
     *,
@@ -309,16 +353,7 @@ def plan(
     backend = backend or detect_backend()
     if backend not in BACKENDS:
         raise UserError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
-    p = pin.load(root / pin.PIN_FILE)
-    clone = source.clone_dir(source.source_spec(mlx_repo, p.url), cache)
-    branch = BRANCH_PREFIX + p.short
-    if not clone.exists() or (head := git.try_rev_parse(clone, branch)) is None:
-        raise UserError(f"no branch {branch} in the cached clone; run `patchkit apply` first")
-    if git.format_patch_text(clone, p.commit, head) != series_text(root, p.short):
-        raise UserError(
-            f"{branch} in the cached clone is not this checkout's patches/{p.short} "
-            "(another patch was applied there); run `patchkit apply` first"
-        )
+    p, clone, head = applied(root, mlx_repo, cache)
     read = source.reader(clone, head)
     pr_files = rendered_pr_files(root, clone, head)
     tests_path = f"python/tests/{TEST_FILE}.py"
