@@ -27,7 +27,8 @@ to the CUDA templates needs all of them again, made in this order on one machine
    until the next ``patchkit build``, so nothing may time the build after it.
 
 BUILD OPTIONS (``--offline``, ``-j 16``, ``--test-timeout 600`` ...) go to ``patchkit
-build`` and the controls' build alike. Each step's files land in ``--out`` (default: a new
+build`` and the controls' build alike. The stock MLX must import and run on the GPU (the
+``mlx`` wheel with ``mlx-cuda``), which is checked before the first step. Each step's files land in ``--out`` (default: a new
 folder under the temporary directory; a given one must be new or empty, so that no
 earlier run's record passes for this one's). A step that produced no record stops the run and
 nothing is copied; otherwise the records are copied into ``docs/results`` together at the
@@ -268,6 +269,25 @@ def publish(files: list[Path], dest: Path) -> None:
         txn.commit()
 
 
+def stock_not_on_gpu(spec: str) -> str | None:
+    """Why the stock MLX ``spec`` (``PYTHON[:SITE]``) cannot be the pages' stock arm: it
+    does not import, or its default device is not the GPU; ``None`` when it is."""
+    python, site = [*spec.split(":", 1), ""][:2]
+    env = {**os.environ, **({"PYTHONPATH": site} if site else {})}
+    probe = "import mlx.core as mx; print(mx.__version__, mx.default_device())"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env,
+                              check=False, timeout=120)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {python}: {exc}"
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"does not import mlx.core ({last})"
+    if "gpu" not in done.stdout:
+        return f"MLX {done.stdout.strip()} does not run on the GPU (is mlx-cuda installed?)"
+    return None
+
+
 def stop(child: subprocess.Popen) -> None:
     """End a step that runs beside the others, with its process group: SIGTERM (the tests'
     runner then kills its methods, which run in groups of their own), SIGKILL if that does
@@ -327,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
         print("cuda_records: no Nsight Compute (ncu beside nvcc or on PATH) for the ncu "
               "step: put the CUDA toolkit's ncu on PATH", file=sys.stderr)  # fmt: skip
+        return 2
+    # A stock that does not run on the GPU (the mlx wheel without mlx-cuda), found before
+    # the build: its pages would compare the PR's CUDA build with MLX on the CPU.
+    stocked = any(s.name.split()[0] in ("speed", "ncu", "tests") for s in plan)
+    if not args.plan and stocked and (why := stock_not_on_gpu(args.stock)):
+        print(f"cuda_records: --stock {args.stock}: {why}", file=sys.stderr)
         return 2
     if args.plan:
         for kind in dict.fromkeys(args.skip):

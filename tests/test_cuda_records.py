@@ -116,6 +116,8 @@ def results(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(records, "RESULTS", dest)
     # The ncu step's profiler is looked for before anything runs: these runs have one.
     monkeypatch.setattr(records.proc, "cuda_tool", lambda name, given=None: f"/opt/cuda/{name}")
+    # And their stock runs on the GPU (its probe: test_a_stock_not_on_the_gpu_is_refused...).
+    monkeypatch.setattr(records, "stock_not_on_gpu", lambda spec: None)
     return records, dest
 
 
@@ -409,3 +411,34 @@ def test_no_profiler_stops_the_run_before_its_build(results, tmp_path: Path, mon
     # Control: a run that makes no ncu page needs none.
     assert records.main(["--only", "speed", "--stock", "python3", "--out",
                          str(tmp_path / "out2")]) == 0 and ran.exists()  # fmt: skip
+
+
+def _fake_python(folder: Path, output: str, code: int = 0) -> str:
+    """An interpreter that answers any program with ``output`` and exit ``code``."""
+    fake = folder / "python"
+    fake.write_text(f"#!/bin/sh\necho '{output}'\nexit {code}\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_a_stock_not_on_the_gpu_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The mlx wheel without mlx-cuda runs on the CPU: its pages would not be CUDA's."""
+    records = _records()
+    cpu = _fake_python(tmp_path, "0.32.1 Device(cpu, 0)")
+    assert "does not run on the GPU" in records.stock_not_on_gpu(cpu)
+    assert "does not import" in records.stock_not_on_gpu(
+        _fake_python(tmp_path, "ModuleNotFoundError: No module named 'mlx'", 1)
+    )
+    assert "cannot run" in records.stock_not_on_gpu(str(tmp_path / "missing"))
+    # Control: a stock on the GPU passes.
+    assert records.stock_not_on_gpu(_fake_python(tmp_path, "0.32.1 Device(gpu, 0)")) is None
+    # The run refuses it with one line before its first step (nothing is written).
+    monkeypatch.setattr(records.proc, "cuda_tool", lambda name, given=None: f"/opt/cuda/{name}")
+    cpu = _fake_python(tmp_path, "0.32.1 Device(cpu, 0)")
+    out = tmp_path / "out"
+    assert records.main(["--stock", cpu, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cuda_records: --stock {cpu}: MLX 0.32.1 Device(cpu, 0) does not")
+    assert err.count("\n") == 1 and not out.exists()  # no step made its folders
