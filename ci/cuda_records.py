@@ -28,12 +28,13 @@ to the CUDA templates needs all of them again, made in this order on one machine
 
 BUILD OPTIONS (``--offline``, ``-j 16``, ``--test-timeout 600`` ...) go to ``patchkit
 build`` and the controls' build alike. The stock MLX must import and run on the GPU (the
-``mlx`` wheel with ``mlx-cuda``), which is checked before the first step. Each step's files land in ``--out`` (default: a new
-folder under the temporary directory; a given one must be new or empty, so that no
-earlier run's record passes for this one's). A step that produced no record stops the run and
-nothing is copied; otherwise the records are copied into ``docs/results`` together at the
-end, also when a step recorded failures (failed MLX tests, differing rows, a control
-not as it must), which the exit status (1) and the last lines report.
+``mlx`` wheel with ``mlx-cuda``), which is checked before the first step. Each step's
+files land in ``--out`` (default: a new folder under the temporary directory; a given one
+must be new or empty, so that no earlier run's record passes for this one's). A step
+that produced no record stops the run and nothing is copied; otherwise the records are
+copied into ``docs/results`` together at the end, also when a step recorded failures
+(failed MLX tests, differing rows, a control not as it must), which the exit status (1)
+and the last lines report.
 
 ``--skip speed``, ``--skip ncu`` or ``--skip controls`` (repeatable) leaves out the steps
 of a page that is already of this checkout's build inputs (a run cut off after it, say): the
@@ -51,9 +52,8 @@ with the PR's arm taken from the committed ``build-cuda`` record (``bench/mlx_te
 its run of MLX's test file: so once the ``build-cuda`` record of a run cut off after it is
 copied from that run's folder into ``docs/results``, ``--only controls --only tests``
 makes the two pages it left, without MLX's test file run on a build again. The tests
-beside stock then need no build of this run: their folder is the applied branch's
-(``bench/mlx_tests.py pr-tests``), so they start before the controls' build, and
-``--only tests`` alone builds nothing.
+beside stock then need no build of this run (their folder is the applied branch's,
+``bench/mlx_tests.py pr-tests``), so ``--only tests`` alone builds nothing.
 """
 
 from __future__ import annotations
@@ -169,11 +169,10 @@ def steps(
     limit = cuda_controls.option_values(build_args, "--test-timeout")
     tests_argv += ["--deadline-s", limit[0]] if limit else []
     tests = (pages / "cuda-tests.json", pages / "cuda-tests.md")
-    tests_step = Step("tests beside stock", tests_argv, tests, alongside=True)
-    if pr_record is None:
-        plan.append(tests_step)
-    else:  # against a committed record it needs no build of this run: it starts before it
-        plan.insert([s.name for s in plan].index("build"), tests_step)
+    # After the build even where its folder comes from the applied branch: beside the
+    # build both would contend for the host's cores, beside the controls (a GPU step after
+    # a one-file rebuild) they cost the run no time.
+    plan.append(Step("tests beside stock", tests_argv, tests, alongside=True))
     # Exit 1: a control came out otherwise than it must; the page says which.
     controls_argv = [python, "ci/cuda_controls.py", "--out", str(controls), *build_args]
     record = (controls / "cuda-controls.json", controls / "cuda-controls.md")

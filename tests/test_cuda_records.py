@@ -334,8 +334,8 @@ def test_only_tests_compares_the_committed_build_record_with_stock(
 ) -> None:
     """``--only tests``: the PR's test folder from the applied branch, no build; the tests
     beside stock take the PR's arm from the committed build record, which must be of this
-    checkout's build inputs and PR tests and hold a test run, and start before any build
-    (the controls'); only their page is copied, the record stays as it was."""
+    checkout's build inputs and PR tests and hold a test run, and run beside the controls
+    (after their build); only their page is copied, the record stays as it was."""
     records, dest = results
     from patchkit.carry import mlx_build, pin
 
@@ -364,7 +364,8 @@ def test_only_tests_compares_the_committed_build_record_with_stock(
     pr_tests = next(i for i, ln in enumerate(lines) if "bench/mlx_tests.py pr-tests" in ln)
     tests = next(i for i, ln in enumerate(lines) if "bench/mlx_tests.py run" in ln)
     assert lines[build].endswith("--no-test") and "ci/cuda_controls.py" in plan
-    assert pr_tests < tests < build  # the folder, then the tests, then the controls' build
+    controls = next(i for i, ln in enumerate(lines) if "ci/cuda_controls.py" in ln)
+    assert pr_tests < build < tests < controls  # beside the controls, not the build
     assert lines[pr_tests].endswith(f"--out {lines[tests].split('--tests ')[1].split()[0]}")
     assert f"--patched-record {dest / 'build-cuda.json'}" in lines[tests]
     assert "--patched-log" not in lines[tests] and "--only-failed-in" not in lines[tests]
