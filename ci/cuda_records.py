@@ -279,12 +279,19 @@ def stock_not_on_gpu(spec: str) -> str | None:
                               check=False, timeout=120)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot run {python}: {exc}"
+    # Its line, not its exit status: MLX's CUDA backend can abort while the probe tears
+    # down (see patchkit.verify.mlx_parity.exit_without_teardown), after printing it.
+    if "Device(gpu" in done.stdout:
+        return None
     if done.returncode:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return f"does not import mlx.core ({last})"
-    if "gpu" not in done.stdout:
-        return f"MLX {done.stdout.strip()} does not run on the GPU (is mlx-cuda installed?)"
-    return None
+    return f"MLX {done.stdout.strip()} does not run on the GPU (is mlx-cuda installed?)"
+
+
+def end_by_signal(signum: int, _frame: object) -> None:
+    """A handler that ends the run as an exception would, running its clean-up."""
+    raise SystemExit(128 + signum)
 
 
 def stop(child: subprocess.Popen) -> None:
@@ -342,16 +349,20 @@ def main(argv: list[str] | None = None) -> int:
                 or (s.name == "build" and built)]  # fmt: skip
     records = [p for s in plan for p in s.produces if p.parent != out / "bench"
                and s.name != "pr tests" and not (args.only and s.name == "build")]  # fmt: skip
-    # A missing profiler found before the build, not after it and the speed runs.
-    if not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
-        print("cuda_records: no Nsight Compute (ncu beside nvcc or on PATH) for the ncu "
-              "step: put the CUDA toolkit's ncu on PATH", file=sys.stderr)  # fmt: skip
-        return 2
-    # A stock that does not run on the GPU (the mlx wheel without mlx-cuda), found before
-    # the build: its pages would compare the PR's CUDA build with MLX on the CPU.
+    # Found before the build, not after it and the speed runs: a missing profiler, and a
+    # stock that does not run on the GPU (the mlx wheel without mlx-cuda), whose pages
+    # would compare the PR's CUDA build with MLX on the CPU.
     stocked = any(s.name.split()[0] in ("speed", "ncu", "tests") for s in plan)
-    if not args.plan and stocked and (why := stock_not_on_gpu(args.stock)):
-        print(f"cuda_records: --stock {args.stock}: {why}", file=sys.stderr)
+    why = None
+    if not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
+        why = ("no Nsight Compute (ncu beside nvcc or on PATH) for the ncu step: put the "
+               "CUDA toolkit's ncu on PATH")  # fmt: skip
+    elif not args.plan and stocked and (stock_why := stock_not_on_gpu(args.stock)):
+        why = f"--stock {args.stock}: {stock_why}"
+    if why:
+        print(f"cuda_records: {why}", file=sys.stderr)
+        if not args.out:  # the temporary folder made for this run, still empty
+            out.rmdir()
         return 2
     if args.plan:
         for kind in dict.fromkeys(args.skip):
@@ -370,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         (out / d).mkdir(parents=True, exist_ok=True)
     failures: list[str] = []
     beside: list[tuple[Step, subprocess.Popen]] = []
+    # SIGTERM and SIGHUP (a time limit, a closed terminal) end the run through `finally`,
+    # as Ctrl-C does: the steps beside, in process groups of their own, are stopped too.
+    previous = {sig: signal.signal(sig, end_by_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for s in plan:
             print(f"cuda_records: {s.name}: {shlex.join(s.argv)}", flush=True)
@@ -395,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         for _, child in beside:
             if child.poll() is None:
                 stop(child)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     publish(records, RESULTS)
     print(f"cuda_records: records copied into {os.path.relpath(RESULTS, ROOT)}; runs kept in {out}")
     if failures:

@@ -217,15 +217,19 @@ def test_a_failing_step_stops_what_runs_beside_it(results, tmp_path: Path, monke
     assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid.read_text()), 0)
-    grandchild = int(child.read_text())  # reparented to init once its parent died
+    assert _gone(int(child.read_text())), "the tests step's child outlived the run"
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` ends within 2 s (a zombie not yet reaped counts as ended); one that
+    does not is killed, so that a failing test leaves nothing running."""
     for _ in range(40):
-        stat = Path(f"/proc/{grandchild}/stat")
+        stat = Path(f"/proc/{pid}/stat")
         if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            break
+            return True
         time.sleep(0.05)
-    else:
-        os.kill(grandchild, 9)
-        raise AssertionError("the tests step's child outlived the run")
+    os.kill(pid, 9)
+    return False
 
 
 def _current_speed_page(records, dest: Path, inputs: str | None = None) -> None:
@@ -433,8 +437,9 @@ def test_a_stock_not_on_the_gpu_is_refused_before_anything_runs(
         _fake_python(tmp_path, "ModuleNotFoundError: No module named 'mlx'", 1)
     )
     assert "cannot run" in records.stock_not_on_gpu(str(tmp_path / "missing"))
-    # Control: a stock on the GPU passes.
+    # Control: a stock on the GPU passes, also where its teardown aborts after the line.
     assert records.stock_not_on_gpu(_fake_python(tmp_path, "0.32.1 Device(gpu, 0)")) is None
+    assert records.stock_not_on_gpu(_fake_python(tmp_path, "0.32.1 Device(gpu, 0)", 134)) is None
     # The run refuses it with one line before its first step (nothing is written).
     monkeypatch.setattr(records.proc, "cuda_tool", lambda name, given=None: f"/opt/cuda/{name}")
     cpu = _fake_python(tmp_path, "0.32.1 Device(cpu, 0)")
@@ -443,3 +448,44 @@ def test_a_stock_not_on_the_gpu_is_refused_before_anything_runs(
     err = capsys.readouterr().err
     assert err.startswith(f"cuda_records: --stock {cpu}: MLX 0.32.1 Device(cpu, 0) does not")
     assert err.count("\n") == 1 and not out.exists()  # no step made its folders
+    # Without --out, the temporary folder made for the run is gone again.
+    monkeypatch.setattr(records.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    assert records.main(["--stock", cpu]) == 2
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_sigterm_ends_the_run_and_what_runs_beside_it(results, tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM (a time limit, ``kill``) ends the run as Ctrl-C does: the step beside, in a
+    process group of its own that a signal to the run's group does not reach, is stopped
+    with its children; nothing is copied; the handlers are the caller's again after."""
+    import signal
+    import threading
+
+    records, dest = results
+    pid, child = tmp_path / "pid", tmp_path / "child"
+    spawn = (f"import os, subprocess\nc = subprocess.Popen([sys.executable, '-c', "
+             f"'import time; time.sleep(60)'])\n"
+             f"pathlib.Path({str(child)!r}).write_text(str(c.pid))\n"
+             f"pathlib.Path({str(pid)!r}).write_text(str(os.getpid()))\n"
+             "time.sleep(60)")  # fmt: skip
+    before = {"tests beside stock": spawn, "controls": "time.sleep(60)"}
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}, before=before))
+
+    def terminate_once_started() -> None:
+        end = time.monotonic() + 20
+        while not (pid.exists() and pid.read_text()) and time.monotonic() < end:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    mine = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=terminate_once_started, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as ended:
+        records.main(["--stock", "python3", "--out", str(tmp_path / "out")])
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert time.monotonic() - start < 40  # not the steps' 60 s
+    assert signal.getsignal(signal.SIGTERM) is mine
+    assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
+    for process in (int(pid.read_text()), int(child.read_text())):
+        assert _gone(process), f"process {process} of the step beside outlived the run"

@@ -254,24 +254,26 @@ def test_the_module_run_narrows_like_patchkit_parity(tmp_path: Path, monkeypatch
 
 
 @pytest.mark.parametrize(("ending", "teardown_ran"), [
-    ("mlx_parity.exit_without_teardown(3)", False),
-    ("raise SystemExit(3)", True),  # control: the usual exit runs the teardown
+    ("runpy.run_module('patchkit.verify.mlx_parity', run_name='__main__')", False),
+    # control: the usual exit runs the teardown
+    ("sys.exit(__import__('patchkit.verify.mlx_parity').verify.mlx_parity.main())", True),
 ])  # fmt: skip
-def test_parity_ends_without_the_teardown_that_can_abort(ending: str, teardown_ran: bool) -> None:
-    """The verdict's exit code and output survive a teardown that would abort (MLX's CUDA
-    backend at driver unload): ``python -m patchkit.verify.mlx_parity`` skips it."""
+def test_parity_ends_without_the_teardown_that_can_abort(
+    tmp_path: Path, ending: str, teardown_ran: bool
+) -> None:
+    """``python -m patchkit.verify.mlx_parity`` keeps its exit code (2 here: nothing left
+    to compare) where the teardown would abort (MLX's CUDA backend at driver unload)."""
     import subprocess
     import sys
 
     program = (
-        "import atexit, os, sys\n"
-        "from patchkit.verify import mlx_parity\n"
+        "import atexit, os, runpy, sys\n"
         "atexit.register(lambda: (print('teardown', flush=True), os.abort()))\n"
-        "print('verdict')\n"
+        f"sys.argv = ['mlx_parity', '--out', {str(tmp_path / 'p.json')!r}, '--mode', 'none']\n"
         f"{ending}\n"
     )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1], check=False)  # fmt: skip
-    assert "verdict" in done.stdout
+    assert "no configuration left" in done.stderr
     assert ("teardown" in done.stdout) is teardown_ran
-    assert done.returncode == (-6 if teardown_ran else 3)
+    assert done.returncode == (-6 if teardown_ran else 2)

@@ -144,6 +144,8 @@ from pathlib import Path
 
 class TestSleeper(unittest.TestCase):
     def test_sleeps(self):
+        # A kernel module half written (no .txt beside it) when the run is stopped.
+        Path(os.environ["MLX_PTX_CACHE_DIR"], "mod.ptx").write_text("half")
         Path("sleeper.pid").write_text(str(os.getpid()))
         time.sleep(60)
 """
@@ -166,12 +168,15 @@ def test_a_terminated_run_leaves_no_method_running(
     tmp_path: Path, sent: signal.Signals, left_running: bool
 ) -> None:
     """A method runs in its own process group, which the run's process group does not
-    reach: SIGTERM to the run must still end it (a records run stopping its tests)."""
+    reach: SIGTERM to the run must still end it (a records run stopping its tests), and
+    the run ends as at a deadline: the method unfinished, its torn JIT module dropped."""
     (tmp_path / "test_sleeper.py").write_text(SLEEPER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cache = tmp_path / "ptx"
     run = subprocess.Popen(
-        [sys.executable, "-m", "patchkit.util.split_unittest", "test_sleeper", "--jobs", "1"],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "patchkit.util.split_unittest", "test_sleeper", "--jobs", "1",
+         "--cache-root", str(cache)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     pid_file = tmp_path / "sleeper.pid"
     for _ in range(200):
@@ -181,12 +186,24 @@ def test_a_terminated_run_leaves_no_method_running(
     sleeper = int(pid_file.read_text())
     try:
         run.send_signal(sent)
-        assert run.wait(timeout=10) == (128 + sent if sent == signal.SIGTERM else -sent)
+        out, _ = run.communicate(timeout=10)
+        assert run.returncode == (128 + sent if sent == signal.SIGTERM else -sent)
         for _ in range(40):
             if not _alive(sleeper):
                 break
             time.sleep(0.05)
         assert _alive(sleeper) is left_running
+        if not left_running:
+            lines = out.splitlines()
+            assert lines[-1] == "FAILED (unfinished=1)", out
+            assert (
+                "UNFINISHED: test_sleeps (test_sleeper.TestSleeper.test_sleeps) (stopped by "
+                "SIGTERM)" in lines
+            )
+            assert not (cache / "test_sleeps" / "mod.ptx").exists()  # dropped, not published
+            assert not list((cache / split_unittest.POOL).glob("*.ptx"))
+        else:  # control: killed outright, the run drops nothing (and the path is right)
+            assert (cache / "test_sleeps" / "mod.ptx").exists()
     finally:
         if _alive(sleeper):
             os.kill(sleeper, signal.SIGKILL)

@@ -34,7 +34,10 @@ many, so a slot per core can exhaust a host with less memory than that per core.
 The output ends in unittest's own form: the ``FAIL:``/``ERROR:`` headers of every
 method, one ``Ran N tests`` line and one ``OK``/``FAILED (...)`` tail summing the
 methods' tails, so it is parsed as one run. Each method's own output comes first,
-indented, under a line naming it. Exit 0 when every method passed, 1 otherwise.
+indented, under a line naming it. Exit 0 when every method passed, 1 otherwise; on
+SIGTERM, the running methods are killed (each in its own process group, which a signal
+to this one's group does not reach), none other starts, and the summary (those methods
+``UNFINISHED``) ends with exit 143.
 """
 
 from __future__ import annotations
@@ -247,16 +250,17 @@ _running_lock = threading.Lock()
 _stopping = False
 
 
-def stop_running(signum: int, _frame: object) -> None:
-    """SIGTERM's handler: kill every method's process group, then end. Without it a
-    terminated run would leave its methods (and their compilers) running on the host."""
+def stop_running(_signum: int, _frame: object) -> None:
+    """SIGTERM's handler: kill every method's process group and start no other. Without it
+    a terminated run would leave its methods (and their compilers) running on the host.
+    The killed methods end as a deadline's do (their torn JIT caches dropped, not
+    published), and the run ends with its summary and exit 143."""
     global _stopping
     with _running_lock:
         _stopping = True
         for pid in _running:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-    os._exit(128 + signum)
 
 
 def run_method(
@@ -310,6 +314,8 @@ def run_method(
         finally:
             with _running_lock:
                 _running.discard(child.pid)
+    if code is not None and code < 0 and _stopping:  # killed by stop_running: as a deadline
+        code = None
     if folder is not None and cache_root is not None:
         if code is not None and code >= 0:
             jit_pool.publish(folder, cache_root / POOL)
@@ -351,7 +357,8 @@ def summary(runs: list[MethodRun], seconds: float) -> list[str]:
             totals["errors"] += sum(p.startswith("ERROR:") for p in found)
         if not done:
             unfinished += 1
-            problems.append(f"UNFINISHED: {run.method} ({run.test_id}) (the deadline came first)")
+            why = "stopped by SIGTERM" if _stopping else "the deadline came first"
+            problems.append(f"UNFINISHED: {run.method} ({run.test_id}) ({why})")
             continue
         ran += max(next((int(m.group(1)) for ln in r.lines if (m := RAN.match(ln))), 1)
                    for r in finished)  # fmt: skip
@@ -507,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         keep_durations(runs, args.cache_root)
     lines = summary(runs, time.monotonic() - start)
     print("\n".join(lines), flush=True)
+    if _stopping:
+        return 128 + signal.SIGTERM
     return 0 if lines[-1].startswith("OK") else 1
 
 
