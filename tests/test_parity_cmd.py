@@ -128,6 +128,31 @@ def test_configs_quick_covers_axes_and_filters() -> None:
     assert only and all((c.mode, c.bits, c.dtype) == ("affine", 3, "bfloat16") for c in only)
 
 
+@pytest.mark.parametrize(("backend", "identical", "ended"), [
+    ("cuda", True, 0), ("cuda", False, 1),
+    ("cpu", False, None),  # control: elsewhere the usual exit, teardown and all
+])  # fmt: skip
+def test_cli_parity_on_cuda_ends_without_teardown(
+    monkeypatch: pytest.MonkeyPatch, backend: str, identical: bool, ended: int | None
+) -> None:
+    """``patchkit parity`` on CUDA ends once its verdict is printed, skipping the teardown
+    that can abort there (exit -6 for a verdict of 0 or 1)."""
+    report = {"device": {"backend": backend}, "identical": identical}
+    monkeypatch.setattr(mlx_parity, "run", lambda cfgs, progress: report)
+    monkeypatch.setattr(mlx_parity, "format_report", lambda r: "the table")
+    calls: list[int] = []
+
+    def end(code: int) -> None:
+        calls.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(mlx_parity, "exit_without_teardown", end)
+    done = CliRunner().invoke(main, ["parity"])
+    assert "the table" in done.output
+    assert calls == ([] if ended is None else [ended])
+    assert done.exit_code == (0 if identical else 1)
+
+
 mlx = pytest.importorskip("mlx.core", reason="mlx not importable: pip install -e '.[mlx]'")
 
 
