@@ -43,14 +43,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Collection
@@ -156,8 +154,7 @@ def build(out: Path, arch: str, variants: list[str], template_variants: list[str
     read = source.reader(clone, sha)
     root = out / "mlx-pin"
     if not (root / cuda.QMV_PATH).exists():
-        with tarfile.open(fileobj=io.BytesIO(git.archive(clone, sha, ["mlx"]))) as t:
-            t.extractall(root, filter="data")
+        git.export(clone, sha, root, ["mlx"])
     patched = out / "qmv_patched.cu"
     patched.write_text(rendered_qmv(read))
     flags = cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root.resolve(), deps)

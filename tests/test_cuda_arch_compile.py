@@ -24,12 +24,10 @@ cp.async) and sm_90a (the H200); ``--wide`` adds the rest.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -115,8 +113,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     clone = source.ensure_clone(mlx_clone())
     read = source.reader(clone, PIN_SHA)
     root = tmp_path_factory.mktemp("mlx")
-    with tarfile.open(fileobj=io.BytesIO(git.archive(clone, PIN_SHA, ["mlx"]))) as t:
-        t.extractall(root, filter="data")
+    git.export(clone, PIN_SHA, root, ["mlx"])
     plan = next(p for p in render.load_plans() if p.path == QMV)
     patched = render.render_file(plan, read(QMV), render.RenderOptions(backends=("cuda",)))
     (root / QMV).with_name("qmv_patched.cu").write_text(patched)

@@ -22,11 +22,9 @@ Skipped without nvcc, a clone holding the pin, or MLX's cutlass and fmt download
 
 from __future__ import annotations
 
-import io
 import re
 import shutil
 import subprocess
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -83,8 +81,7 @@ def pinned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, list[st
     clone = source.ensure_clone(mlx_clone())
     read = source.reader(clone, PIN_SHA)
     root = tmp_path_factory.mktemp("mlx")
-    with tarfile.open(fileobj=io.BytesIO(git.archive(clone, PIN_SHA, ["mlx"]))) as t:
-        t.extractall(root, filter="data")
+    git.export(clone, PIN_SHA, root, ["mlx"])
     return read, root, cuda.mlx_flags(read("mlx/backend/cuda/CMakeLists.txt"), root, DEPS)
 
 

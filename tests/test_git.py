@@ -252,3 +252,32 @@ def test_reads_leave_the_index_alone_so_a_kill_leaves_no_lock(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k != "GIT_OPTIONAL_LOCKS"}
     subprocess.run(["git", "status"], cwd=repo, env=env, capture_output=True, check=True)
     assert index.read_bytes() != before  # control: git's own status refreshed (and locked) it
+
+
+def _tree_with_link(tmp: Path, link: str) -> tuple[Path, str]:
+    """A repo whose tree has ``d/f`` and ``d/l``, a symlink to ``link``."""
+    repo = tmp / "links"
+    repo.mkdir(parents=True)
+    git.init(repo)
+    (repo / "d").mkdir()
+    (repo / "d" / "f").write_text("file\n")
+    (repo / "d" / "l").symlink_to(link)
+    git.add(repo, ["d/f", "d/l"])
+    return repo, git.commit(repo, "c", date="2026-08-17T00:00:00+00:00")
+
+
+@pytest.mark.parametrize("filters", [True, False])  # Python 3.11.4 on, and Debian 12's 3.11.2
+def test_export_writes_the_tree_and_refuses_a_link_out_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: bool
+) -> None:
+    if not filters:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    repo, rev = _tree_with_link(tmp_path, "f")
+    git.export(repo, rev, tmp_path / "out", ["d"])
+    assert (tmp_path / "out" / "d" / "f").read_text() == "file\n"
+    assert (tmp_path / "out" / "d" / "l").readlink() == Path("f")
+    # A link that leaves the folder: refused before anything is written.
+    outside, rev = _tree_with_link(tmp_path / "o", "../../../escaped")
+    with pytest.raises(UserError, match="'d/l' would be written outside"):
+        git.export(outside, rev, tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()

@@ -27,7 +27,6 @@ every command's output in one log, and :func:`record` is the build record
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import platform
@@ -37,7 +36,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import tomllib
@@ -319,8 +317,7 @@ def write_pr_tests(
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Staged beside dest and renamed into place: a folder of tests is whole or absent.
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
-        with tarfile.open(fileobj=io.BytesIO(git.archive(clone, head, [tests]))) as tar:
-            tar.extractall(tmp, filter="data")
+        git.export(clone, head, Path(tmp), [tests])
         for path, text in rendered_pr_files(root, clone, head).items():
             if path.startswith(tests + "/"):
                 (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,8 @@ Third-party sources live in the cache's ``deps`` folder, never in this repositor
 
 from __future__ import annotations
 
-import io
 import re
 import shutil
-import tarfile
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -178,8 +176,7 @@ def _export(clone: Path, rev: str, dest: Path, subdir: str = "") -> None:
     large media blobs were never fetched.
     """
     paths = [subdir, *_licences(clone, rev)] if subdir else []
-    with tarfile.open(fileobj=io.BytesIO(git.archive(clone, rev, paths))) as tar:
-        tar.extractall(dest, filter="data")
+    git.export(clone, rev, dest, paths)
 
 
 def _licences(clone: Path, rev: str) -> list[str]:
