@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support_procs import ends_within
 from tests.support_scripts import load_script
 
 
@@ -221,13 +222,10 @@ def test_a_failing_step_stops_what_runs_beside_it(results, tmp_path: Path, monke
 
 
 def _gone(pid: int) -> bool:
-    """Whether ``pid`` ends within 2 s (a zombie not yet reaped counts as ended); one that
-    does not is killed, so that a failing test leaves nothing running."""
-    for _ in range(40):
-        stat = Path(f"/proc/{pid}/stat")
-        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return True
-        time.sleep(0.05)
+    """Whether ``pid`` ends within 2 s; one that does not is killed, so that a failing
+    test leaves nothing running."""
+    if ends_within(pid):
+        return True
     os.kill(pid, 9)
     return False
 

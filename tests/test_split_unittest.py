@@ -15,6 +15,7 @@ import pytest
 
 from patchkit.carry import mlx_build
 from patchkit.util import split_unittest
+from tests.support_procs import ends_within, running
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,15 +152,6 @@ class TestSleeper(unittest.TestCase):
 """
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, not yet reaped by init, counts as ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 @pytest.mark.parametrize(("sent", "left_running"), [
     (signal.SIGTERM, False),
     (signal.SIGKILL, True),  # control: no handler runs, and the method's process survives
@@ -188,11 +180,7 @@ def test_a_terminated_run_leaves_no_method_running(
         run.send_signal(sent)
         out, _ = run.communicate(timeout=10)
         assert run.returncode == (128 + sent if sent == signal.SIGTERM else -sent)
-        for _ in range(40):
-            if not _alive(sleeper):
-                break
-            time.sleep(0.05)
-        assert _alive(sleeper) is left_running
+        assert ends_within(sleeper) is not left_running
         if not left_running:
             lines = out.splitlines()
             assert lines[-1] == "FAILED (unfinished=1)", out
@@ -205,7 +193,7 @@ def test_a_terminated_run_leaves_no_method_running(
         else:  # control: killed outright, the run drops nothing (and the path is right)
             assert (cache / "test_sleeps" / "mod.ptx").exists()
     finally:
-        if _alive(sleeper):
+        if running(sleeper):
             os.kill(sleeper, signal.SIGKILL)
 
 
