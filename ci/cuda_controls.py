@@ -25,9 +25,14 @@ narrowed parity (:data:`SANITIZER_PARITY`) on the same build under each of its t
 no switch, none may report anything in the kernel; with ``no-barrier`` (no barrier between
 the warps' partial sums and the reads that add them), racecheck must report it (seen once
 its log names the kernel: a racy kernel slows racecheck, whose run may be cut at its time
-limit after that). The tools check that kernel alone (``--kernel-name kns=``), so a clean
-run's error summary counts the kernel's reports, printed or not (a tool prints the first
-100). The tools run at the same time, each in its own process.
+limit after that). memcheck, racecheck and synccheck check that kernel alone
+(``--kernel-name kns=``), so a clean run's error summary counts the kernel's reports,
+printed or not (a tool prints the first 100). initcheck checks every kernel: a kernel it
+does not instrument writes memory it does not see written, so a run filtered to ours
+reports each operand another kernel produced (the quantized weights, the vectors' cast)
+as read uninitialized. It prints every report (``--print-limit 0``, no backtraces), and
+none may name the kernel; MLX's own kernels' reports are counted, not judged. The tools
+run at the same time, each in its own process.
 
 ``DIR/cuda-controls.{json,md}`` hold the result; the exit status is 0 when every control
 came out as it must. Afterwards the checkout's own patch is applied again, and the build
@@ -80,9 +85,13 @@ SANITIZER_SWITCHES = {
 # dtypes and modes add time under the tools, not code paths.
 SANITIZER_PARITY = ("--dtype", "bfloat16", "--bits", "4", "--bits", "8")
 KERNEL = "qmv_mma_kernel"
-# The tools check that kernel alone, found by a substring of its mangled name; a run with
-# this filter sets "kernel_only" in its result.
+# How each tool is told what to check. memcheck, racecheck and synccheck check that kernel
+# alone, found by a substring of its mangled name (a run so filtered has "kernel_only" in
+# its result). initcheck checks every kernel, as it must to see who wrote an operand, and
+# prints every report without its backtrace (its result has "all_printed").
 SANITIZER_FILTER = ("--kernel-name", f"kns={KERNEL}")
+SANITIZER_EVERY_KERNEL = ("--print-limit", "0", "--show-backtrace", "no")
+EVERY_KERNEL_TOOLS = ("initcheck",)
 # A report's first line ("========= Invalid __global__ read ...", "========= Error: Race
 # reported ..."); its details follow, indented. The last line sums them up.
 REPORT_START = re.compile(r"^========= (?!COMPUTE-SANITIZER)\S")
@@ -188,7 +197,9 @@ def sanitize(layout: mlx_build.Layout, copy: Path, switch: str, tool: str, work:
     """The narrowed parity under one compute-sanitizer tool with one switch."""
     env = control_env(copy, switch)
     log = work / f"sanitizer-{switch}-{tool}.log"
-    argv = [sanitizer, "--tool", tool, *SANITIZER_FILTER, "--log-file", str(log),
+    every_kernel = tool in EVERY_KERNEL_TOOLS
+    scope = SANITIZER_EVERY_KERNEL if every_kernel else SANITIZER_FILTER
+    argv = [sanitizer, "--tool", tool, *scope, "--log-file", str(log),
             str(layout.python), "-m", "patchkit.verify.mlx_parity", "--patched", "--out",
             str(work / f"sanitizer-{switch}-{tool}.json"), *SANITIZER_PARITY]  # fmt: skip
     print("+", " ".join(argv), flush=True)
@@ -200,7 +211,8 @@ def sanitize(layout: mlx_build.Layout, copy: Path, switch: str, tool: str, work:
     text = log.read_text(errors="replace") if log.exists() else ""
     ours, others, summary = sanitizer_reports(text)
     return {"switch": switch, "tool": tool, "exit": code, "summary": summary,
-            "kernel_reports": ours, "other_reports": others, "kernel_only": True,
+            "kernel_reports": ours, "other_reports": others, "kernel_only": not every_kernel,
+            "all_printed": every_kernel,
             "seconds": round(time.monotonic() - started, 1),
             "log_head": text.splitlines()[:40]}  # fmt: skip
 
@@ -209,13 +221,19 @@ def sanitizer_verdict(result: dict[str, Any]) -> bool:
     """Whether one tool's run came out as :data:`SANITIZER_SWITCHES` says. A defect the
     tool must see is seen once the log names the kernel (the log is written as the tool
     finds hazards, so a run cut at its time limit after that has shown it); a clean run
-    must end, with parity holding under the tool and no report naming the kernel; where
-    the tool checked the kernel alone (``kernel_only``), with no report counted at all, as
-    the log prints only the first ones."""
+    must end, with parity holding under the tool and no report naming the kernel among
+    all of them: where the tool checked the kernel alone (``kernel_only``), none counted
+    at all, printed or not; where it checked every kernel, every report printed
+    (``all_printed``), or as many as it counted. A log of the first 100 of more reports
+    rules out nothing."""
     if SANITIZER_SWITCHES[result["switch"]][1]:
         return result["kernel_reports"] > 0
     ended = result["summary"] is not None and result["exit"] is not None
-    counted = result["summary"] == 0 if result.get("kernel_only") else True
+    if result.get("kernel_only"):
+        counted = result["summary"] == 0
+    else:
+        shown = result["kernel_reports"] + result["other_reports"]
+        counted = bool(result.get("all_printed")) or result["summary"] == shown
     return ended and result["exit"] == 0 and result["kernel_reports"] == 0 and counted
 
 
@@ -295,8 +313,9 @@ def sanitizer_table(results: list[dict[str, Any]]) -> list[str]:
         f"compute-sanitizer on `python -m patchkit.verify.mlx_parity --patched "
         f"{' '.join(SANITIZER_PARITY)}` (every M up to 16 on the kernel), per switch and tool:",
         "",
-        "| switch | tool | reports in the kernel | other reports | parity exit | as it must |",
-        "|---|---|---|---|---|---|",
+        "| switch | tool | kernels checked | reports in the kernel | other reports | parity exit "
+        "| as it must |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         must = "some" if SANITIZER_SWITCHES[r["switch"]][1] else "none"
@@ -304,10 +323,19 @@ def sanitizer_table(results: list[dict[str, Any]]) -> list[str]:
             f"cut at {r['seconds']:g} s" if r["summary"] is None or r["exit"] is None else r["exit"]
         )
         lines.append(
-            f"| `{r['switch']}` | {r['tool']} | {r['kernel_reports']} (must: {must}) | "
-            f"{r['other_reports']} | {ended} | {'yes' if r['ok'] else 'NO'} |"
+            f"| `{r['switch']}` | {r['tool']} | {checked(r)} | {r['kernel_reports']} (must: "
+            f"{must}) | {r['other_reports']} | {ended} | {'yes' if r['ok'] else 'NO'} |"
         )
     return lines
+
+
+def checked(result: dict[str, Any]) -> str:
+    """What one tool's run checked and printed, as its result says."""
+    if result.get("kernel_only"):
+        return f"`{KERNEL}` alone"
+    if result.get("all_printed"):
+        return "every kernel, every report printed"
+    return "every kernel, the first 100 reports printed"
 
 
 def main(argv: list[str] | None = None) -> int:

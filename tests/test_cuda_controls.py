@@ -78,7 +78,8 @@ def test_the_page_says_whether_every_control_held(tmp_path: Path) -> None:
     assert "compute-sanitizer: not run." in text
     tools = [{**_tool("none", 0), "ok": True}, {**_tool("no-barrier", 0), "ok": False}]
     text = controls.page({**record, "sanitizer": tools})
-    assert "| `no-barrier` | racecheck | 0 (must: some) | 0 | 0 | NO |" in text
+    row = "| `no-barrier` | racecheck | every kernel, the first 100 reports printed |"
+    assert row + " 0 (must: some) | 0 | 0 | NO |" in text
     assert "Every control as it must be: **NO**" in text
     assert "| `split-launch` | 100 | 0 (must: (not asserted)) | 0 (must: yes) |" in text
 
@@ -137,6 +138,11 @@ def _tool(switch: str, ours: int, summary: int | None = 0, code: int | None = 0)
         # printed ones (the first 100) and the rest, so a count with none printed fails.
         ({**_tool("none", 0, 5000), "kernel_only": True}, False),
         ({**_tool("none", 0, 0), "kernel_only": True}, True),
+        # Every kernel checked: none of the reports may name the kernel, and all of them
+        # must be in the log, not the first 100 of 106013.
+        ({**_tool("none", 0, 106013), "other_reports": 100}, False),
+        ({**_tool("none", 0, 106013), "other_reports": 106013, "all_printed": True}, True),
+        ({**_tool("none", 1, 106013), "other_reports": 106012, "all_printed": True}, False),
     ],
 )
 def test_a_sanitizer_run_that_missed_or_reported_wrongly_is_not_ok(result: dict, ok: bool) -> None:
@@ -172,30 +178,46 @@ def test_no_sanitizer_is_a_one_line_error(monkeypatch, capsys) -> None:
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_each_sanitizer_run_checks_the_kernel_alone(tmp_path: Path) -> None:
-    """The tools are told to check the new kernel alone, so the summary a run ends with
-    counts that kernel's reports (control: a summary of reports none printed fails it)."""
+def test_each_sanitizer_run_checks_what_its_summary_can_vouch_for(tmp_path: Path) -> None:
+    """memcheck is told to check the new kernel alone, so the summary it ends with counts
+    that kernel's reports (control: a summary of reports none printed fails it). initcheck
+    checks every kernel (filtered, it reports operands other kernels wrote as read
+    uninitialized) and prints every report, so a report naming the kernel shows in its log
+    (control: one that does fails it)."""
     controls = _controls()
     fake = tmp_path / "compute-sanitizer"
     fake.write_text(
         "#!/bin/sh\n"
         'printf "%s\\n" "$@" > "$(dirname "$0")/argv"\n'
         'while [ "$1" != "--log-file" ]; do shift; done\n'
-        'printf "========= COMPUTE-SANITIZER\\n========= ERROR SUMMARY: %s errors\\n" '
-        '"$(cat "$(dirname "$0")/count")" > "$2"\n'
+        '{ echo "========= COMPUTE-SANITIZER"; cat "$(dirname "$0")/reports"\n'
+        '  printf "========= ERROR SUMMARY: %s errors\\n" "$(cat "$(dirname "$0")/count")"\n'
+        '} > "$2"\n'
     )
     fake.chmod(0o755)
 
     class Layout:
         python = Path("python3")
 
-    for count, ok in (("0", True), ("7", False)):
+    def run(tool: str, reports: str, count: str) -> tuple[list[str], dict]:
+        (tmp_path / "reports").write_text(reports)
         (tmp_path / "count").write_text(count)
-        result = controls.sanitize(Layout(), tmp_path, "none", "initcheck", tmp_path,
-                                   str(fake), 60)  # fmt: skip
-        argv = (tmp_path / "argv").read_text().split()
+        result = controls.sanitize(Layout(), tmp_path, "none", tool, tmp_path, str(fake), 60)
+        return (tmp_path / "argv").read_text().split(), result
+
+    for count, ok in (("0", True), ("7", False)):
+        argv, result = run("memcheck", "", count)
         assert argv[argv.index("--kernel-name") + 1] == "kns=qmv_mma_kernel"
         assert result["kernel_only"] and result["summary"] == int(count)
+        assert controls.sanitizer_verdict(result) is ok
+
+    head = "========= Uninitialized __global__ memory read of size 2 bytes\n=========     at "
+    other, ours = head + "copy_v\n", head + "qmv_mma_kernel<1>\n"
+    for reports, ok in ((other * 3, True), (other * 2 + ours, False)):
+        argv, result = run("initcheck", reports, "3")
+        assert "--kernel-name" not in argv
+        assert argv[argv.index("--print-limit") + 1] == "0"
+        assert not result["kernel_only"] and result["all_printed"]
         assert controls.sanitizer_verdict(result) is ok
 
 
