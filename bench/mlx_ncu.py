@@ -168,7 +168,7 @@ def run(a: argparse.Namespace) -> None:
     arms: dict[str, tuple[str, str, str | None]] = {}
     for spec in a.arm or []:
         name, _, where = spec.partition("=")
-        python, site = [*where.split(":", 1), ""][:2]
+        python, site = proc.interpreter(where)
         arms[name] = (python, site, None)
     for spec in a.lib or []:
         name, _, path = spec.partition("=")

@@ -218,8 +218,11 @@ def hardware() -> dict[str, Any]:
 
 
 def run(a: argparse.Namespace) -> None:
+    # Here, not at the top: the workers run this file in the arms' Pythons, without patchkit.
+    from patchkit.util import proc
+
     arms = {"stock": a.stock, "pr": a.patched}
-    split = {name: [*spec.split(":", 1), ""][:2] for name, spec in arms.items()}
+    split = {name: proc.interpreter(spec) for name, spec in arms.items()}
     job = {"cases": cases(a.quick), "repeats": a.repeats, "dtype": a.dtype,
            "group": a.group_size, "calls": a.calls}  # fmt: skip
     rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in arms}

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mlx_qmv import hardware, mlx_of
 
+from patchkit.util import proc
 from patchkit.util.split_unittest import parse_output
 
 MODULE = "test_quantized"
@@ -72,7 +73,7 @@ def run_arms(
     procs = {}
     with tempfile.TemporaryDirectory(prefix="mlx-tests-") as caches:  # per-arm JIT caches
         for name, spec in specs.items():
-            python, site = [*spec.split(":", 1), ""][:2]
+            python, site = proc.interpreter(spec)
             if os.sep in python:  # the arms run in the tests' folder: a relative path would move
                 python = os.path.abspath(python)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [site, str(root)]))}
@@ -393,7 +394,7 @@ def main() -> None:
             a.only_failed_in = a.patched_record
         rerun = a.patched_log is None and a.patched_record is None
         arms = {"stock": a.stock, "pr": a.patched} if rerun else {"stock": a.stock}
-        mlx = {name: mlx_of(*[*spec.split(":", 1), ""][:2]) for name, spec in arms.items()}
+        mlx = {name: mlx_of(*proc.interpreter(spec)) for name, spec in arms.items()}
         hw: dict[str, Any] | None = hardware()
         tests, how, logged = a.tests / f"{MODULE}.py", None, None
         given = "--patched-record" if a.patched_record is not None else "--only-failed-in"

@@ -271,7 +271,7 @@ def publish(files: list[Path], dest: Path) -> None:
 def stock_not_on_gpu(spec: str) -> str | None:
     """Why the stock MLX ``spec`` (``PYTHON[:SITE]``) cannot be the pages' stock arm: it
     does not import, or its default device is not the GPU; ``None`` when it is."""
-    python, site = [*spec.split(":", 1), ""][:2]
+    python, site = proc.interpreter(spec)
     env = {**os.environ, **({"PYTHONPATH": site} if site else {})}
     probe = "import mlx.core as mx; print(mx.__version__, mx.default_device())"
     try:

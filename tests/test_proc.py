@@ -34,3 +34,16 @@ def test_missing_executable_exits_127() -> None:
     with pytest.raises(ToolError, match="exited with 127"):
         proc.run(["patchkit-no-such-tool"])
     assert proc.run(["patchkit-no-such-tool"], check=False).returncode == proc.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("spec", "parts"),
+    [
+        ("python3", ("python3", "")),
+        ("/opt/venv/bin/python:/tmp/stock", ("/opt/venv/bin/python", "/tmp/stock")),
+        # The first colon splits: a site of several folders stays one PYTHONPATH.
+        ("python3:/a:/b", ("python3", "/a:/b")),
+    ],
+)
+def test_an_interpreter_spec_is_a_python_and_its_site(spec: str, parts: tuple) -> None:
+    assert proc.interpreter(spec) == parts

@@ -65,3 +65,11 @@ def cuda_tool(name: str, given: str | None = None) -> str | None:
     if beside is not None and beside.is_file():
         return str(beside)
     return shutil.which(name)
+
+
+def interpreter(spec: str) -> tuple[str, str]:
+    """A Python given as ``PYTHON[:SITE]`` (the scripts' way to name an MLX to run, such as
+    stock's wheels unpacked into a folder): the interpreter and the folder to put first on
+    its ``PYTHONPATH`` ("" where none is given). The first colon splits them."""
+    python, _, site = spec.partition(":")
+    return python, site
