@@ -4,6 +4,7 @@
   python3 ci/cuda_records.py --plan --stock PYTHON[:SITE] [BUILD OPTIONS ...]  # commands only
   python3 ci/cuda_records.py --skip speed ...  # keep a page already of these build inputs
   python3 ci/cuda_records.py --only speed --only ncu ...  # those pages alone
+  python3 ci/cuda_records.py --only controls ...  # the controls alone: no stock MLX needed
 
 The CUDA pages in ``docs/results`` belong to what a CUDA build compiles of one patch
 series (``tests/test_records.py`` fails when they do not; decision 0008), so any change
@@ -310,7 +311,8 @@ def stop(child: subprocess.Popen) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stock", required=True, help="stock MLX: PYTHON[:SITE], as bench/mlx_qmv.py")
+    ap.add_argument("--stock", help="stock MLX: PYTHON[:SITE], as bench/mlx_qmv.py (for the "
+                    "speed, ncu and tests steps; --only controls runs without)")  # fmt: skip
     ap.add_argument("--out", type=Path, help="the steps' files (default: a new temporary folder)")
     ap.add_argument("--plan", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPABLE),
@@ -340,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
     pr_record = RESULTS / BUILD_RECORD if "tests" in args.only else None
-    plan = [s for s in steps(args.stock, out, build_args, sys.executable, pr_record)
+    plan = [s for s in steps(args.stock or "", out, build_args, sys.executable, pr_record)
             if s.name.split()[0] not in args.skip]  # fmt: skip
     if args.only:  # the build's record only names what the pages timed: not copied
         built = set(args.only) != {"tests"}  # the tests need no build (a committed record)
@@ -354,14 +356,16 @@ def main(argv: list[str] | None = None) -> int:
     # would compare the PR's CUDA build with MLX on the CPU.
     stocked = any(s.name.split()[0] in ("speed", "ncu", "tests") for s in plan)
     why = None
-    if not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
+    if stocked and not args.stock:
+        why = "--stock PYTHON[:SITE] is needed for the speed, ncu and tests steps"
+    elif not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
         why = ("no Nsight Compute (ncu beside nvcc or on PATH) for the ncu step: put the "
                "CUDA toolkit's ncu on PATH")  # fmt: skip
     elif not args.plan and stocked and (stock_why := stock_not_on_gpu(args.stock)):
         why = f"--stock {args.stock}: {stock_why}"
     if why:
         print(f"cuda_records: {why}", file=sys.stderr)
-        if not args.out:  # the temporary folder made for this run, still empty
+        if not args.out and not args.plan:  # the temporary folder made for it, still empty
             out.rmdir()
         return 2
     if args.plan:

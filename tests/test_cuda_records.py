@@ -487,3 +487,23 @@ def test_sigterm_ends_the_run_and_what_runs_beside_it(results, tmp_path: Path, m
     assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
     for process in (int(pid.read_text()), int(child.read_text())):
         assert _gone(process), f"process {process} of the step beside outlived the run"
+
+
+def test_stock_is_asked_for_only_where_a_step_runs_it(results, tmp_path: Path, monkeypatch,
+                                                      capsys) -> None:  # fmt: skip
+    """The controls need no stock MLX; the speed, ncu and tests steps do (a one-line error
+    before anything runs, nothing left behind)."""
+    records = _records()
+    assert records.main(["--plan", "--only", "controls"]) == 0
+    plan = capsys.readouterr().out
+    assert "ci/cuda_controls.py" in plan and "--stock" not in plan
+    monkeypatch.setattr(records.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    for argv in (["--plan"], ["--only", "tests"], ["--only", "controls", "--only", "speed"]):
+        assert records.main(argv) == 2
+        err = capsys.readouterr().err
+        assert (
+            err == "cuda_records: --stock PYTHON[:SITE] is needed for the speed, ncu and "
+            "tests steps\n"
+        )
+    assert not list((tmp_path / "tmp").iterdir())
