@@ -32,8 +32,8 @@ does not instrument writes memory it does not see written, so a run filtered to 
 reports each operand another kernel produced (the quantized weights, the vectors' cast)
 as read uninitialized. It prints every report (``--print-limit 0``, without host
 backtraces): its log must hold as many as its summary counts, and none may name the
-kernel; MLX's own kernels' reports are counted, not judged. The tools
-run at the same time, each in its own process.
+kernel; MLX's own kernels' reports are counted, not judged. The tools run at the same
+time, each in its own process.
 
 ``DIR/cuda-controls.{json,md}`` hold the result; the exit status is 0 when every control
 came out as it must. Afterwards the checkout's own patch is applied again, and the build
@@ -213,10 +213,11 @@ def sanitize(layout: mlx_build.Layout, copy: Path, switch: str, tool: str, work:
     except subprocess.TimeoutExpired:
         code = None
     text = log.read_text(errors="replace") if log.exists() else ""
+    size = log.stat().st_size if log.exists() else 0
     ours, others, summary = sanitizer_reports(text)
     return {"switch": switch, "tool": tool, "exit": code, "summary": summary,
             "kernel_reports": ours, "other_reports": others, "kernel_only": not every_kernel,
-            "seconds": round(time.monotonic() - started, 1), "log_bytes": len(text.encode()),
+            "seconds": round(time.monotonic() - started, 1), "log_bytes": size,
             "log_head": log_head(text)}  # fmt: skip
 
 
