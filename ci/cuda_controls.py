@@ -228,7 +228,8 @@ def log_head(text: str) -> list[str]:
     first = next((i for i, line in enumerate(lines) if KERNEL in line), None)
     if first is None:
         return lines[:LOG_HEAD_LINES]
-    start = max((i for i in range(first + 1) if REPORT_START.match(lines[i])), default=first)
+    # The report's first line: the nearest report start at or above the kernel's line.
+    start = next((i for i in range(first, -1, -1) if REPORT_START.match(lines[i])), first)
     return lines[start : start + LOG_HEAD_LINES]
 
 
