@@ -4,7 +4,8 @@
 // base blob:  5c1d4f76b4e94b8826b6703b41f1d1f7dc900460
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -31,6 +31,11 @@ bool supports_qmm_sm90(
+//   @@ -4,6 +4,7 @@
+//   @@ -31,6 +32,11 @@ bool supports_qmm_sm90(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -12,6 +13,7 @@
 #include "mlx/backend/cuda/quantized/qmm/qmm.h"
 #include "mlx/backend/cuda/quantized/qmm/qmm_utils.h"
 
+#include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/tensor.hpp>
 
 namespace mlx::core {
