@@ -111,8 +111,8 @@ void QuantizedMatmul::eval_gpu(const std::vector<array>& inputs, array& out) {
   int K = x.shape(-1);
   int B = out.size() / (M * N);
 
-  // Up to 16 vectors, qmv on tensor cores: one read per weight, rows as M = 1.
-  // From 8 on, qmm (another order) is faster on some layers.
+  // Up to 16 vectors, qmv on tensor cores: one read per weight, rows as M = 1
+  // (from 8 on in place of qmm, which sums in another order).
   if (can_use_qmv && !can_use_fp_qmv && M * B <= 16 &&
       supports(supports_qmv_mma)) {
     call_qmv();
