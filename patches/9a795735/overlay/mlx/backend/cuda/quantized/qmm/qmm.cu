@@ -5,7 +5,7 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -4,6 +4,7 @@
-//   @@ -31,6 +32,11 @@ bool supports_qmm_sm90(
+//   @@ -31,6 +32,12 @@ bool supports_qmm_sm90(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -41,8 +41,9 @@ bool supports_qmm_sm90(
   if (device.compute_capability_major() != 9) {
     return false;
   }
-  // NVRTC's cute::TmaDescriptor is alignas(64); where the host's CUtensorMap is
-  // not (CUDA 13), the two sides lay out the kernel's Params differently.
+  // CUTLASS's NVRTC stand-in for cute::TmaDescriptor is alignas(64) (v4.4.2 to
+  // v4.7.0); where the host's CUtensorMap is not (CUDA 13), the two sides lay
+  // out the kernel's Params differently.
   if (alignof(cute::TmaDescriptor) != 64) {
     return false;
   }

@@ -4,7 +4,7 @@
 // base blob:  64cfecfd5a9ef7192cc995ed4954b2802ae53b49
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
-//   @@ -118,6 +118,20 @@ bool supports_qmv(
+//   @@ -118,6 +118,21 @@ bool supports_qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -127,7 +127,8 @@ bool supports_qmv(
     cu::Device& device);
 
 // Whether qmv runs on tensor cores: a block reads each weight once for up to 16
-// vectors, and each row equals the same vector alone, bit for bit.
+// vectors, and each row equals the same vector alone, bit for bit, where the
+// MMA computes every column alike (checked on sm90).
 bool supports_qmv_mma(
     const array& x,
     const array& w,

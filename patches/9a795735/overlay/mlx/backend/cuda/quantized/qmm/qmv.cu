@@ -5,11 +5,11 @@
 // regenerate: patchkit apply --pin 9a795735
 // hunks carried (line numbers against upstream, without this header):
 //   @@ -7,6 +7,10 @@
-//   @@ -248,6 +252,371 @@ __global__ void gather_qmv_kernel(
-//   @@ -267,7 +636,33 @@ void qmv(
-//   @@ -403,6 +798,63 @@ inline void dispatch_quant_types(
-//   @@ -420,6 +872,17 @@ void qmv(
-//   @@ -451,6 +914,7 @@ void qmv(
+//   @@ -248,6 +252,372 @@ __global__ void gather_qmv_kernel(
+//   @@ -267,7 +637,33 @@ void qmv(
+//   @@ -403,6 +799,63 @@ inline void dispatch_quant_types(
+//   @@ -420,6 +873,17 @@ void qmv(
+//   @@ -451,6 +915,7 @@ void qmv(
 // end of patchkit header
 // Copyright © 2026 Apple Inc.
 
@@ -266,7 +266,8 @@ __global__ void gather_qmv_kernel(
 }
 
 // qmv on tensor cores: weight rows are MMA rows and vectors MMA columns. M
-// never changes the operations on one vector, so each row equals M = 1's.
+// never changes a vector's operations, so where the MMA computes every column
+// alike (checked on sm90; PTX does not promise it) each row equals M = 1's.
 template <typename T, typename Q>
 constexpr bool qmv_mma_types = (cuda::std::is_same_v<T, cutlass::half_t> ||
                                 cuda::std::is_same_v<T, cutlass::bfloat16_t>) &&
