@@ -25,7 +25,8 @@ narrowed parity (:data:`SANITIZER_PARITY`) on the same build under each of its t
 no switch, none may report anything in the kernel; with ``no-barrier`` (no barrier between
 the warps' partial sums and the reads that add them), racecheck must report it (seen once
 its log names the kernel: a racy kernel slows racecheck, whose run may be cut at its time
-limit after that). memcheck, racecheck and synccheck check that kernel alone
+limit after that); with ``uninit-read`` (the kernel reads device memory never written),
+initcheck must report it. memcheck, racecheck and synccheck check that kernel alone
 (``--kernel-name kns=``), so a clean run's error summary counts the kernel's reports,
 printed or not (a tool prints the first 100). initcheck checks every kernel: a kernel it
 does not instrument writes memory it does not see written, so a run filtered to ours
@@ -80,6 +81,7 @@ EXPECTED = {
 SANITIZER_SWITCHES = {
     "none": (("memcheck", "racecheck", "synccheck", "initcheck"), False),
     "no-barrier": (("racecheck",), True),
+    "uninit-read": (("initcheck",), True),
 }
 # The parity each tool runs: bfloat16 at 4 and 8 bits already launches every shape of the
 # kernel (tails in N and K, 8 and 4 warps over K, batched and broadcast weights); more

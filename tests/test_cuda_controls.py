@@ -143,6 +143,9 @@ def _tool(switch: str, ours: int, summary: int | None = 0, code: int | None = 0)
         ({**_tool("none", 0, 106013), "other_reports": 100}, False),
         ({**_tool("none", 0, 106013), "other_reports": 106013}, True),
         ({**_tool("none", 1, 106013), "other_reports": 106012}, False),
+        # A read of memory never written: initcheck must name the kernel.
+        ({**_tool("uninit-read", 40, 90), "tool": "initcheck", "other_reports": 50}, True),
+        ({**_tool("uninit-read", 0, 50), "tool": "initcheck", "other_reports": 50}, False),
     ],
 )
 def test_a_sanitizer_run_that_missed_or_reported_wrongly_is_not_ok(result: dict, ok: bool) -> None:
