@@ -20,21 +20,21 @@ and the PR's test ``test_qmv_tensor_cores_match_single_vector`` run once per swi
 - ``order-by-m``: half the warps over K whenever M > 1, another summation order: rows must
   differ eagerly, and the PR's test must fail.
 
-Then compute-sanitizer (found beside ``nvcc``, on ``PATH``, or ``--sanitizer PATH``) runs a
-narrowed parity (:data:`SANITIZER_PARITY`) on the same build under each of its tools: with
-no switch, none may report anything in the kernel; with ``no-barrier`` (no barrier between
-the warps' partial sums and the reads that add them), racecheck must report it (seen once
-its log names the kernel: a racy kernel slows racecheck, whose run may be cut at its time
-limit after that); with ``uninit-read`` (the kernel reads device memory never written),
-initcheck must report it. memcheck, racecheck and synccheck check that kernel alone
-(``--kernel-name kns=``), so a clean run's error summary counts the kernel's reports,
-printed or not (a tool prints the first 100). initcheck checks every kernel: a kernel it
-does not instrument writes memory it does not see written, so a run filtered to ours
-reports each operand another kernel produced (the quantized weights, the vectors' cast)
-as read uninitialized. It prints every report (``--print-limit 0``, without host
-backtraces): its log must hold as many as its summary counts, and none may name the
-kernel; MLX's own kernels' reports are counted, not judged. The tools run at the same
-time, each in its own process.
+Then compute-sanitizer (found beside ``nvcc``, on ``PATH``, or ``--sanitizer PATH``)
+runs a narrowed parity (:data:`SANITIZER_PARITY`) on the same build under each of its
+tools: with no switch, none may report anything in the kernel; with ``no-barrier`` (no
+barrier between the warps' partial sums and the reads that add them), racecheck must
+report it; with ``uninit-read`` (the kernel reads device memory never written),
+initcheck must report it. A run that must report the kernel is stopped once its log
+names it (a racy kernel slows racecheck, which logs hazards until its time limit).
+memcheck, racecheck and synccheck check that kernel alone (``--kernel-name kns=``), so a
+clean run's error summary counts the kernel's reports, printed or not (a tool prints the
+first 100). initcheck checks every kernel: a kernel it does not instrument writes memory
+it does not see written, so a run filtered to ours reports each operand another kernel
+produced (the quantized weights, the vectors' cast) as read uninitialized. It prints
+every report (``--print-limit 0``, without host backtraces): its log must hold as many
+as its summary counts, and none may name the kernel; MLX's own kernels' reports are
+counted, not judged. The tools run at the same time, each in its own process.
 
 ``DIR/cuda-controls.{json,md}`` hold the result; the exit status is 0 when every control
 came out as it must. Afterwards the checkout's own patch is applied again, and the build
@@ -51,6 +51,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,8 @@ SANITIZER_PRINT_ALL = ("--print-limit", "0", "--show-backtrace", "device")
 EVERY_KERNEL_TOOLS = ("initcheck",)
 # Lines of a log kept in a run's result, for a run not as it must be (its folder goes).
 LOG_HEAD_LINES = 40
+# How often a run that must report the kernel has its log read.
+SEEN_POLL_S = 5.0
 # A report's first line ("========= Invalid __global__ read ...", "========= Error: Race
 # reported ..."); its details follow, indented. The last line sums them up.
 REPORT_START = re.compile(r"^========= (?!COMPUTE-SANITIZER)\S")
@@ -210,17 +213,40 @@ def sanitize(layout: mlx_build.Layout, copy: Path, switch: str, tool: str, work:
             str(work / f"sanitizer-{switch}-{tool}.json"), *SANITIZER_PARITY]  # fmt: skip
     print("+", " ".join(argv), flush=True)
     started = time.monotonic()
-    try:
-        code: int | None = subprocess.run(argv, cwd=work, env=env, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        code = None
+    must_see = SANITIZER_SWITCHES[switch][1]
+    code, stopped = run_until(argv, work, env, timeout, log if must_see else None)
     text = log.read_text(errors="replace") if log.exists() else ""
     size = log.stat().st_size if log.exists() else 0
     ours, others, summary = sanitizer_reports(text)
     return {"switch": switch, "tool": tool, "exit": code, "summary": summary,
             "kernel_reports": ours, "other_reports": others, "kernel_only": not every_kernel,
-            "seconds": round(time.monotonic() - started, 1), "log_bytes": size,
-            "log_head": log_head(text)}  # fmt: skip
+            "stopped": stopped, "seconds": round(time.monotonic() - started, 1),
+            "log_bytes": size, "log_head": log_head(text)}  # fmt: skip
+
+
+def run_until(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
+              log: Path | None) -> tuple[int | None, str | None]:  # fmt: skip
+    """Run one tool's process (with its own session, so that stopping it stops the
+    program under it too) to its end, its time limit, or, where ``log`` is given, the
+    first line of that log naming the kernel: a defect the tool must see is shown then,
+    and a racy kernel's run otherwise logs hazards until its limit. (exit status or None,
+    why it was stopped or None)."""
+    child = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return child.wait(timeout=SEEN_POLL_S), None
+        except subprocess.TimeoutExpired:
+            pass
+        if log is not None and log.exists() and KERNEL in log.read_text(errors="replace"):
+            why = "kernel reported"
+        elif time.monotonic() >= deadline:
+            why = "time limit"
+        else:
+            continue
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        return None, why
 
 
 def log_head(text: str) -> list[str]:
@@ -238,7 +264,7 @@ def log_head(text: str) -> list[str]:
 def sanitizer_verdict(result: dict[str, Any]) -> bool:
     """Whether one tool's run came out as :data:`SANITIZER_SWITCHES` says. A defect the
     tool must see is seen once the log names the kernel (the log is written as the tool
-    finds hazards, so a run cut at its time limit after that has shown it); a clean run
+    finds hazards, so a run stopped after that has shown it); a clean run
     must end, with parity holding under the tool and no report naming the kernel among
     all of them: where the tool checked the kernel alone (``kernel_only``), none counted
     at all, printed or not; where it checked every kernel, as many reports in its log as
@@ -336,9 +362,10 @@ def sanitizer_table(results: list[dict[str, Any]]) -> list[str]:
     ]
     for r in results:
         must = "some" if SANITIZER_SWITCHES[r["switch"]][1] else "none"
-        ended = (
-            f"cut at {r['seconds']:g} s" if r["summary"] is None or r["exit"] is None else r["exit"]
-        )
+        ended = r["exit"]
+        if r["summary"] is None or r["exit"] is None:
+            why = {"kernel reported": "once the kernel was reported"}.get(r.get("stopped"))
+            ended = f"stopped at {r['seconds']:g} s, {why or 'its time limit'}"
         lines.append(
             f"| `{r['switch']}` | {r['tool']} | {scope_of(r)} | {r['kernel_reports']} (must: "
             f"{must}) | {r['other_reports']} | {ended} | {'yes' if r['ok'] else 'NO'} |"

@@ -166,7 +166,7 @@ def test_report_judges_the_stored_counts_again(tmp_path) -> None:
     assert controls.main(["--report", str(path)]) == 0
     judged = json.loads(path.read_text())
     assert judged["ok"] and judged["results"][0]["ok"] and judged["sanitizer"][0]["ok"]
-    assert "cut at 900 s" in path.with_suffix(".md").read_text()
+    assert "stopped at 900 s, its time limit" in path.with_suffix(".md").read_text()
     record["sanitizer"][0]["kernel_reports"] = 0  # control: the same file, the race unseen
     path.write_text(json.dumps({**record, "ok": True}))
     assert controls.main(["--report", str(path)]) == 1
@@ -227,6 +227,40 @@ def test_each_sanitizer_run_checks_what_its_summary_can_vouch_for(tmp_path: Path
         # What a failed run shows starts at the kernel's report, past MLX's own.
         want = ours.splitlines() if ours in reports else ["========= COMPUTE-SANITIZER"]
         assert result["log_head"][: len(want)] == want
+
+
+def test_a_run_that_must_report_the_kernel_stops_once_it_has(tmp_path: Path) -> None:
+    """A racy kernel's racecheck logs hazards until its time limit, so a run that must
+    report the kernel is stopped, with the program under it, once its log names it
+    (control: a clean run's log naming nothing runs on to its limit)."""
+    controls = _controls()
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'while [ "$1" != "--log-file" ]; do shift; done\n'
+        'cat "$(dirname "$0")/reports" > "$2"\n'
+        'sleep 600 & echo $! > "$(dirname "$0")/pid"; wait\n'
+    )
+    fake.chmod(0o755)
+
+    class Layout:
+        python = Path("python3")
+
+    report = (
+        "========= Error: Race reported between Write access\n=========     at qmv_mma_kernel\n"
+    )
+    for switch, reports, stopped in (("no-barrier", report, "kernel reported"),
+                                     ("none", "", "time limit")):  # fmt: skip
+        (tmp_path / "reports").write_text(reports)
+        result = controls.sanitize(Layout(), tmp_path, switch, "racecheck", tmp_path,
+                                   str(fake), 3)  # fmt: skip
+        assert result["stopped"] == stopped and result["exit"] is None
+        assert controls.sanitizer_verdict(result) is (switch == "no-barrier")
+        sleeper = Path(f"/proc/{(tmp_path / 'pid').read_text().strip()}/stat")
+        assert not sleeper.exists() or sleeper.read_text().split()[2] == "Z"
+    assert result["seconds"] >= 3
+    result["ok"] = False
+    assert "its time limit" in "\n".join(controls.sanitizer_table([result]))
 
 
 _PR_TEST_FILE = """
