@@ -233,20 +233,19 @@ def run_until(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
     why it was stopped or None)."""
     child = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True)
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return child.wait(timeout=SEEN_POLL_S), None
-        except subprocess.TimeoutExpired:
-            pass
-        if log is not None and log.exists() and KERNEL in log.read_text(errors="replace"):
-            why = "kernel reported"
-        elif time.monotonic() >= deadline:
-            why = "time limit"
-        else:
-            continue
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        return None, why
+    try:
+        while True:
+            try:
+                return child.wait(timeout=SEEN_POLL_S), None
+            except subprocess.TimeoutExpired:
+                pass
+            seen = log is not None and log.exists() and KERNEL in log.read_text(errors="replace")
+            if seen or time.monotonic() >= deadline:
+                return None, "kernel reported" if seen else "time limit"
+    finally:  # also on Ctrl-C, which its own session does not receive
+        if child.returncode is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
 
 
 def log_head(text: str) -> list[str]:

@@ -8,7 +8,9 @@ rejects a control the checks did not see.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -261,6 +263,33 @@ def test_a_run_that_must_report_the_kernel_stops_once_it_has(tmp_path: Path) -> 
     assert result["seconds"] >= 3
     result["ok"] = False
     assert "its time limit" in "\n".join(controls.sanitizer_table([result]))
+
+
+def test_an_interrupted_run_leaves_no_tool_running(tmp_path: Path, monkeypatch) -> None:
+    """A tool runs in its own session, which Ctrl-C at the terminal does not reach: an
+    interrupted wait stops it and the program under it (control: the sleeper it started
+    was running when the interrupt came)."""
+    controls = _controls()
+    monkeypatch.setattr(controls, "SEEN_POLL_S", 0.2)
+    tool = tmp_path / "tool"
+    tool.write_text('#!/bin/sh\nsleep 600 & echo $! > "$(dirname "$0")/pid"; wait\n')
+    tool.chmod(0o755)
+    pid = tmp_path / "pid"
+
+    def sleeper_running() -> bool:
+        stat = Path(f"/proc/{pid.read_text().strip()}/stat")
+        return stat.exists() and stat.read_text().split()[2] != "Z"
+
+    class Interrupting(type(tmp_path)):  # the first read of the log is interrupted
+        def exists(self, *args, **kwargs) -> bool:
+            while not pid.exists() or not pid.read_text().strip():
+                time.sleep(0.05)
+            assert sleeper_running()
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        controls.run_until([str(tool)], tmp_path, dict(os.environ), 60, Interrupting(tmp_path))
+    assert not sleeper_running()
 
 
 _PR_TEST_FILE = """
