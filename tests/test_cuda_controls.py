@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support_procs import running
 from tests.support_scripts import ROOT, load_script
 
 TEMPLATE = ROOT / "templates/mlx/backend/cuda/quantized/qmm/qmv.cu/qmv_mma.cu.j2"
@@ -258,8 +259,7 @@ def test_a_run_that_must_report_the_kernel_stops_once_it_has(tmp_path: Path) -> 
                                    str(fake), 3)  # fmt: skip
         assert result["stopped"] == stopped and result["exit"] is None
         assert controls.sanitizer_verdict(result) is (switch == "no-barrier")
-        sleeper = Path(f"/proc/{(tmp_path / 'pid').read_text().strip()}/stat")
-        assert not sleeper.exists() or sleeper.read_text().split()[2] == "Z"
+        assert not running(int((tmp_path / "pid").read_text()))
     assert result["seconds"] >= 3
     result["ok"] = False
     assert "its time limit" in "\n".join(controls.sanitizer_table([result]))
@@ -276,20 +276,16 @@ def test_an_interrupted_run_leaves_no_tool_running(tmp_path: Path, monkeypatch) 
     tool.chmod(0o755)
     pid = tmp_path / "pid"
 
-    def sleeper_running() -> bool:
-        stat = Path(f"/proc/{pid.read_text().strip()}/stat")
-        return stat.exists() and stat.read_text().split()[2] != "Z"
-
     class Interrupting(type(tmp_path)):  # the first read of the log is interrupted
         def exists(self, *args, **kwargs) -> bool:
             while not pid.exists() or not pid.read_text().strip():
                 time.sleep(0.05)
-            assert sleeper_running()
+            assert running(int(pid.read_text()))
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         controls.run_until([str(tool)], tmp_path, dict(os.environ), 60, Interrupting(tmp_path))
-    assert not sleeper_running()
+    assert not running(int(pid.read_text()))
 
 
 _PR_TEST_FILE = """
