@@ -263,11 +263,11 @@ def log_head(text: str) -> list[str]:
 def sanitizer_verdict(result: dict[str, Any]) -> bool:
     """Whether one tool's run came out as :data:`SANITIZER_SWITCHES` says. A defect the
     tool must see is seen once the log names the kernel (the log is written as the tool
-    finds hazards, so a run stopped after that has shown it); a clean run
-    must end, with parity holding under the tool and no report naming the kernel among
-    all of them: where the tool checked the kernel alone (``kernel_only``), none counted
-    at all, printed or not; where it checked every kernel, as many reports in its log as
-    its summary counts. A log of the first 100 of more reports rules out nothing."""
+    finds hazards, so a run stopped after that has shown it); a clean run must end, with
+    parity holding under the tool and no report naming the kernel among all of them:
+    where the tool checked the kernel alone (``kernel_only``), none counted at all,
+    printed or not; where it checked every kernel, as many reports in its log as its
+    summary counts. A log of the first 100 of more reports rules out nothing."""
     if SANITIZER_SWITCHES[result["switch"]][1]:
         return result["kernel_reports"] > 0
     ended = result["summary"] is not None and result["exit"] is not None
@@ -363,8 +363,9 @@ def sanitizer_table(results: list[dict[str, Any]]) -> list[str]:
         must = "some" if SANITIZER_SWITCHES[r["switch"]][1] else "none"
         ended = r["exit"]
         if r["summary"] is None or r["exit"] is None:
-            why = {"kernel reported": "once the kernel was reported"}.get(r.get("stopped"))
-            ended = f"stopped at {r['seconds']:g} s, {why or 'its time limit'}"
+            seen = r.get("stopped") == "kernel reported"
+            why = "once the kernel was reported" if seen else "its time limit"
+            ended = f"stopped at {r['seconds']:g} s, {why}"
         lines.append(
             f"| `{r['switch']}` | {r['tool']} | {scope_of(r)} | {r['kernel_reports']} (must: "
             f"{must}) | {r['other_reports']} | {ended} | {'yes' if r['ok'] else 'NO'} |"
