@@ -536,7 +536,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         *(r["command"] for r in record["runs"]),
         "python3 bench/mlx_qmv.py page "
         + " ".join(map(run_name, runs))
-        + " --out docs/results/cuda --build-record build-cuda.json"
+        + f" --out docs/results/{out.name} --build-record build-cuda.json"
         + "".join(f" --note {shlex.quote(n)}" for n in notes),
         "```",
         *(f"- Note: {n}" for n in notes),

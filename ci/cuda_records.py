@@ -16,9 +16,10 @@ to the CUDA templates needs all of them again, made in this order on one machine
    (``build-cuda``);
 2. ``bench/mlx_qmv.py run`` on that build beside a stock MLX (``--stock``, its interpreter
    and optionally an unpacked wheel's folder), once per (dtype, group size) of the speed
-   page, then the page (``cuda``); then ``bench/mlx_ncu.py`` on the same two arms, one
-   Nsight Compute process a call (``cuda-ncu``: registers, occupancy, DRAM bytes and
-   bandwidth of each kernel);
+   page, then the page (``cuda``: each call waiting for the one before); the same with
+   calls MLX's graph may overlap (``cuda-independent``); then ``bench/mlx_ncu.py`` on the
+   same two arms, one Nsight Compute process a call (``cuda-ncu``: registers, occupancy,
+   DRAM bytes and bandwidth of each kernel);
 3. ``bench/mlx_tests.py run --only-failed-in`` the build's record: the methods its test
    run failed, and those of MLX's the series fixes (``export_pr.FIXED_TESTS``), on stock,
    beside the build's own run of them (its log, kept by step 1) (``cuda-tests``).
@@ -37,9 +38,10 @@ copied into ``docs/results`` together at the end, also when a step recorded fail
 (failed MLX tests, differing rows, a control not as it must), which the exit status (1)
 and the last lines report.
 
-``--skip speed``, ``--skip ncu`` or ``--skip controls`` (repeatable) leaves out the steps
-of a page that is already of this checkout's build inputs (a run cut off after it, say): the
-page stays as it is, and the run refuses (2) where it is missing or of other inputs. The
+``--skip speed``, ``--skip independent``, ``--skip ncu`` or ``--skip controls``
+(repeatable) leaves out the steps of a page that is already of this checkout's build
+inputs (a run cut off after it, say): the page stays as it is, and the run refuses (2)
+where it is missing or of other inputs. The
 build and the tests beside stock always run: every other page is held to the build they
 record.
 
@@ -89,7 +91,13 @@ SPEED_RUNS = (("bfloat16", 64), ("bfloat16", 32), ("bfloat16", 128), ("float16",
 STOCK_SHARDS = 8
 # Steps a run may leave out (by the first word of their names), each with the page that
 # must then already be of this checkout's build inputs.
-SKIPPABLE = {"speed": "cuda.json", "ncu": "cuda-ncu.json", "controls": "cuda-controls.json"}
+SKIPPABLE = {"speed": "cuda.json", "independent": "cuda-independent.json",
+             "ncu": "cuda-ncu.json", "controls": "cuda-controls.json"}  # fmt: skip
+# The speed pages: their steps' kind, how their timed calls relate (bench/mlx_qmv.py
+# --calls) and their page. Chained calls time what a layer that needs the one before
+# waits; independent ones what MLX's graph makes of calls it may overlap (a layer's q, k
+# and v projections), where a kernel that leaves SMs idle gains most.
+SPEED_PAGES = (("speed", "chained", "cuda"), ("independent", "independent", "cuda-independent"))
 # What --only may name: those, and the tests beside stock against the committed build record.
 ONLY = (*SKIPPABLE, "tests")
 BUILD_RECORD = "build-cuda.json"
@@ -132,18 +140,19 @@ def steps(
         plan.append(Step("pr tests", pr_tests, (test_dir / f"{mlx_build.TEST_FILE}.py",)))
     plan.append(Step("build", build_argv, (build / BUILD_RECORD, build / "build-cuda.md"),
                      (1,), keep=keep))  # fmt: skip
-    runs = []
-    for dtype, group in SPEED_RUNS:
-        run = bench / f"{dtype}-{group}.json"
-        argv = [python, "bench/mlx_qmv.py", "run", "--stock", stock]
-        argv += ["--patched", str(layout.python), "--json", str(run)]
-        argv += ["--dtype", dtype, "--group-size", str(group)]
-        plan.append(Step(f"speed {dtype} group {group}", argv, (run,)))
-        runs.append(run)
-    page_argv = [python, "bench/mlx_qmv.py", "page", *map(str, runs), "--out", str(pages / "cuda"),
-                 "--build-record", str(build / "build-cuda.json")]  # fmt: skip
-    page = (pages / "cuda.json", pages / "cuda.md", pages / "cuda.png")
-    plan.append(Step("speed page", page_argv, page))
+    for kind, calls, name in SPEED_PAGES:
+        runs = []
+        for dtype, group in SPEED_RUNS:
+            run = bench / f"{name}-{dtype}-{group}.json"
+            argv = [python, "bench/mlx_qmv.py", "run", "--stock", stock]
+            argv += ["--patched", str(layout.python), "--json", str(run)]
+            argv += ["--dtype", dtype, "--group-size", str(group), "--calls", calls]
+            plan.append(Step(f"{kind} {dtype} group {group}", argv, (run,)))
+            runs.append(run)
+        page_argv = [python, "bench/mlx_qmv.py", "page", *map(str, runs), "--out",
+                     str(pages / name), "--build-record", str(build / BUILD_RECORD)]  # fmt: skip
+        page = tuple(pages / f"{name}.{ext}" for ext in ("json", "md", "png"))
+        plan.append(Step(f"{kind} page", page_argv, page))
     # Nsight Compute on the same two arms: registers, occupancy, DRAM traffic per kernel
     # (bench/mlx_ncu.py); its page is the build's record, as the speed page is.
     ncu_run = bench / "ncu.json"
@@ -354,10 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     # Found before the build, not after it and the speed runs: a missing profiler, and a
     # stock that does not run on the GPU (the mlx wheel without mlx-cuda), whose pages
     # would compare the PR's CUDA build with MLX on the CPU.
-    stocked = any(s.name.split()[0] in ("speed", "ncu", "tests") for s in plan)
+    stocked = any(s.name.split()[0] in ("speed", "independent", "ncu", "tests") for s in plan)
     why = None
     if stocked and not args.stock:
-        why = "--stock PYTHON[:SITE] is needed for the speed, ncu and tests steps"
+        why = "--stock PYTHON[:SITE] is needed for the speed, independent, ncu and tests steps"
     elif not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
         why = ("no Nsight Compute (ncu beside nvcc or on PATH) for the ncu step: put the "
                "CUDA toolkit's ncu on PATH")  # fmt: skip

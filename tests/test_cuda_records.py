@@ -31,8 +31,10 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
     plan = records.steps("python3:/opt/stock", Path("/tmp/cr"), ["--offline", "-j", "16"],
                          sys.executable)  # fmt: skip
-    assert len(lines) == len(plan) == 7 + len(records.SPEED_RUNS)
-    apply, build, *speed, page, ncu, ncu_page, tests, controls = plan
+    n = len(records.SPEED_RUNS)
+    assert len(lines) == len(plan) == 8 + 2 * n
+    apply, build, *timed, ncu, ncu_page, tests, controls = plan
+    speed, page, overlapped, overlapped_page = timed[:n], timed[n], timed[n + 1 : -1], timed[-1]
     # The build checks out the patch branch that apply makes in the cached clone.
     assert apply.argv[1:4] == ["-m", "patchkit", "apply"] and apply.produces == ()
     assert build.argv[1:5] == ["-m", "patchkit", "build", "--backend"]
@@ -46,6 +48,26 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
             for s in speed} == set(records.SPEED_RUNS)  # fmt: skip
     assert page.argv[2] == "page" and all(str(p) in page.argv for s in speed for p in s.produces)
     assert page.argv[page.argv.index("--build-record") + 1] == str(build.produces[0])
+    # The same runs again with calls MLX's graph may overlap, on a page of their own; the
+    # first page's calls wait each for the one before.
+    assert [s.argv[s.argv.index("--calls") + 1] for s in speed] == ["chained"] * n
+
+    def but_json_and_calls(step) -> list[str]:
+        drop = {step.argv.index("--json") + 1, len(step.argv) - 1}
+        return [a for i, a in enumerate(step.argv) if i not in drop]
+
+    assert [but_json_and_calls(s) for s in overlapped] == [but_json_and_calls(s) for s in speed]
+    assert [s.argv[-1] for s in overlapped] == ["independent"] * n
+    assert [s.produces[0].name for s in overlapped] == [
+        "cuda-independent-" + s.produces[0].name.removeprefix("cuda-") for s in speed
+    ]  # fmt: skip
+    assert all(str(p) in overlapped_page.argv for s in overlapped for p in s.produces)
+    assert {p.name for p in overlapped_page.produces} == {
+        "cuda-independent.json", "cuda-independent.md", "cuda-independent.png",
+    }  # fmt: skip
+    assert overlapped_page.argv[overlapped_page.argv.index("--build-record") + 1] == str(
+        build.produces[0]
+    )
     # Nsight Compute profiles the same two arms; its page is that build's record too.
     arms = [b for a, b in itertools.pairwise(ncu.argv) if a == "--arm"]
     assert ncu.argv[1:3] == ["bench/mlx_ncu.py", "run"] and arms == [
@@ -135,6 +157,7 @@ def test_a_whole_run_copies_every_record_and_no_run_file(results, tmp_path: Path
     ]
     assert sorted(p.name for p in dest.iterdir()) == [
         "build-cuda.json", "build-cuda.md", "cuda-controls.json", "cuda-controls.md",
+        "cuda-independent.json", "cuda-independent.md", "cuda-independent.png",
         "cuda-ncu.json", "cuda-ncu.md", "cuda-tests.json", "cuda-tests.md", "cuda.json",
         "cuda.md", "cuda.png",
     ]  # fmt: skip
@@ -247,7 +270,10 @@ def test_skip_speed_keeps_a_current_page_and_runs_the_rest(
     kept = (dest / "cuda.json").read_text()
     assert records.main(["--plan", "--skip", "speed", "--stock", "python3"]) == 0
     plan = capsys.readouterr().out
-    assert "# skipped: speed" in plan and "bench/mlx_qmv.py" not in plan
+    # Its runs and page are gone; the overlapped calls' are a page of their own.
+    assert "# skipped: speed" in plan and "bench/mlx_qmv.py page" in plan
+    timed = [ln for ln in plan.splitlines() if "bench/mlx_qmv.py" in ln]
+    assert timed and all("independent" in ln for ln in timed)
     assert "patchkit build" in plan and "ci/cuda_controls.py" in plan
     assert "bench/mlx_ncu.py run" in plan  # speed's own steps only
     monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
@@ -503,7 +529,7 @@ def test_stock_is_asked_for_only_where_a_step_runs_it(results, tmp_path: Path, m
         assert records.main(argv) == 2
         err = capsys.readouterr().err
         assert (
-            err == "cuda_records: --stock PYTHON[:SITE] is needed for the speed, ncu and "
-            "tests steps\n"
+            err == "cuda_records: --stock PYTHON[:SITE] is needed for the speed, independent, "
+            "ncu and tests steps\n"
         )
     assert not list((tmp_path / "tmp").iterdir())

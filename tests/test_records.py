@@ -115,17 +115,22 @@ def test_a_changed_pr_test_has_another_id(tmp_path: Path) -> None:
     assert mlx_build.pr_files_id(tmp_path) != before
 
 
-def test_speed_page_is_of_what_the_cuda_build_compiles_now() -> None:
-    """``docs/results/cuda.json`` (bench/mlx_qmv.py page) timed, in every run, a build of
-    what a CUDA build compiles of ``patches/`` now, the same inputs as the CUDA build
-    record's: a CUDA edit leaves the old speeds stale, a Metal one does not (decision
-    0008)."""
-    speed, build = RESULTS / "cuda.json", RESULTS / "build-cuda.json"
+@pytest.mark.parametrize(
+    ("name", "calls"), [("cuda", "chained"), ("cuda-independent", "independent")]
+)
+def test_speed_page_is_of_what_the_cuda_build_compiles_now(name: str, calls: str) -> None:
+    """``docs/results/cuda.json`` and ``cuda-independent.json`` (bench/mlx_qmv.py page,
+    each call waiting for the one before and calls MLX's graph may overlap) timed, in every
+    run, a build of what a CUDA build compiles of ``patches/`` now, the same inputs as the
+    CUDA build record's: a CUDA edit leaves the old speeds stale, a Metal one does not
+    (decision 0008)."""
+    speed, build = RESULTS / f"{name}.json", RESULTS / "build-cuda.json"
     if not speed.exists() or not build.exists():
-        pytest.skip("no CUDA speed page or build record committed")
+        pytest.skip(f"no CUDA speed page {speed.name} or build record committed")
     page = json.loads(speed.read_text())
     timed = page["build"]
     assert page["runs"] and {r["mlx"]["pr"] for r in page["runs"]} == {timed["wheel_version"]}
+    assert {r.get("calls") for r in page["runs"]} == {calls}
     assert (
         timed["build_inputs_sha256"]
         == json.loads(build.read_text())["patch"]["build_inputs_sha256"]
