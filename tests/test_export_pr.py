@@ -1012,6 +1012,33 @@ def test_the_cuda_body_owes_dependent_calls_while_its_speed_timed_independent_on
     assert ("the calls timed above were independent" in owed) == (calls != "chained")
 
 
+@pytest.mark.parametrize("pages", [("chained",), ("independent",), ("chained", "independent")])
+def test_the_cuda_body_owes_the_calls_no_quoted_speed_page_timed(
+    tmp_path: Path, pages: tuple[str, ...]
+) -> None:
+    """Each way of timing the calls is owed until a quoted speed page timed it: a page of
+    chained calls owes the throughput of independent ones and the reverse; with both
+    quoted, neither is owed (the one-page cases are the controls)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text("".join(
+        f'[[cuda.result]]\ntitle = "Speed {c}"\nfile = "{c}.json"\nkind = "speed"\n'
+        for c in pages))  # fmt: skip
+    rows = [{"K": 4096, "N": 4096, "bits": 4, "M": m, "stock_us": 20.0, "pr_us": 10.0}
+            for m in range(1, 17)]  # fmt: skip
+    for calls in pages:
+        run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"}, "rounds": 3,
+               "hardware": {"gpu": "NVIDIA H200"}, "repeats": 200, "rows": rows,
+               "calls": calls}  # fmt: skip
+        (tmp_path / f"{calls}.json").write_text(json.dumps({"runs": [run]}))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert notes == [] and len(found) == len(pages)
+    context = export_pr.body_context("cuda", PIN_SHA, "b", MAIN_TEMPLATE, FACTS, found)
+    owed = export_pr.render_body(TEMPLATES, context).split("## Still to measure")[1]
+    owed = " ".join(owed.split("## Related")[0].split())
+    assert ("The throughput of calls that do not wait" in owed) == (pages == ("chained",))
+    assert ("the calls timed above were independent" in owed) == (pages == ("independent",))
+
+
 @pytest.mark.parametrize("ms", [(1, 2, 8, 12, 16), tuple(range(1, 17))])
 def test_the_cuda_body_owes_what_a_chained_speed_page_leaves_untimed(
     tmp_path: Path, ms: tuple[int, ...]
