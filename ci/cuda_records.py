@@ -3,7 +3,7 @@
   python3 ci/cuda_records.py --stock PYTHON[:SITE] [--out DIR] [BUILD OPTIONS ...]
   python3 ci/cuda_records.py --plan --stock PYTHON[:SITE] [BUILD OPTIONS ...]  # commands only
   python3 ci/cuda_records.py --skip speed ...  # keep a page already of these build inputs
-  python3 ci/cuda_records.py --only speed --only ncu ...  # those pages alone
+  python3 ci/cuda_records.py --only speed --only independent ...  # those pages alone
   python3 ci/cuda_records.py --only controls ...  # the controls alone: no stock MLX needed
 
 The CUDA pages in ``docs/results`` belong to what a CUDA build compiles of one patch
@@ -49,14 +49,15 @@ record.
 tests (its record is the pages' ``--build-record`` and is not copied: ``build-cuda`` comes
 with its tests), then only those pages' steps, whose pages alone are copied. So the pages
 of one patch can be made in two runs on hosts lent for a bounded time, e.g. ``--only speed
---only ncu``, then ``--skip speed --skip ncu``. ``--only tests`` runs the tests beside stock
-with the PR's arm taken from the committed ``build-cuda`` record (``bench/mlx_tests.py
---patched-record``), which must be of this checkout's build inputs and PR tests and hold
-its run of MLX's test file: so once the ``build-cuda`` record of a run cut off after it is
-copied from that run's folder into ``docs/results``, ``--only controls --only tests``
-makes the two pages it left, without MLX's test file run on a build again. The tests
-beside stock then need no build of this run (their folder is the applied branch's,
-``bench/mlx_tests.py pr-tests``), so ``--only tests`` alone builds nothing.
+--only independent --only ncu``, then ``--skip speed --skip independent --skip ncu``.
+``--only tests`` runs the tests beside stock with the PR's arm taken from the committed
+``build-cuda`` record (``bench/mlx_tests.py --patched-record``), which must be of this
+checkout's build inputs and PR tests and hold its run of MLX's test file: so once the
+``build-cuda`` record of a run cut off after it is copied from that run's folder into
+``docs/results``, ``--only controls --only tests`` makes the two pages it left, without
+MLX's test file run on a build again. The tests beside stock then need no build of this
+run (their folder is the applied branch's, ``bench/mlx_tests.py pr-tests``), so ``--only
+tests`` alone builds nothing.
 """
 
 from __future__ import annotations
