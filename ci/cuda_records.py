@@ -41,9 +41,8 @@ and the last lines report.
 ``--skip speed``, ``--skip independent``, ``--skip ncu`` or ``--skip controls``
 (repeatable) leaves out the steps of a page that is already of this checkout's build
 inputs (a run cut off after it, say): the page stays as it is, and the run refuses (2)
-where it is missing or of other inputs. The
-build and the tests beside stock always run: every other page is held to the build they
-record.
+where it is missing or of other inputs. The build and the tests beside stock always run:
+every other page is held to the build they record.
 
 ``--only KIND`` (repeatable) is the other half of such a split: the build without MLX's
 tests (its record is the pages' ``--build-record`` and is not copied: ``build-cuda`` comes
