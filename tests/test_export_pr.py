@@ -841,7 +841,7 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     lines = found[0]["lines"]
     assert notes == [] and "NVIDIA H200: stock MLX 0.32.1" in lines[0]
-    assert "4- and 8-bit" in lines[0]
+    assert "4- and 8-bit" in lines[0] and "1 layers (K x N: 4096x4096) of 16,777,216" in lines[0]
     assert lines[1].startswith("timing: 200 calls evaluated together") and "3 rounds" in lines[1]
     assert lines[1].endswith(export_pr.SPEED_CALLS["independent"])  # a run that does not say
     assert lines[2] == (
@@ -853,7 +853,11 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
         "slower than stock's `qmm` in 1 of 1 cells at M = 8, at most 1.50x (4-bit "
         "4096x4096, bfloat16 group 64, M = 8), on 4096x4096"
     )
-    assert lines[4] == "note: first case slow"
+    assert lines[4] == (
+        "those cells (K x N, bits, M: this change's time over `qmm`'s): bfloat16 group 64: "
+        "4096x4096 4-bit M = 8 1.50x"
+    )
+    assert lines[5] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
     run["rows"][3]["pr_us"] = 9.0  # control: faster everywhere, no cell named
     (tmp_path / "cuda.json").write_text(json.dumps(page))
@@ -985,6 +989,35 @@ def test_the_metal_body_names_the_work_its_kernels_meet() -> None:
     """The Metal PR replaces #3764's qmv_wide and edits the kernels #4516 edits."""
     related = " ".join(_body(backend="metal").split("## Related upstream work")[1].split())
     assert "#3764" in related and "#4516" in related
+
+
+def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path) -> None:
+    """A route that kept `qmm` where it is faster needs the cells, not the worst alone:
+    each run's slower cells are listed under its dtype and group, in layer order; a cell
+    where this change is faster is not (the control)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
+    )
+
+    def run(dtype: str, cells: list[tuple[int, int, int, float]]) -> dict:
+        rows = [{"K": k, "N": n, "bits": 8, "M": m, "stock_us": 10.0, "pr_us": 10.0 * r}
+                for k, n, m, r in cells]  # fmt: skip
+        return {"dtype": dtype, "group_size": 64, "mlx": {"stock": "0.32.1"}, "rounds": 3,
+                "hardware": {"gpu": "NVIDIA H100"}, "repeats": 200, "rows": rows,
+                "calls": "independent"}  # fmt: skip
+
+    runs = [run("bfloat16", [(14336, 4096, 16, 1.24), (4096, 4096, 12, 1.1), (4096, 4096, 8, 0.9)]),
+            run("float16", [(4096, 14336, 16, 0.5), (14336, 4096, 8, 1.01)])]  # fmt: skip
+    (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    listed = next(ln for ln in found[0]["lines"] if ln.startswith("those cells"))
+    assert listed == (
+        "those cells (K x N, bits, M: this change's time over `qmm`'s): bfloat16 group 64: "
+        "4096x4096 8-bit M = 12 1.10x, 14336x4096 8-bit M = 16 1.24x; float16 group 64: "
+        "14336x4096 8-bit M = 8 1.01x"
+    )
+    assert "in 3 of 5 cells" in found[0]["lines"][3]
 
 
 @pytest.mark.parametrize("calls", [None, "independent", "chained"])

@@ -920,9 +920,9 @@ def tests_fact(data: dict) -> list[str]:
 # How the speed page's timed calls relate (bench/mlx_qmv.py's "calls"; runs without it
 # timed independent calls).
 SPEED_CALLS = {
-    "chained": "each call's input made from the previous call's output (two small "
-    "elementwise ops, in both arms), so the calls run one after another, as a layer that "
-    "needs the one before it does",
+    "chained": "each call's input made from the previous call's output (x + 0 * y[:, :1], "
+    "two small elementwise ops, in both arms), so the calls run one after another, as a "
+    "layer that needs the one before it does",
     "independent": "the calls do not depend on each other, so MLX's CUDA graph may overlap "
     "them: these are throughput figures, not the time a call that needs the one before "
     "waits; a kernel that leaves SMs idle on its own gains most from the overlap",
@@ -947,6 +947,16 @@ def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
     return cells, [c for c in cells if c[0] > 1.0]
 
 
+def _by_run(cells: list[SpeedCell]) -> list[tuple[dict, list[SpeedCell]]]:
+    """``cells`` grouped by the run (dtype, group size) they belong to, in the runs' order."""
+    runs: list[tuple[dict, list[SpeedCell]]] = []
+    for cell in cells:
+        if not runs or runs[-1][0] is not cell[1]:
+            runs.append((cell[1], []))
+        runs[-1][1].append(cell)
+    return runs
+
+
 def untimed_ms(data: dict) -> list[int]:
     """The M from 2 to 16 that no run of a speed page timed."""
     timed = {r["M"] for run in data["runs"] for r in run["rows"]}
@@ -961,6 +971,7 @@ def speed_fact(data: dict) -> list[str]:
     first = runs[0]
     rows = [r for run in runs for r in run["rows"]]
     sizes = sorted({r["K"] * r["N"] for r in rows})
+    layers = sorted({(r["K"], r["N"]) for r in rows}, key=lambda kn: (kn[0] * kn[1], kn))
     bits = sorted({r["bits"] for r in rows})
     pairs = ", ".join(f"{r['dtype']} group {r['group_size']}" for r in runs)
 
@@ -980,28 +991,34 @@ def speed_fact(data: dict) -> list[str]:
 
     ones = "; ".join(f"M = 1, {b}-bit: {ratio(1, 1, b)}" for b in bits)
     cells, slower = qmm_band_cells(data)
+    slow = []
     if slower:
         worst, wrun, wrow = max(slower, key=lambda c: c[0])
-        layers = sorted({(r["K"], r["N"]) for _, _, r in slower})
+        slow_layers = sorted({(r["K"], r["N"]) for _, _, r in slower})
         close = sum(c[0] < 1.1 for c in slower)
         near = f", {close} of them by under 10 %" if close else ""
-        slow = (f"slower than stock's `qmm` in {len(slower)} of {len(cells)} cells at "
-                f"{band(8, 16)}{near}, at most {worst:.2f}x "
-                f"({wrow['bits']}-bit {wrow['K']}x{wrow['N']}, {wrun['dtype']} group "
-                f"{wrun['group_size']}, M = {wrow['M']}), on "
-                + ", ".join(f"{k}x{n}" for k, n in layers))  # fmt: skip
+        slow.append(f"slower than stock's `qmm` in {len(slower)} of {len(cells)} cells at "
+                    f"{band(8, 16)}{near}, at most {worst:.2f}x "
+                    f"({wrow['bits']}-bit {wrow['K']}x{wrow['N']}, {wrun['dtype']} group "
+                    f"{wrun['group_size']}, M = {wrow['M']}), on "
+                    + ", ".join(f"{k}x{n}" for k, n in slow_layers))  # fmt: skip
+        # Every such cell, so that a route keeping `qmm` there can be read off them.
+        slow.append("those cells (K x N, bits, M: this change's time over `qmm`'s): " + "; ".join(
+            f"{run['dtype']} group {run['group_size']}: " + ", ".join(
+                f"{r['K']}x{r['N']} {r['bits']}-bit M = {r['M']} {ratio_:.2f}x"
+                for ratio_, _, r in sorted(group, key=lambda c: (c[2]["K"], c[2]["N"],
+                                                                 c[2]["bits"], c[2]["M"])))
+            for run, group in _by_run(slower)))  # fmt: skip
     elif cells:
-        slow = f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}"
-    else:
-        slow = ""
+        slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
     return [
         f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
         f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
         f"this change and the other PRs of its series (compiler and build flags may differ "
         f"between the two besides the changes: main built the same way is owed below), "
         f"taking turns; "
-        f"{len({(r['K'], r['N']) for r in rows})} "
-        f"layers of {sizes[0]:,} to {sizes[-1]:,} weights, {'- and '.join(map(str, bits))}-bit, "
+        f"{len(layers)} layers (K x N: {', '.join(f'{k}x{n}' for k, n in layers)}) "
+        f"of {sizes[0]:,} to {sizes[-1]:,} weights, {'- and '.join(map(str, bits))}-bit, "
         f"{pairs}",
         f"timing: {first['repeats']} calls evaluated together (one `mx.eval`) after a "
         f"warm-up, each reading a cold copy of the weights (the copies add up to well over "
@@ -1009,7 +1026,7 @@ def speed_fact(data: dict) -> list[str]:
         f"{first['rounds']} rounds per arm; {SPEED_CALLS[speed_calls(data)]}",
         f"time with this change over stock's: {ones}; {band(2, 7)}: {ratio(2, 7)}; "
         f"{band(8, 16)}: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
-        *([slow] if slow else []),
+        *slow,
         *(f"note: {n}" for n in data.get("notes") or []),
     ]
 
