@@ -957,6 +957,13 @@ def _by_run(cells: list[SpeedCell]) -> list[tuple[dict, list[SpeedCell]]]:
     return runs
 
 
+def _cells_text(cells: list[SpeedCell]) -> str:
+    """One run's cells as "4096x4096 8-bit M = 12 1.10x, ...", in layer, bits and M order."""
+    ordered = sorted(cells, key=lambda c: (c[2]["K"], c[2]["N"], c[2]["bits"], c[2]["M"]))
+    return ", ".join(f"{r['K']}x{r['N']} {r['bits']}-bit M = {r['M']} {ratio:.2f}x"
+                     for ratio, _, r in ordered)  # fmt: skip
+
+
 def untimed_ms(data: dict) -> list[int]:
     """The M from 2 to 16 that no run of a speed page timed."""
     timed = {r["M"] for run in data["runs"] for r in run["rows"]}
@@ -1003,12 +1010,9 @@ def speed_fact(data: dict) -> list[str]:
                     f"{wrun['group_size']}, M = {wrow['M']}), on "
                     + ", ".join(f"{k}x{n}" for k, n in slow_layers))  # fmt: skip
         # Every such cell, so that a route keeping `qmm` there can be read off them.
-        slow.append("those cells (K x N, bits, M: this change's time over `qmm`'s): " + "; ".join(
-            f"{run['dtype']} group {run['group_size']}: " + ", ".join(
-                f"{r['K']}x{r['N']} {r['bits']}-bit M = {r['M']} {ratio_:.2f}x"
-                for ratio_, _, r in sorted(group, key=lambda c: (c[2]["K"], c[2]["N"],
-                                                                 c[2]["bits"], c[2]["M"])))
-            for run, group in _by_run(slower)))  # fmt: skip
+        per_run = "; ".join(f"{run['dtype']} group {run['group_size']}: {_cells_text(group)}"
+                            for run, group in _by_run(slower))  # fmt: skip
+        slow.append(f"those cells (K x N, bits, M: this change's time over `qmm`'s): {per_run}")
     elif cells:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
     return [
