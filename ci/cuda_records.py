@@ -160,7 +160,7 @@ def steps(
                 "--arm", f"stock={stock}", "--json", str(ncu_run)]  # fmt: skip
     plan.append(Step("ncu", ncu_argv, (ncu_run,)))
     ncu_page = [python, "bench/mlx_ncu.py", "page", str(ncu_run), "--out", str(pages / "cuda-ncu"),
-                "--build-record", str(build / "build-cuda.json")]  # fmt: skip
+                "--build-record", str(build / BUILD_RECORD)]  # fmt: skip
     plan.append(Step("ncu page", ncu_page, (pages / "cuda-ncu.json", pages / "cuda-ncu.md")))
     # The methods the build's own test run failed, on stock, beside that run's output:
     # whose failures they are (none failed: the page says nothing ran). Stock starts with

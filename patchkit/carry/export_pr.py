@@ -947,16 +947,6 @@ def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
     return cells, [c for c in cells if c[0] > 1.0]
 
 
-def _by_run(cells: list[SpeedCell]) -> list[tuple[dict, list[SpeedCell]]]:
-    """``cells`` grouped by the run (dtype, group size) they belong to, in the runs' order."""
-    runs: list[tuple[dict, list[SpeedCell]]] = []
-    for cell in cells:
-        if not runs or runs[-1][0] is not cell[1]:
-            runs.append((cell[1], []))
-        runs[-1][1].append(cell)
-    return runs
-
-
 def _cells_text(cells: list[SpeedCell]) -> str:
     """One run's cells as "4096x4096 8-bit M = 12 1.10x, ...", in layer, bits and M order."""
     ordered = sorted(cells, key=lambda c: (c[2]["K"], c[2]["N"], c[2]["bits"], c[2]["M"]))
@@ -977,8 +967,8 @@ def speed_fact(data: dict) -> list[str]:
     runs = data["runs"]
     first = runs[0]
     rows = [r for run in runs for r in run["rows"]]
-    sizes = sorted({r["K"] * r["N"] for r in rows})
     layers = sorted({(r["K"], r["N"]) for r in rows}, key=lambda kn: (kn[0] * kn[1], kn))
+    sizes = [k * n for k, n in layers]
     bits = sorted({r["bits"] for r in rows})
     pairs = ", ".join(f"{r['dtype']} group {r['group_size']}" for r in runs)
 
@@ -1010,8 +1000,9 @@ def speed_fact(data: dict) -> list[str]:
                     f"{wrun['group_size']}, M = {wrow['M']}), on "
                     + ", ".join(f"{k}x{n}" for k, n in slow_layers))  # fmt: skip
         # Every such cell, so that a route keeping `qmm` there can be read off them.
-        per_run = "; ".join(f"{run['dtype']} group {run['group_size']}: {_cells_text(group)}"
-                            for run, group in _by_run(slower))  # fmt: skip
+        per_run = "; ".join(
+            f"{run['dtype']} group {run['group_size']}: {_cells_text(group)}"
+            for run in runs if (group := [c for c in slower if c[1] is run]))  # fmt: skip
         slow.append(f"those cells (K x N, bits, M: this change's time over `qmm`'s): {per_run}")
     elif cells:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
