@@ -397,7 +397,9 @@ def main() -> int:
         for bits in args.bits
         for K, N in shapes
     ]
-    payload = cuda.run(args.libs, configs, args.json, time.time() + args.deadline)
+    meta_path = args.libs / BUILD_META
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    payload = cuda.run(args.libs, configs, args.json, time.time() + args.deadline, meta)
     bad = sum(
         r["parity"]["differing"] + r["parity"]["odd_neighbours_differing"]
         for r in payload["results"]

@@ -291,6 +291,32 @@ def test_harness_report_counts_rows_and_bandwidth() -> None:
     assert f"2 of {sum(cuda.MS)} differ" in bad
 
 
+def test_report_gives_m1_error_ranges_per_kind() -> None:
+    """The error table gives each (dtype, group, bits) its range over the layers and the
+    ratio's range; a kind whose layers agree shows one value, not a range of two equal."""
+    second = _harness_result(4e-6, 5e-6)
+    second["parity"]["max_error"] = {"patched": 4e-3, "stock": 4e-3}
+    other = _harness_result(4e-6, 5e-6)
+    other["config"] = {**other["config"], "dtype": "float16", "bits": 8}
+    text = cuda.report({"host": {"copy_bytes_per_s": 4e12},
+                        "results": [_harness_result(4e-6, 5e-6), second, other]})  # fmt: skip
+    dash = cuda.EN_DASH
+    assert f"| bfloat16 | 64 | 4 | 2 | 3.0e-03{dash}4.0e-03 | 4.0e-03 | 0.75{dash}1.00 |" in text
+    assert "| float16 | 64 | 8 | 1 | 3.0e-03 | 4.0e-03 | 0.75 |" in text
+    assert "build inputs" not in text  # a run of libraries without build.json names none
+
+
+def test_the_kernel_stock_page_is_the_report_of_its_run() -> None:
+    """docs/results/cuda-kernel-stock.md holds every line ``report`` prints from its JSON
+    (the libraries' build inputs included), and the command that prints them."""
+    page = (ROOT / "docs" / "results" / "cuda-kernel-stock.md").read_text().splitlines()
+    run = json.loads((ROOT / "docs" / "results" / "cuda-kernel-stock.json").read_text())
+    made = [ln for ln in cuda.report(run).splitlines() if ln]
+    assert len(made) > 20 and [ln for ln in made if ln not in page] == []
+    assert any("of build inputs sha256" in ln for ln in made)
+    assert "python3 bench/cuda_qmv.py report docs/results/cuda-kernel-stock.json" in page
+
+
 def test_variant_report_names_each_variants_rows_and_times() -> None:
     """compare-report gives every variant its own count of differing rows and a column of
     microseconds beside stock's; one variant's differing row is not hidden by another's."""

@@ -154,6 +154,17 @@ def test_ncu_page_is_of_what_the_cuda_build_compiles_now() -> None:
     ), "cuda-ncu.json profiled a build of other CUDA inputs: rerun bench/mlx_ncu.py"
 
 
+def test_kernel_stock_page_is_of_what_the_cuda_build_compiles_now() -> None:
+    """``docs/results/cuda-kernel-stock.json`` (bench/cuda_qmv.py run, the kernel alone
+    beside stock's) is where ``docs/cuda.md`` takes M = 1's error against float32 from, so
+    its libraries must be of what a CUDA build compiles of ``patches/`` now."""
+    page = json.loads((RESULTS / "cuda-kernel-stock.json").read_text())
+    assert page["results"] and "stopped_at" not in page
+    assert page["build"]["build_inputs_sha256"] == mlx_build.build_inputs_id(ROOT, SHORT, "cuda"), (
+        "cuda-kernel-stock.json ran libraries of other CUDA inputs: rerun bench/cuda_qmv.py run"
+    )
+
+
 def test_controls_page_is_of_the_recorded_cuda_build_and_control() -> None:
     """``docs/results/cuda-controls.json`` (ci/cuda_controls.py) switched its defects into
     the patch the CUDA build record is of, with the control diff as it is now, and every

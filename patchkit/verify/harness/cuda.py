@@ -429,10 +429,20 @@ def host_info() -> dict[str, Any]:
     }
 
 
-def run(lib_dir: Path, configs: Sequence[Config], out: Path, deadline: float) -> dict[str, Any]:
-    """Every config in turn until ``deadline`` (time.time()); the JSON is rewritten after each."""
+def run(
+    lib_dir: Path,
+    configs: Sequence[Config],
+    out: Path,
+    deadline: float,
+    build: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Every config in turn until ``deadline`` (time.time()); the JSON is rewritten after each.
+    ``build`` (what compiled the libraries: build inputs, arch, nvcc) goes into the JSON, so
+    that a page quoting the run says which patch it measured."""
     libs = {"stock": Lib(lib_dir / "stock.so"), "patched": Lib(lib_dir / "patched.so")}
     payload: dict[str, Any] = {"host": host_info(), "cold_bytes": COLD_BYTES, "results": []}
+    if build is not None:
+        payload["build"] = build
     for cfg in configs:
         if time.time() > deadline:
             payload["stopped_at"] = asdict(cfg)
@@ -455,7 +465,13 @@ def report(data: dict[str, Any]) -> str:
     )
     peak = data["host"]["copy_bytes_per_s"]
     show = [m for m in MS if m in (1, 2, 4, 8, 12, 16, 17, 33)]
+    built = data.get("build")
     out = [
+        f"Libraries compiled for sm_{built['arch']} by {built['nvcc']}, of build inputs"
+        f" sha256 `{built['build_inputs_sha256'][:16]}` (decision 0008).",
+        "",
+    ] if built else []  # fmt: skip
+    out += [
         f"Rows of the patched calls at M = {MS[0]}..{MS[-1]} vs the patched M = 1 call of the"
         f" same vector: {bad} of {rows} differ (row 0 of M = 16 beside huge, infinite and NaN"
         f" neighbours included); controls (one flipped bit, a float32 reference) "
@@ -480,7 +496,39 @@ def report(data: dict[str, Any]) -> str:
             f"{bw['patched']:.0%} | {bw['stock']:.0%} | "
             f"{err['patched']:.1e} / {err['stock']:.1e} | " + " | ".join(cells) + " |"
         )
-    return "\n".join(out) + "\n"
+    return "\n".join([*out, "", *error_summary(res)]) + "\n"
+
+
+def error_summary(results: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: M = 1's largest error against float32 (over the largest output) per
+    dtype, group and bits, each arm's range over the layers and the patched/stock ratio's.
+    The new kernel changes M = 1's last bits against stock; this says in which direction."""
+    by_kind: dict[tuple[str, int, int], list[dict[str, float]]] = {}
+    for r in results:
+        c = r["config"]
+        by_kind.setdefault((c["dtype"], c["group_size"], c["bits"]), []).append(
+            r["parity"]["max_error"]
+        )
+
+    def span(values: list[float], fmt: str) -> str:
+        low, high = f"{min(values):{fmt}}", f"{max(values):{fmt}}"
+        return low if low == high else f"{low}{EN_DASH}{high}"
+
+    out = [
+        "M = 1's largest error against a float32 reference, over the largest output; range"
+        " over the layers:",
+        "",
+        "| dtype | group | bits | layers | patched | stock | patched / stock |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (dtype, group, bits), errs in by_kind.items():
+        patched, stock = [e["patched"] for e in errs], [e["stock"] for e in errs]
+        ratios = [e["patched"] / e["stock"] for e in errs]
+        out.append(
+            f"| {dtype} | {group} | {bits} | {len(errs)} | {span(patched, '.1e')} | "
+            f"{span(stock, '.1e')} | {span(ratios, '.2f')} |"
+        )
+    return out
 
 
 # ------------------------------------------------------------ launch-constant variants
