@@ -4,7 +4,9 @@
                                            [--variant NAME=T,S,W,KW,WN,WKW[,WXN,WXT,WXS] ...] \
                                            [--template-variant NAME=DIFF[:CONSTANTS] ...]
   run   (on the GPU host: torch)       python3 bench/cuda_qmv.py run --libs .device/qmv \
-                                           --json results.json [--deadline SECONDS] [--quick]
+                                           --json results.json [--deadline SECONDS] [--quick] \
+                                           [--dtypes bfloat16 float16] [--groups 64 32 128]
+  report (anywhere)                    python3 bench/cuda_qmv.py report results.json
   compare (GPU host)                   python3 bench/cuda_qmv.py compare --libs .device/qmv \
                                            --json variants.json [--group-size 64] \
                                            [--shapes 8192x16896,8192x28672]
@@ -21,7 +23,9 @@
 ``build`` renders the patched qmv.cu from the templates and compiles both arms with MLX's
 own nvcc flags and include directories (patchkit.verify.harness.cuda says how); ``run``
 checks every row of the patched calls at M = 1..16 (and 17, 33) bit for bit against the
-patched M = 1 call of the same vector, and times both arms with cold weights.
+patched M = 1 call of the same vector, measures each arm's M = 1 error against a float32
+reference, and times both arms with cold weights; ``report`` makes its tables
+(``docs/results/cuda-kernel-stock.md``).
 ``--variant`` adds libraries of the patched file with other launch constants
 (``variants/NAME.so``; any other build's ``patched.so`` copied there is compared too);
 ``--template-variant`` adds one of the patched file rendered from a copy of the templates
