@@ -57,6 +57,15 @@ checkout's build inputs and PR tests and hold its run of MLX's test file: so onc
 MLX's test file run on a build again. The tests beside stock then need no build of this
 run (their folder is the applied branch's, ``bench/mlx_tests.py pr-tests``), so ``--only
 tests`` alone builds nothing.
+
+``--patched PYTHON[:SITE]`` with ``--only speed``, ``independent`` or ``ncu`` times a
+build made by an earlier run instead of building again: the wheel of the committed
+``build-cuda`` record (its ``wheel`` field, in patchkit's cache on the host that built
+it), installed beside the stock MLX on a host whose GPU has the architecture it was
+compiled for (``nvcc`` builds MLX for the build host's GPU alone). The record must be of
+this checkout's build inputs, and that MLX must be its ``wheel_version`` and run on the
+GPU; the pages then name that record. So once one host has made every record, a host
+lent for less time than a build takes times that build again.
 """
 
 from __future__ import annotations
@@ -100,6 +109,8 @@ SKIPPABLE = {"speed": "cuda.json", "independent": "cuda-independent.json",
 SPEED_PAGES = (("speed", "chained", "cuda"), ("independent", "independent", "cuda-independent"))
 # What --only may name: those, and the tests beside stock against the committed build record.
 ONLY = (*SKIPPABLE, "tests")
+# The steps that may time a build made by an earlier run (--patched): the pages of a build.
+PREBUILT = ("speed", "independent", "ncu")
 BUILD_RECORD = "build-cuda.json"
 
 
@@ -118,14 +129,23 @@ class Step(NamedTuple):
 
 
 def steps(
-    stock: str, out: Path, build_args: list[str], python: str, pr_record: Path | None = None
+    stock: str,
+    out: Path,
+    build_args: list[str],
+    python: str,
+    pr_record: Path | None = None,
+    patched: str | None = None,
 ) -> list[Step]:
     """The run's commands, in order, for a stock interpreter spec and an output folder.
     With ``pr_record`` (a committed build record), the tests beside stock take the PR's
-    arm from it, not from this run's build."""
+    arm from it, not from this run's build; with ``patched`` too (PYTHON[:SITE] of that
+    record's wheel), so do the speed and ncu pages."""
     short = pin.load(ROOT / pin.PIN_FILE).short
     layout = mlx_build.layout("cuda", short, cmake_args=cuda_controls.cmake_args(build_args))
     build, bench, pages, controls = (out / d for d in ("build", "bench", "pages", "controls"))
+    arm, timed = str(layout.python), build / BUILD_RECORD  # the PR's MLX and its record
+    if patched is not None and pr_record is not None:
+        arm, timed = patched, pr_record
     build_argv = [python, "-m", "patchkit", "build", "--backend", "cuda"]
     build_argv += ["--record-dir", str(build), *build_args]
     plan = [Step("apply", [python, "-m", "patchkit", "apply", "--pin", short], ())]
@@ -145,22 +165,22 @@ def steps(
         for dtype, group in SPEED_RUNS:
             run = bench / f"{name}-{dtype}-{group}.json"
             argv = [python, "bench/mlx_qmv.py", "run", "--stock", stock]
-            argv += ["--patched", str(layout.python), "--json", str(run)]
+            argv += ["--patched", arm, "--json", str(run)]
             argv += ["--dtype", dtype, "--group-size", str(group), "--calls", calls]
             plan.append(Step(f"{kind} {dtype} group {group}", argv, (run,)))
             runs.append(run)
         page_argv = [python, "bench/mlx_qmv.py", "page", *map(str, runs), "--out",
-                     str(pages / name), "--build-record", str(build / BUILD_RECORD)]  # fmt: skip
+                     str(pages / name), "--build-record", str(timed)]  # fmt: skip
         page = tuple(pages / f"{name}.{ext}" for ext in ("json", "md", "png"))
         plan.append(Step(f"{kind} page", page_argv, page))
     # Nsight Compute on the same two arms: registers, occupancy, DRAM traffic per kernel
     # (bench/mlx_ncu.py); its page is the build's record, as the speed page is.
     ncu_run = bench / "ncu.json"
-    ncu_argv = [python, "bench/mlx_ncu.py", "run", "--arm", f"pr={layout.python}",
+    ncu_argv = [python, "bench/mlx_ncu.py", "run", "--arm", f"pr={arm}",
                 "--arm", f"stock={stock}", "--json", str(ncu_run)]  # fmt: skip
     plan.append(Step("ncu", ncu_argv, (ncu_run,)))
     ncu_page = [python, "bench/mlx_ncu.py", "page", str(ncu_run), "--out", str(pages / "cuda-ncu"),
-                "--build-record", str(build / BUILD_RECORD)]  # fmt: skip
+                "--build-record", str(timed)]  # fmt: skip
     plan.append(Step("ncu page", ncu_page, (pages / "cuda-ncu.json", pages / "cuda-ncu.md")))
     # The methods the build's own test run failed, on stock, beside that run's output:
     # whose failures they are (none failed: the page says nothing ran). Stock starts with
@@ -278,9 +298,10 @@ def publish(files: list[Path], dest: Path) -> None:
         txn.commit()
 
 
-def stock_not_on_gpu(spec: str) -> str | None:
-    """Why the stock MLX ``spec`` (``PYTHON[:SITE]``) cannot be the pages' stock arm: it
-    does not import, or its default device is not the GPU; ``None`` when it is."""
+def mlx_not_on_gpu(spec: str, version: str | None = None) -> str | None:
+    """Why the MLX of ``spec`` (``PYTHON[:SITE]``) cannot be an arm of the pages: it does
+    not import, is not ``version`` (where given), or its default device is not the GPU;
+    ``None`` when it can."""
     python, site = proc.interpreter(spec)
     env = {**os.environ, **({"PYTHONPATH": site} if site else {})}
     probe = "import mlx.core as mx; print(mx.__version__, mx.default_device())"
@@ -291,6 +312,8 @@ def stock_not_on_gpu(spec: str) -> str | None:
         return f"cannot run {python}: {exc}"
     # Its line, not its exit status: MLX's CUDA backend can abort while the probe tears
     # down (see patchkit.verify.mlx_parity.exit_without_teardown), after printing it.
+    if version is not None and done.stdout.split()[:1] != [version] and "Device(" in done.stdout:
+        return f"MLX {done.stdout.split()[0]} is not the build record's {version}"
     if "Device(gpu" in done.stdout:
         return None
     if done.returncode:
@@ -328,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="leave out the steps of a page already of these build inputs")  # fmt: skip
     ap.add_argument("--only", action="append", default=[], choices=sorted(ONLY),
                     help="the build without tests, then only these pages' steps")  # fmt: skip
+    ap.add_argument("--patched", metavar="PYTHON[:SITE]",
+                    help="with --only speed/independent/ncu: the committed build record's "
+                    "wheel, timed instead of a new build")  # fmt: skip
     args, build_args = ap.parse_known_args(argv)
     if args.only and args.skip:
         print("cuda_records: --only and --skip do not go together", file=sys.stderr)
@@ -335,6 +361,20 @@ def main(argv: list[str] | None = None) -> int:
     for kind in dict.fromkeys(args.skip):
         if why := not_current(kind):
             print(f"cuda_records: --skip {kind}: {why}; run its steps", file=sys.stderr)
+            return 2
+    patched_version = None
+    if args.patched:
+        if not args.only or set(args.only) - set(PREBUILT):
+            print("cuda_records: --patched goes with --only " + ", ".join(PREBUILT)
+                  + " alone: the other steps need this run's build", file=sys.stderr)  # fmt: skip
+            return 2
+        name, rec, why = committed(BUILD_RECORD)
+        why = why or other_inputs(name, rec.get("patch") or {})
+        patched_version = rec.get("wheel_version")
+        if not why and not patched_version:
+            why = f"{name} names no wheel_version"
+        if why:
+            print(f"cuda_records: --patched: {why}", file=sys.stderr)
             return 2
     if "tests" in args.only and (why := record_not_current()):
         print(f"cuda_records: --only tests: {why}; run without --only", file=sys.stderr)
@@ -350,14 +390,16 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tempfile.gettempdir()) / "cuda-records-XXXX"
     else:
         out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
-    pr_record = RESULTS / BUILD_RECORD if "tests" in args.only else None
-    plan = [s for s in steps(args.stock or "", out, build_args, sys.executable, pr_record)
-            if s.name.split()[0] not in args.skip]  # fmt: skip
+    pr_record = RESULTS / BUILD_RECORD if "tests" in args.only or args.patched else None
+    plan = [s for s in steps(args.stock or "", out, build_args, sys.executable, pr_record,
+                             args.patched) if s.name.split()[0] not in args.skip]  # fmt: skip
     if args.only:  # the build's record only names what the pages timed: not copied
-        built = set(args.only) != {"tests"}  # the tests need no build (a committed record)
+        # The tests and a build made elsewhere need none here (a committed record).
+        built = set(args.only) != {"tests"} and not args.patched
+        applied = built or "tests" in args.only  # the branch a build or the PR tests read
         plan = [s._replace(argv=[*s.argv, "--no-test"], keep=()) if s.name == "build" else s
-                for s in plan if s.name in ("apply", "pr tests") or s.name.split()[0] in args.only
-                or (s.name == "build" and built)]  # fmt: skip
+                for s in plan if (s.name == "apply" and applied) or s.name == "pr tests"
+                or s.name.split()[0] in args.only or (s.name == "build" and built)]  # fmt: skip
     records = [p for s in plan for p in s.produces if p.parent != out / "bench"
                and s.name != "pr tests" and not (args.only and s.name == "build")]  # fmt: skip
     # Found before the build, not after it and the speed runs: a missing profiler, and a
@@ -370,8 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
         why = ("no Nsight Compute (ncu beside nvcc or on PATH) for the ncu step: put the "
                "CUDA toolkit's ncu on PATH")  # fmt: skip
-    elif not args.plan and stocked and (stock_why := stock_not_on_gpu(args.stock)):
+    elif not args.plan and stocked and (stock_why := mlx_not_on_gpu(args.stock)):
         why = f"--stock {args.stock}: {stock_why}"
+    elif (
+        not args.plan
+        and args.patched
+        and (patched_why := mlx_not_on_gpu(args.patched, patched_version))
+    ):
+        why = f"--patched {args.patched}: {patched_why}"
     if why:
         print(f"cuda_records: {why}", file=sys.stderr)
         if not args.out and not args.plan:  # the temporary folder made for it, still empty

@@ -108,8 +108,8 @@ def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = "",
     original = records.steps
     kept = out / "cache" / "build.log"
 
-    def steps(stock, out_dir, build_args, python, pr_record=None):
-        real = original(stock, out_dir, build_args, python, pr_record)
+    def steps(stock, out_dir, build_args, python, pr_record=None, patched=None):
+        real = original(stock, out_dir, build_args, python, pr_record, patched)
         fake = []
         for s in real:
             files = [str(p) for p in s.produces if s.name != skip]
@@ -140,7 +140,7 @@ def results(tmp_path: Path, monkeypatch):
     # The ncu step's profiler is looked for before anything runs: these runs have one.
     monkeypatch.setattr(records.proc, "cuda_tool", lambda name, given=None: f"/opt/cuda/{name}")
     # And their stock runs on the GPU (its probe: test_a_stock_not_on_the_gpu_is_refused...).
-    monkeypatch.setattr(records, "stock_not_on_gpu", lambda spec: None)
+    monkeypatch.setattr(records, "mlx_not_on_gpu", lambda spec, version=None: None)
     return records, dest
 
 
@@ -418,6 +418,90 @@ def test_only_tests_compares_the_committed_build_record_with_stock(
     assert (out / "build" / "tests" / "test_quantized.py").read_text() == "new pr tests"
 
 
+def test_patched_times_the_committed_build_records_wheel_without_a_build(
+    results, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """``--patched``: the speed and ncu steps time an MLX built by an earlier run, named by
+    the committed build record (this checkout's build inputs, its wheel_version), with no
+    apply and no build; only their pages are copied, the record stays as it was. Refused,
+    in one line, with other steps or a record that cannot name that build."""
+    records, dest = results
+    from patchkit.carry import mlx_build, pin
+
+    short = pin.load(records.ROOT / pin.PIN_FILE).short
+    inputs = mlx_build.build_inputs_id(records.ROOT, short, "cuda")
+    current = {"patch": {"build_inputs_sha256": inputs}, "wheel_version": "0.32.1+patchkit.a"}
+    spec = "/opt/pr/python:/opt/pr/site"
+    argv = ["--only", "speed", "--only", "ncu", "--stock", "python3", "--patched", spec]
+    (dest / "build-cuda.json").write_text(json.dumps(current))
+    refusal = "cuda_records: --patched goes with --only speed, independent, ncu alone"
+    for bad in (["--only", "controls"], [], ["--only", "speed", "--only", "tests"]):
+        assert records.main(["--plan", *bad, "--stock", "python3", "--patched", spec]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(refusal) and err.count("\n") == 1, err
+    for record, why in (("old", "is not JSON"), ({**current, "patch": {}}, "is of build inputs"),
+                        ({"patch": current["patch"]}, "names no wheel_version")):  # fmt: skip
+        (dest / "build-cuda.json").write_text(record if isinstance(record, str) else
+                                              json.dumps(record))  # fmt: skip
+        assert records.main(["--plan", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cuda_records: --patched: ") and why in err and err.count("\n") == 1
+    (dest / "build-cuda.json").write_text(json.dumps(current))
+    kept = (dest / "build-cuda.json").read_text()
+    assert records.main(["--plan", *argv]) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert not [ln for ln in plan if "patchkit build" in ln or "patchkit apply" in ln]
+    runs = [ln for ln in plan if "bench/mlx_qmv.py run" in ln]
+    assert len(runs) == len(records.SPEED_RUNS) and all(f"--patched {spec} " in ln for ln in runs)
+    pages = [ln for ln in plan if " page " in ln]
+    assert len(pages) == 2 and all(ln.endswith(f"--build-record {dest / 'build-cuda.json'}")
+                                   for ln in pages)  # fmt: skip
+    assert any(f"--arm pr={spec} " in ln for ln in plan if "bench/mlx_ncu.py run" in ln)
+    # Control: the same pages without --patched build and time that build.
+    assert records.main(["--plan", *argv[:-2]]) == 0
+    built = capsys.readouterr().out
+    assert "patchkit build" in built and f"--patched {spec}" not in built
+    assert f"--build-record {dest / 'build-cuda.json'}" not in built
+    monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}))
+    out = tmp_path / "out"
+    assert records.main([*argv, "--out", str(out)]) == 0
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "build-cuda.json", "cuda-ncu.json", "cuda-ncu.md", "cuda.json", "cuda.md", "cuda.png",
+    ]  # fmt: skip
+    assert (dest / "build-cuda.json").read_text() == kept
+    assert not (out / "build" / "build-cuda.json").exists()  # nothing was built
+
+
+def test_a_patched_mlx_of_another_wheel_is_refused_before_anything_runs(
+    results, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The probe holds the patched MLX to the build record's wheel_version: another build
+    (or stock) would put the record's name on pages of something else."""
+    records, dest = results
+    probe = _records().mlx_not_on_gpu
+    for name in ("other", "cpu", "stock"):
+        (tmp_path / name).mkdir()
+    other = _fake_python(tmp_path / "other", "0.32.1+patchkit.b Device(gpu, 0)")
+    assert "is not the build record's 0.32.1+patchkit.a" in probe(other, "0.32.1+patchkit.a")
+    assert probe(other, "0.32.1+patchkit.b") is None  # control: its own version passes
+    cpu = _fake_python(tmp_path / "cpu", "0.32.1+patchkit.a Device(cpu, 0)")
+    assert "does not run on the GPU" in probe(cpu, "0.32.1+patchkit.a")
+    monkeypatch.setattr(records, "mlx_not_on_gpu", probe)
+    from patchkit.carry import mlx_build, pin
+
+    short = pin.load(records.ROOT / pin.PIN_FILE).short
+    (dest / "build-cuda.json").write_text(json.dumps({
+        "patch": {"build_inputs_sha256": mlx_build.build_inputs_id(records.ROOT, short, "cuda")},
+        "wheel_version": "0.32.1+patchkit.a"}))  # fmt: skip
+    stock = _fake_python(tmp_path / "stock", "0.32.1 Device(gpu, 0)")
+    out = tmp_path / "out"
+    assert records.main(["--only", "speed", "--stock", stock, "--patched", other,
+                         "--out", str(out)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"cuda_records: --patched {other}: MLX 0.32.1+patchkit.b is not")
+    assert err.count("\n") == 1 and not out.exists()
+
+
 def test_only_and_skip_together_are_a_one_line_error(results, capsys) -> None:
     records, dest = results
     assert records.main(["--only", "speed", "--skip", "ncu", "--stock", "python3"]) == 2
@@ -456,14 +540,14 @@ def test_a_stock_not_on_the_gpu_is_refused_before_anything_runs(
     """The mlx wheel without mlx-cuda runs on the CPU: its pages would not be CUDA's."""
     records = _records()
     cpu = _fake_python(tmp_path, "0.32.1 Device(cpu, 0)")
-    assert "does not run on the GPU" in records.stock_not_on_gpu(cpu)
-    assert "does not import" in records.stock_not_on_gpu(
+    assert "does not run on the GPU" in records.mlx_not_on_gpu(cpu)
+    assert "does not import" in records.mlx_not_on_gpu(
         _fake_python(tmp_path, "ModuleNotFoundError: No module named 'mlx'", 1)
     )
-    assert "cannot run" in records.stock_not_on_gpu(str(tmp_path / "missing"))
+    assert "cannot run" in records.mlx_not_on_gpu(str(tmp_path / "missing"))
     # Control: a stock on the GPU passes, also where its teardown aborts after the line.
-    assert records.stock_not_on_gpu(_fake_python(tmp_path, "0.32.1 Device(gpu, 0)")) is None
-    assert records.stock_not_on_gpu(_fake_python(tmp_path, "0.32.1 Device(gpu, 0)", 134)) is None
+    assert records.mlx_not_on_gpu(_fake_python(tmp_path, "0.32.1 Device(gpu, 0)")) is None
+    assert records.mlx_not_on_gpu(_fake_python(tmp_path, "0.32.1 Device(gpu, 0)", 134)) is None
     # The run refuses it with one line before its first step (nothing is written).
     monkeypatch.setattr(records.proc, "cuda_tool", lambda name, given=None: f"/opt/cuda/{name}")
     cpu = _fake_python(tmp_path, "0.32.1 Device(cpu, 0)")
