@@ -523,7 +523,7 @@ def error_summary(results: list[dict[str, Any]]) -> list[str]:
     ]
     for (dtype, group, bits), errs in by_kind.items():
         patched, stock = [e["patched"] for e in errs], [e["stock"] for e in errs]
-        ratios = [e["patched"] / e["stock"] for e in errs]
+        ratios = [e["patched"] / e["stock"] if e["stock"] else float("inf") for e in errs]
         out.append(
             f"| {dtype} | {group} | {bits} | {len(errs)} | {span(patched, '.1e')} | "
             f"{span(stock, '.1e')} | {span(ratios, '.2f')} |"
