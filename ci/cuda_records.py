@@ -247,19 +247,33 @@ def not_current(kind: str) -> str | None:
     return None
 
 
+def committed_build() -> tuple[str, dict[str, Any], str | None]:
+    """The committed build record (its name, its JSON) and why it is not of this checkout's
+    build inputs (``None`` when it is): what every step taking the PR's arm from it needs."""
+    name, rec, why = committed(BUILD_RECORD)
+    return name, rec, why or other_inputs(name, rec.get("patch") or {})
+
+
 def record_not_current() -> str | None:
     """Why the committed build record cannot be the PR's arm of the tests beside stock
     (``--only tests``); ``None`` when it can: of this checkout's build inputs and PR tests
     (the checks of ``tests/test_records.py``), with its run of MLX's test file."""
-    name, rec, why = committed(BUILD_RECORD)
-    have = rec.get("patch") or {}
-    if why or (why := other_inputs(name, have)):
+    name, rec, why = committed_build()
+    if why:
         return why
-    if have.get("pr_files_sha256") != mlx_build.pr_files_id(ROOT):
+    if rec["patch"].get("pr_files_sha256") != mlx_build.pr_files_id(ROOT):
         return f"{name} ran other PR tests than templates/ renders now"
     if not (rec.get("tests") or {}).get("per_test"):
         return f"{name} holds no run of MLX's test file"
     return None
+
+
+def record_wheel() -> tuple[str | None, str | None]:
+    """The committed build record's wheel version, which ``--patched`` must run, and why
+    the record cannot name it (``None`` when it can): of this checkout's build inputs."""
+    name, rec, why = committed_build()
+    version = rec.get("wheel_version")
+    return version, why or (None if version else f"{name} names no wheel_version")
 
 
 def ended(step: Step, code: int, out: Path, failures: list[str]) -> bool:
@@ -368,11 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             print("cuda_records: --patched goes with --only " + ", ".join(PREBUILT)
                   + " alone: the other steps need this run's build", file=sys.stderr)  # fmt: skip
             return 2
-        name, rec, why = committed(BUILD_RECORD)
-        why = why or other_inputs(name, rec.get("patch") or {})
-        patched_version = rec.get("wheel_version")
-        if not why and not patched_version:
-            why = f"{name} names no wheel_version"
+        patched_version, why = record_wheel()
         if why:
             print(f"cuda_records: --patched: {why}", file=sys.stderr)
             return 2
