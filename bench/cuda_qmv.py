@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -197,13 +198,19 @@ def build(out: Path, arch: str, variants: list[str], template_variants: list[str
     print("\n".join(str(p) for p in libs.values()))
 
 
+def build_meta(libs: Path) -> dict[str, Any] | None:
+    """What ``build`` recorded of ``libs`` (arch, nvcc, build inputs); ``None`` for
+    libraries it did not make."""
+    path = libs / BUILD_META
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def resources(libs: Path, out: Path, cuobjdump: str) -> None:
     """The static resources page of ``libs``'s patched library and its variants:
     ``out``.json and .md."""
-    meta_path = libs / BUILD_META
-    if not meta_path.is_file():
-        raise SystemExit(f"no {meta_path}: build the libraries with this checkout's build first")
-    meta = json.loads(meta_path.read_text())
+    if (meta := build_meta(libs)) is None:
+        raise SystemExit(f"no {libs / BUILD_META}: build the libraries with this checkout's "
+                         "build first")  # fmt: skip
     paths = {cuda.SHIPPED: libs / "patched.so"}
     paths.update((p.stem, p) for p in sorted((libs / "variants").glob("*.so")))
     found = {
@@ -401,9 +408,9 @@ def main() -> int:
         for bits in args.bits
         for K, N in shapes
     ]
-    meta_path = args.libs / BUILD_META
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
-    payload = cuda.run(args.libs, configs, args.json, time.time() + args.deadline, meta)
+    payload = cuda.run(
+        args.libs, configs, args.json, time.time() + args.deadline, build_meta(args.libs)
+    )
     bad = sum(
         r["parity"]["differing"] + r["parity"]["odd_neighbours_differing"]
         for r in payload["results"]
