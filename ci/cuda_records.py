@@ -65,7 +65,7 @@ it), installed beside the stock MLX on a host whose GPU has the architecture it 
 compiled for (``nvcc`` builds MLX for the build host's GPU alone). The record must be of
 this checkout's build inputs, and that MLX must be its ``wheel_version`` and run on the
 GPU; the pages then name that record. So once one host has made every record, a host
-lent for less time than a build takes times that build again.
+with less time to give than a build takes times that build again.
 """
 
 from __future__ import annotations
