@@ -22,7 +22,9 @@ nodes that made its inputs, so independent calls would run at once, and a kernel
 fills a fraction of the GPU (stock's ``qmm`` at a few vectors) would be timed by how
 well its calls overlap, not by how long a call that needs the one before it waits for it
 (``mx.depends`` links no GPU work, so the link is two small elementwise ops, timed alone
-as well). Rows are compared by ``patchkit parity``; this file only times.
+as well). Rows are compared by ``patchkit parity``; besides the times, this file measures
+only M = 1's error against a float32 reference (:func:`m1_error`), once per arm, on the
+same weights in both: the PR's M = 1 is a new kernel, whose bits may differ from stock's.
 """
 
 from __future__ import annotations
@@ -60,9 +62,16 @@ TINY_N, TINY_K = 16, 128  # the layer a call's own cost is timed on
 
 
 def worker(
-    cases: list[dict[str, Any]], repeats: int, dtype_name: str, group: int, calls: str
+    cases: list[dict[str, Any]],
+    repeats: int,
+    dtype_name: str,
+    group: int,
+    calls: str,
+    error: bool = False,
 ) -> list[dict[str, Any]]:
-    """Time every case in this process's MLX; one entry per case, microseconds per call."""
+    """Time every case in this process's MLX; one entry per case, microseconds per call.
+    With ``error``, each M = 1 entry also holds :func:`m1_error` of the case's layer: the
+    weights are drawn from a seed of the case, so every arm is measured on the same ones."""
     import mlx.core as mx
 
     dtype = getattr(mx, dtype_name)
@@ -84,21 +93,45 @@ def worker(
     out: list[dict[str, Any]] = [{"copy_bytes_per_s": best, "call_us": call_us, "link_us": link_us}]
     for case in cases:
         K, N, bits = case["K"], case["N"], case["bits"]
-        w = mx.random.normal((N, K)).astype(dtype)
-        q = mx.quantize(w, group_size=group, bits=bits)
-        mx.eval(q)
-        del w
+        q, x1 = layer(mx, K, N, bits, dtype, group)
         size = sum(a.nbytes for a in q)
+        err = m1_error(mx, q, x1, group, bits) if error else None
         copies = [[a + 0 for a in q] for _ in range(max(2, min(32, COLD_BYTES // size)))]
         mx.eval(copies)
         for M in case["Ms"]:
             x = mx.random.normal((M, K)).astype(dtype)
             mx.eval(x)
             us = _timed_us(mx, x, copies, bits, group, repeats, chained)
-            out.append({"K": K, "N": N, "bits": bits, "M": M, "us": us, "bytes": size})
+            row = {"K": K, "N": N, "bits": bits, "M": M, "us": us, "bytes": size}
+            out.append({**row, "m1_error": err} if M == 1 and err is not None else row)
         del copies
         mx.clear_cache()
     return out
+
+
+def layer(mx: Any, K: int, N: int, bits: int, dtype: Any, group: int) -> tuple[list[Any], Any]:
+    """A case's quantized weights and one vector, drawn from a seed of the layer: every arm
+    (every MLX) gets the same ones."""
+    mx.random.seed(K * 1_000_003 + N * 31 + bits)
+    q = mx.quantize(mx.random.normal((N, K)).astype(dtype), group_size=group, bits=bits)
+    x = mx.random.normal((1, K)).astype(dtype)
+    mx.eval(q, x)
+    return list(q), x
+
+
+def m1_error(mx: Any, q: list[Any], x: Any, group: int, bits: int) -> float:
+    """The largest |error| of ``mx.quantized_matmul`` of one vector ``x`` on the default
+    device against a float32 reference computed on the CPU (the same quantized weights
+    dequantized with float32 scales and biases, times x in float32), over the reference's
+    largest |output|, as the kernel-alone pages measure it. The arms draw the same weights
+    and x, so their errors compare the kernels' summation, which may change M = 1's bits
+    against stock (a new kernel), not the data."""
+    wq, scales, biases = q
+    out = mx.quantized_matmul(x, wq, scales, biases, True, group, bits).astype(mx.float32)
+    f32 = mx.float32
+    w = mx.dequantize(wq, scales.astype(f32), biases.astype(f32), group, bits, stream=mx.cpu)
+    ref = mx.matmul(x.astype(f32), w.T, stream=mx.cpu)
+    return (mx.abs(out - ref).max() / mx.abs(ref).max()).item()
 
 
 def _call_us(mx: Any, dtype: Any, group: int, repeats: int, chained: bool) -> float:
@@ -230,7 +263,8 @@ def run(a: argparse.Namespace) -> None:
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         for name in order:
             python, site = split[name]
-            rounds[name].append(run_arm(python, site, ARMS[name], job))
+            # M = 1's error once per arm (it is not timed, and the data do not change)
+            rounds[name].append(run_arm(python, site, ARMS[name], {**job, "error": r == 0}))
             print(f"round {r + 1}/{a.rounds}: {name} done", file=sys.stderr, flush=True)
     copy = statistics.median(rr[0]["copy_bytes_per_s"] for rr in rounds["stock"])
     call = {name: statistics.median(rr[0]["call_us"] for rr in rounds[name]) for name in arms}
@@ -242,6 +276,8 @@ def run(a: argparse.Namespace) -> None:
             each = [rr[i]["us"] for rr in rounds[name]]
             row[name + "_us"] = statistics.median(each)
             row[name + "_rounds_us"] = each  # the spread behind the median
+            if "m1_error" in rounds[name][0][i]:
+                row[name + "_m1_error"] = rounds[name][0][i]["m1_error"]
         row["floor_us"] = first["bytes"] / copy * 1e6
         rows.append(row)
     report = {
@@ -467,6 +503,31 @@ def spread_line(runs: list[dict[str, Any]]) -> list[str]:
     return [line]
 
 
+def error_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The page's section on M = 1's error against float32 in both arms (:func:`m1_error`),
+    for the runs that measured it: how far the PR's new M = 1 bits are from the exact
+    product, beside stock's."""
+    from patchkit.verify.harness.cuda import ErrorCell, error_table  # not in the arms' MLX
+
+    cells = [ErrorCell(run["dtype"], run["group_size"], row["bits"], row["pr_m1_error"],
+                       row["stock_m1_error"])
+             for run in runs for row in run["rows"]
+             if "pr_m1_error" in row and "stock_m1_error" in row]  # fmt: skip
+    if not cells:
+        return []
+    return [
+        "## M = 1 against a float32 reference",
+        "",
+        "Both arms on the same weights and vector (drawn from a seed of the layer), each "
+        "arm's output against the product computed in float32 on the CPU from the same "
+        "quantized weights; not timed. The PR's M = 1 is a new kernel, so its bits may "
+        "differ from stock's; this is in which direction.",
+        "",
+        *error_table(cells, "PR"),
+        "",
+    ]
+
+
 def timed_build(runs: list[dict[str, Any]], build_record: dict[str, Any]) -> dict[str, str]:
     """What the page holds for (decision 0008): the build record of the PR arm's MLX,
     reduced to its wheel and the build inputs it compiled. A speed page stays valid as long
@@ -566,6 +627,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         "",
         *image,
     ]
+    lines += error_lines(runs)
     for r in runs:
         lines += [f"## PR / stock: {r['dtype']}, group {r['group_size']}", "", ratios(r), ""]
     lines += [f"## Times: {main_run['dtype']}, group {main_run['group_size']}", "",
@@ -609,7 +671,7 @@ def main() -> None:
     if a.cmd == "worker":
         job = json.loads(sys.stdin.read())
         print(json.dumps(worker(job["cases"], job["repeats"], job["dtype"], job["group"],
-                                job["calls"])))  # fmt: skip
+                                job["calls"], job.get("error", False))))  # fmt: skip
     elif a.cmd == "run":
         run(a)
     elif a.cmd == "page":

@@ -866,3 +866,48 @@ def test_qmm_sm90_probe_tells_a_wrong_kernel_from_a_right_one(tmp_path, monkeypa
     monkeypatch.setattr(mx, "quantized_matmul", lambda x, *a: mx.zeros((*x.shape[:-1], 64)))
     wrong = probe.probe(mx, str(tmp_path), case)
     assert "rows_off=8[0, 1, 2]" in wrong and "cols_off=64[0, 1, 2]" in wrong
+
+
+class _OffBy:
+    """MLX with every quantized_matmul output scaled by ``1 + rel``: a kernel that is
+    wrong by that much."""
+
+    def __init__(self, mx: object, rel: float) -> None:
+        self._mx, self._rel = mx, rel
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._mx, name)
+
+    def quantized_matmul(self, *args: object) -> object:
+        return self._mx.quantized_matmul(*args) * (1 + self._rel)
+
+
+def test_mlx_qmv_m1_error_is_against_float32_and_the_same_data_in_every_arm() -> None:
+    """On MLX's CPU: a layer is drawn the same each time (both arms measure one); in
+    float32 the kernel and the reference agree, and a kernel off by 1 % reads 1 %."""
+    mx = pytest.importorskip("mlx.core")
+    bench = load_script("bench/mlx_qmv.py")
+    (q, x), (q2, x2) = (bench.layer(mx, 512, 96, 4, mx.float32, 64) for _ in range(2))
+    assert all(mx.array_equal(a, b).item() for a, b in zip([*q, x], [*q2, x2], strict=True))
+    other, _ = bench.layer(mx, 512, 96, 8, mx.float32, 64)
+    assert not mx.array_equal(other[1], q[1]).item()  # another layer: other weights
+    assert bench.m1_error(mx, q, x, 64, 4) < 1e-6
+    assert 0.0099 < bench.m1_error(_OffBy(mx, 0.01), q, x, 64, 4) < 0.0101
+
+
+def test_mlx_qmv_page_puts_m1_errors_beside_stocks(tmp_path) -> None:
+    """Runs that measured M = 1's error get its section, the PR over stock per kind; runs
+    that did not, none."""
+    bench = load_script("bench/mlx_qmv.py")
+    run = _mlx_qmv_report(stock_us=50.0, pr_us=20.0, nbytes=40_000_000, copy=4e12)
+    run.update(rounds=3, repeats=200, mlx={"stock": "0.32.1", "pr": "0.32.1+patchkit.abc"},
+               hardware={"gpu": "NVIDIA H200, 580", "cpus": 16}, command="c")  # fmt: skip
+    build = {"backend": "cuda", "wheel_version": "0.32.1+patchkit.abc",
+             "build_inputs_sha256": "f" * 64}  # fmt: skip
+    bench.page([run], tmp_path / "plain", [], build)
+    assert "M = 1 against a float32 reference" not in (tmp_path / "plain.md").read_text()
+    run["rows"][0].update(stock_m1_error=4e-3, pr_m1_error=3e-3)
+    bench.page([run], tmp_path / "errors", [], build)
+    text = (tmp_path / "errors.md").read_text()
+    assert "## M = 1 against a float32 reference" in text
+    assert "| bfloat16 | 64 | 4 | 1 | 3.0e-03 | 4.0e-03 | 0.75 |" in text

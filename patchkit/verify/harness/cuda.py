@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 QMV_PATH = "mlx/backend/cuda/quantized/qmm/qmv.cu"
 DTYPES = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}
@@ -499,16 +499,37 @@ def report(data: dict[str, Any]) -> str:
     return "\n".join([*out, "", *error_summary(res)]) + "\n"
 
 
+class ErrorCell(NamedTuple):
+    """M = 1's largest error against float32, over the largest output, of one layer in
+    both arms."""
+
+    dtype: str
+    group_size: int
+    bits: int
+    patched: float
+    stock: float
+
+
 def error_summary(results: list[dict[str, Any]]) -> list[str]:
+    """:func:`error_table` of compare results: the patched kernel beside stock's."""
+    return error_table(
+        [
+            ErrorCell(*(r["config"][k] for k in ("dtype", "group_size", "bits")),
+                      r["parity"]["max_error"]["patched"], r["parity"]["max_error"]["stock"])
+            for r in results
+        ],
+        "patched",
+    )  # fmt: skip
+
+
+def error_table(cells: list[ErrorCell], arm: str) -> list[str]:
     """Markdown lines: M = 1's largest error against float32 (over the largest output) per
-    dtype, group and bits, each arm's range over the layers and the patched/stock ratio's.
-    The new kernel changes M = 1's last bits against stock; this says in which direction."""
-    by_kind: dict[tuple[str, int, int], list[dict[str, float]]] = {}
-    for r in results:
-        c = r["config"]
-        by_kind.setdefault((c["dtype"], c["group_size"], c["bits"]), []).append(
-            r["parity"]["max_error"]
-        )
+    dtype, group and bits, each arm's range over the layers and the ratio's (``arm``: what
+    the page calls the patched arm). The new kernel changes M = 1's last bits against
+    stock; this says in which direction."""
+    by_kind: dict[tuple[str, int, int], list[ErrorCell]] = {}
+    for c in cells:
+        by_kind.setdefault((c.dtype, c.group_size, c.bits), []).append(c)
 
     def span(values: list[float], fmt: str) -> str:
         low, high = f"{min(values):{fmt}}", f"{max(values):{fmt}}"
@@ -518,12 +539,12 @@ def error_summary(results: list[dict[str, Any]]) -> list[str]:
         "M = 1's largest error against a float32 reference, over the largest output; range"
         " over the layers:",
         "",
-        "| dtype | group | bits | layers | patched | stock | patched / stock |",
+        f"| dtype | group | bits | layers | {arm} | stock | {arm} / stock |",
         "|---|---|---|---|---|---|---|",
     ]
     for (dtype, group, bits), errs in by_kind.items():
-        patched, stock = [e["patched"] for e in errs], [e["stock"] for e in errs]
-        ratios = [e["patched"] / e["stock"] if e["stock"] else float("inf") for e in errs]
+        patched, stock = [e.patched for e in errs], [e.stock for e in errs]
+        ratios = [e.patched / e.stock if e.stock else float("inf") for e in errs]
         out.append(
             f"| {dtype} | {group} | {bits} | {len(errs)} | {span(patched, '.1e')} | "
             f"{span(stock, '.1e')} | {span(ratios, '.2f')} |"
