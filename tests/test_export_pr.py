@@ -1020,6 +1020,38 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
     assert "in 3 of 5 cells" in found[0]["lines"][3]
 
 
+def test_the_cuda_speed_fact_gives_m1_error_beside_stocks(tmp_path: Path) -> None:
+    """Where the speed page measured M = 1's error against float32, the body gives this
+    change's over stock's per bits, after the times; a page without it gives no such line."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
+    )
+
+    def row(bits: int, M: int, **errors: float) -> dict:
+        return {"K": 4096, "N": 4096, "bits": bits, "M": M, "stock_us": 10.0, "pr_us": 5.0,
+                **errors}  # fmt: skip
+
+    rows = [row(4, 1, stock_m1_error=4e-3, pr_m1_error=2e-3), row(4, 2),
+            row(8, 1, stock_m1_error=1e-3, pr_m1_error=1e-3)]  # fmt: skip
+    runs = [{"dtype": d, "group_size": 64, "mlx": {"stock": "0.32.1"}, "rounds": 3,
+             "hardware": {"gpu": "NVIDIA H200"}, "repeats": 200, "calls": "chained",
+             "rows": [dict(r) for r in rows]} for d in ("bfloat16", "float16")]  # fmt: skip
+    runs[1]["rows"][0]["pr_m1_error"] = 5e-3
+    (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    lines = found[0]["lines"]
+    assert lines[2].startswith("time with this change over stock's")
+    assert lines[3].startswith("M = 1's largest error against a float32 reference")
+    assert lines[3].endswith("4-bit 0.50-1.25x; 8-bit 1.00x")
+    for run in runs:  # control: runs that did not measure it
+        for r in run["rows"]:
+            r.pop("pr_m1_error", None)
+    (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert not any("float32 reference" in line for line in found[0]["lines"])
+
+
 @pytest.mark.parametrize("calls", [None, "independent", "chained"])
 def test_the_cuda_body_owes_dependent_calls_while_its_speed_timed_independent_ones(
     tmp_path: Path, calls: str | None

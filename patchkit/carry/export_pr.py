@@ -32,6 +32,7 @@ import datetime
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -1021,8 +1022,29 @@ def speed_fact(data: dict) -> list[str]:
         f"{first['rounds']} rounds per arm; {SPEED_CALLS[speed_calls(data)]}",
         f"time with this change over stock's: {ones}; {band(2, 7)}: {ratio(2, 7)}; "
         f"{band(8, 16)}: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
+        *m1_error_fact(rows, bits),
         *slow,
         *(f"note: {n}" for n in data.get("notes") or []),
+    ]
+
+
+def m1_error_fact(rows: list[dict], bits: list[int]) -> list[str]:
+    """The speed page's M = 1 error against float32, this change's over stock's per bits
+    (``bench/mlx_qmv.py``'s ``m1_error``), where its runs measured it: M = 1 is a new
+    kernel, and its bits may differ from stock's, so the reviewer reads in which direction."""
+    cells = [r for r in rows if "pr_m1_error" in r and "stock_m1_error" in r]
+    if not cells:
+        return []
+
+    def ratios(b: int) -> str:
+        picked = [r["pr_m1_error"] / r["stock_m1_error"] if r["stock_m1_error"] else math.inf
+                  for r in cells if r["bits"] == b]  # fmt: skip
+        return _span(picked, lambda x: f"{x:.2f}") + "x" if picked else "not measured"
+
+    return [
+        "M = 1's largest error against a float32 reference computed on the CPU from the same "
+        "quantized weights, over the largest output, this change's over stock's (the same "
+        "weights and vector in both): " + "; ".join(f"{b}-bit {ratios(b)}" for b in bits)
     ]
 
 
