@@ -407,8 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         # The tests and a build made elsewhere need none here (a committed record).
         built = set(args.only) != {"tests"} and not args.patched
         applied = built or "tests" in args.only  # the branch a build or the PR tests read
+        # The PR's test folder is the tests' alone: --patched makes no branch to read it from.
         plan = [s._replace(argv=[*s.argv, "--no-test"], keep=()) if s.name == "build" else s
-                for s in plan if (s.name == "apply" and applied) or s.name == "pr tests"
+                for s in plan if (s.name == "apply" and applied)
+                or (s.name == "pr tests" and "tests" in args.only)
                 or s.name.split()[0] in args.only or (s.name == "build" and built)]  # fmt: skip
     records = [p for s in plan for p in s.produces if p.parent != out / "bench"
                and s.name != "pr tests" and not (args.only and s.name == "build")]  # fmt: skip
