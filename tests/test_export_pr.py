@@ -1131,6 +1131,35 @@ def test_the_cuda_body_owes_what_a_chained_speed_page_leaves_untimed(
     assert "on sm90 GPUs other than the one above" in owed
 
 
+def test_the_cuda_body_owes_the_kinds_of_layer_no_speed_page_timed(tmp_path: Path) -> None:
+    """Layers of few rows and layers of one group a row are owed while every quoted speed
+    page leaves them untimed; a page that times one (the control) takes it off the list."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text("".join(
+        f'[[cuda.result]]\ntitle = "Speed {c}"\nfile = "{c}.json"\nkind = "speed"\n'
+        for c in ("chained", "independent")))  # fmt: skip
+
+    def owed(layers: dict[str, list[tuple[int, int]]]) -> str:
+        for calls, kn in layers.items():
+            rows = [{"K": k, "N": n, "bits": 4, "M": m, "stock_us": 20.0, "pr_us": 10.0}
+                    for k, n in kn for m in range(1, 17)]  # fmt: skip
+            run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"},
+                   "rounds": 3, "hardware": {"gpu": "NVIDIA H200"}, "repeats": 200,
+                   "rows": rows, "calls": calls}  # fmt: skip
+            (tmp_path / f"{calls}.json").write_text(json.dumps({"runs": [run]}))
+        found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+        context = export_pr.body_context("cuda", PIN_SHA, "b", MAIN_TEMPLATE, FACTS, found)
+        text = export_pr.render_body(TEMPLATES, context).split("## Still to measure")[1]
+        return " ".join(text.split("## Related")[0].split())
+
+    few_rows = "The speed on layers of fewer than 4096 rows (N)"
+    one_group = "The speed on layers of one group a row (K <= group size)"
+    text = owed({"chained": [(4096, 4096)], "independent": [(14336, 4096)]})
+    assert few_rows in text and one_group in text
+    text = owed({"chained": [(4096, 4096), (4096, 1024)], "independent": [(64, 4096)]})
+    assert few_rows not in text and one_group not in text
+
+
 @pytest.mark.parametrize("qmm_us", [None, 20.0, 5.0])
 def test_the_cuda_route_section_follows_where_the_speed_page_has_qmm_faster(
     tmp_path: Path, qmm_us: float | None

@@ -961,6 +961,28 @@ def untimed_ms(data: dict) -> list[int]:
     return [m for m in range(2, 17) if m not in timed]
 
 
+# Layers of fewer rows (N) than this are owed where no speed page timed one: the CUDA
+# kernel's grid has a block per 16 rows and never splits K, so it fills less of the GPU
+# the fewer rows a layer has (the speed bench's layers start at 4096 rows).
+SMALL_LAYER_N = 4096
+
+
+def untimed_layers(data: dict) -> list[str]:
+    """The kinds of layer no run of a speed page timed that this change launches otherwise
+    than the layers it did: a grid too small to fill the GPU (every M, M = 1 included), and
+    a group spanning K, which main sends to ``qmm_sm90`` from M * B = 2."""
+    cells = [(run, r) for run in data["runs"] for r in run["rows"]]
+    owed = []
+    if all(r["N"] >= SMALL_LAYER_N for _, r in cells):
+        owed.append(f"fewer than {SMALL_LAYER_N} rows (N), where the new kernel's grid (a "
+                    "block per 16 rows, K never split) fills less of the GPU than on the "
+                    "layers above (M = 1 included: every sm90 decode step takes it)")  # fmt: skip
+    if all(r["K"] > run["group_size"] for run, r in cells):
+        owed.append("one group a row (K <= group size), which main sends to `qmm_sm90` "
+                    "from M * B = 2")  # fmt: skip
+    return owed
+
+
 def speed_fact(data: dict) -> list[str]:
     """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
     the patched build's time over stock's per band of M (M = 1 per bits), how it was timed,
@@ -1248,9 +1270,15 @@ def measured_results(
                 "qmm_faster": len(qmm_band_cells(data)[1]) if kind == "speed" else None,
                 # The M of 2..16 a speed page did not time (the bench samples 9..16).
                 "untimed_ms": untimed_ms(data) if kind == "speed" else None,
+                "untimed_layers": untimed_layers(data) if kind == "speed" else None,
             }
         )
     return found, notes
+
+
+def owed_by_all(lists: list[list[str]]) -> list[str]:
+    """The items every list holds, in the first list's order: what no page measured."""
+    return [item for item in lists[0] if all(item in each for each in lists[1:])] if lists else []
 
 
 def file_run_whole(data: dict) -> bool:
@@ -1305,6 +1333,10 @@ def body_context(
         "speed_calls_chained": any(r.get("calls") == "chained" for r in results),
         # The M up to 16 the quoted speed page left untimed, owed in "Still to measure".
         "speed_untimed_ms": sorted({m for r in results for m in r.get("untimed_ms") or []}),
+        # Kinds of layer no quoted speed page timed (owed only while every page leaves them).
+        "speed_untimed_layers": owed_by_all(
+            [r["untimed_layers"] for r in results if r.get("untimed_layers") is not None]
+        ),
         "qmm_faster_somewhere": any(r.get("qmm_faster") for r in results),
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
