@@ -127,8 +127,8 @@ def m1_error(mx: Any, q: list[Any], x: Any, group: int, bits: int) -> float:
     and x, so their errors compare the kernels' summation, which may change M = 1's bits
     against stock (a new kernel), not the data."""
     wq, scales, biases = q
-    out = mx.quantized_matmul(x, wq, scales, biases, True, group, bits).astype(mx.float32)
     f32 = mx.float32
+    out = mx.quantized_matmul(x, wq, scales, biases, True, group, bits).astype(f32)
     w = mx.dequantize(wq, scales.astype(f32), biases.astype(f32), group, bits, stream=mx.cpu)
     ref = mx.matmul(x.astype(f32), w.T, stream=mx.cpu)
     return (mx.abs(out - ref).max() / mx.abs(ref).max()).item()

@@ -511,7 +511,7 @@ class ErrorCell(NamedTuple):
 
 
 def error_summary(results: list[dict[str, Any]]) -> list[str]:
-    """:func:`error_table` of compare results: the patched kernel beside stock's."""
+    """:func:`error_table` of :func:`run`'s results: the patched kernel beside stock's."""
     return error_table(
         [
             ErrorCell(*(r["config"][k] for k in ("dtype", "group_size", "bits")),
