@@ -43,8 +43,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # patchkit, from a checkout
 
-# (K, N): Llama/Qwen-class projections, from 2**23 to 2**28 weights.
-SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]
+# (K, N): Llama/Qwen-class projections, from 2**22 to 2**28 weights. 4096x1024 is a
+# grouped-query k or v projection: too few rows to fill the GPU with one block per 16 rows.
+SHAPES = [(4096, 1024), (4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]
 QUICK_SHAPES = [(4096, 4096), (4096, 14336)]
 MS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 BITS = (4, 8)
