@@ -848,26 +848,31 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
         "time with this change over stock's: M = 1, 4-bit: 0.50x; M = 1, 8-bit: 1.20x; "
         "M = 2, 7: 0.10-0.25x; M = 8: 1.50x (stock runs `qmm` from M = 8)"
     )
-    # The one cell at M = 8..16 slower than stock's qmm is named: the route's cost.
+    # The one cell at M = 1..7 slower than stock's qmv is named, with its rounds.
     assert lines[3] == (
+        "slower than stock in 1 of 4 cells at M = 1..7: 8-bit 4096x4096 M = 1, bfloat16 "
+        "group 64, 1.20x (this change's rounds 12.0 µs)"
+    )
+    # The one cell at M = 8..16 slower than stock's qmm is named: the route's cost.
+    assert lines[4] == (
         "slower than stock's `qmm` in 1 of 1 cells at M = 8, at most 1.50x (4-bit "
         "4096x4096, bfloat16 group 64, M = 8), on 4096x4096"
     )
-    assert lines[4] == (
+    assert lines[5] == (
         "those cells (K x N, bits, M: this change's time over `qmm`'s): bfloat16 group 64: "
         "4096x4096 4-bit M = 8 1.50x"
     )
-    assert lines[5] == "note: first case slow"
+    assert lines[6] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
     run["rows"][3]["pr_us"] = 9.0  # control: faster everywhere, no cell named
     (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
-    assert found[0]["lines"][3] == "no slower than stock's `qmm` in any of 1 cells at M = 8"
+    assert found[0]["lines"][4] == "no slower than stock's `qmm` in any of 1 cells at M = 8"
     run["rows"][3]["pr_us"] = 10.5  # 1.05x: slower, by under a tenth
     (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert (
-        "in 1 of 1 cells at M = 8, 1 of them by under 10 %, at most 1.05x" in found[0]["lines"][3]
+        "in 1 of 1 cells at M = 8, 1 of them by under 10 %, at most 1.05x" in found[0]["lines"][4]
     )
     run["calls"] = "chained"
     (tmp_path / "cuda.json").write_text(json.dumps(page))
@@ -877,7 +882,8 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert "M = 2..7: not timed; M = 8..16: not timed" in found[0]["lines"][2]
-    assert found[0]["lines"][3] == "note: first case slow"  # no cell at M = 8..16 to name
+    assert found[0]["lines"][3].startswith("slower than stock in 1 of 2 cells at M = 1..7")
+    assert found[0]["lines"][4] == "note: first case slow"  # no cell at M = 8..16 to name
 
 
 def test_the_cuda_body_quotes_compute_sanitizer_only_when_every_tool_came_out_right(
@@ -1018,6 +1024,33 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
         "14336x4096 8-bit M = 8 1.01x"
     )
     assert "in 3 of 5 cells" in found[0]["lines"][3]
+
+
+def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) -> None:
+    """A cell at M < 8 where this change is slower than stock's `qmv` is named with the
+    spread of its rounds, so the reviewer can tell a cost from noise; a page whose cells
+    there are all faster gets no such line (the control)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
+    )
+
+    def page(ratio_at_2: float) -> list[str]:
+        rows = [{"K": 4096, "N": 1024, "bits": 8, "M": m, "stock_us": 20.0,
+                 "pr_us": 20.0 * r, "pr_rounds_us": [20.0 * r, 21.7, 28.7]}
+                for m, r in ((1, 0.9), (2, ratio_at_2), (8, 0.3))]  # fmt: skip
+        run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"},
+               "rounds": 3, "hardware": {"gpu": "NVIDIA H100"}, "repeats": 200,
+               "calls": "chained", "rows": rows}  # fmt: skip
+        (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run]}))
+        found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+        return [ln for ln in found[0]["lines"] if ln.startswith("slower than stock in")]
+
+    assert page(1.04) == [
+        "slower than stock in 1 of 2 cells at M = 1..7: 8-bit 4096x1024 M = 2, bfloat16 "
+        "group 64, 1.04x (this change's rounds 20.8-28.7 µs)"
+    ]
+    assert page(0.9) == []
 
 
 def test_the_cuda_speed_fact_gives_m1_error_beside_stocks(tmp_path: Path) -> None:

@@ -939,13 +939,36 @@ def speed_calls(data: dict) -> str:
 SpeedCell = tuple[float, dict, dict]
 
 
-def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
-    """The speed page's cells at M = 8..16, where stock runs its ``qmm``, as
-    ``(PR / stock, run, row)``, and those of them where this change is slower: the cost of
-    keeping those rows equal to M = 1, which the reviewer weighs."""
+def band_cells(data: dict, lo: int, hi: int) -> tuple[list[SpeedCell], list[SpeedCell]]:
+    """The speed page's cells at M = lo..hi as ``(PR / stock, run, row)``, and those of
+    them where this change is slower: at M = 8..16, where stock runs its ``qmm``, the cost
+    of keeping those rows equal to M = 1, which the reviewer weighs."""
     cells = [(r["pr_us"] / r["stock_us"], run, r) for run in data["runs"] for r in run["rows"]
-             if 8 <= r["M"] <= 16]  # fmt: skip
+             if lo <= r["M"] <= hi]  # fmt: skip
     return cells, [c for c in cells if c[0] > 1.0]
+
+
+def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
+    """:func:`band_cells` at M = 8..16, stock's ``qmm``."""
+    return band_cells(data, 8, 16)
+
+
+def qmv_band_slower(data: dict) -> list[str]:
+    """A line naming each cell at M = 1..7 (stock's ``qmv``) where this change is slower,
+    with its rounds' spread in this change's arm: a ratio over 1 there is either a cost of
+    the new kernel or noise, and the reviewer tells which from the spread and the runs."""
+    cells, slower = band_cells(data, 1, 7)
+    if not slower:
+        return []
+    each = []
+    for ratio, run, r in sorted(slower, key=lambda c: -c[0]):
+        rounds = r.get("pr_rounds_us") or [r["pr_us"]]
+        each.append(f"{r['bits']}-bit {r['K']}x{r['N']} M = {r['M']}, {run['dtype']} group "
+                    f"{run['group_size']}, {ratio:.2f}x (this change's rounds "
+                    f"{_span(rounds, lambda x: f'{x:.1f}')} µs)")  # fmt: skip
+    return [
+        f"slower than stock in {len(slower)} of {len(cells)} cells at M = 1..7: " + "; ".join(each)
+    ]
 
 
 def _cells_text(cells: list[SpeedCell]) -> str:
@@ -963,7 +986,7 @@ def untimed_ms(data: dict) -> list[int]:
 
 # Layers of fewer rows (N) than this are owed where no speed page timed one: the CUDA
 # kernel's grid has a block per 16 rows and never splits K, so it fills less of the GPU
-# the fewer rows a layer has (the speed bench's layers start at 4096 rows).
+# the fewer rows a layer has (the speed bench times a 1024-row layer; older pages did not).
 SMALL_LAYER_N = 4096
 
 
@@ -1045,6 +1068,7 @@ def speed_fact(data: dict) -> list[str]:
         f"time with this change over stock's: {ones}; {band(2, 7)}: {ratio(2, 7)}; "
         f"{band(8, 16)}: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
         *m1_error_fact(rows, bits),
+        *qmv_band_slower(data),
         *slow,
         *(f"note: {n}" for n in data.get("notes") or []),
     ]
