@@ -986,7 +986,7 @@ def untimed_ms(data: dict) -> list[int]:
 
 # Layers of fewer rows (N) than this are owed where no speed page timed one: the CUDA
 # kernel's grid has a block per 16 rows and never splits K, so it fills less of the GPU
-# the fewer rows a layer has (the speed bench times a 1024-row layer; older pages did not).
+# the fewer rows a layer has (the speed bench's layers include one of 1024 rows).
 SMALL_LAYER_N = 4096
 
 
