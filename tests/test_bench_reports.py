@@ -47,15 +47,15 @@ def test_mlx_qmv_table_puts_the_pr_beside_stock_and_the_floor() -> None:
     # time, 16 / 40; control: a cost below the floor leaves the floor, 10 / 40.
     report["call_us"] = {"stock": 7.0, "pr": 16.0}
     header, rule, row = bench.table(report).splitlines()
-    assert header.endswith("max(floor, call) / PR |") and rule.count("|") == header.count("|")
+    assert header.endswith("least / PR |") and rule.count("|") == header.count("|")
     assert row.endswith("| 25% | 40% |")
     report["call_us"] = {"stock": 7.0, "pr": 6.0}
     assert bench.table(report).splitlines()[2].endswith("| 25% | 25% |")
     assert bench.call_line([report]) == [
         "- A call's own cost (the same op on a 16x128 4-bit layer, one vector, timed as the "
         "layers are; median of the rounds, per run): stock 7.0 µs; PR 6.0 µs. No call takes "
-        "less than the larger of its floor and that cost, so where the cost is over twice the "
-        "floor, floor / PR cannot reach 0.5 through MLX."
+        "less than the larger of its floor and that cost (`least / PR` in the table of times): "
+        "where that is over twice the floor, floor / PR cannot reach 0.5 through MLX."
     ]
     assert bench.call_line([report, {**report, "call_us": None}]) == []  # control: a run without
     report["link_us"] = {"stock": 2.5, "pr": 2.0}  # its link timed alone, not in its calls
@@ -136,6 +136,33 @@ def test_mlx_qmv_targets_count_rows_no_kernel_could_meet() -> None:
     assert (one["out_of_reach"], few["met"], few["out_of_reach"]) == (1, 1, 1)
     # A run that timed no call cost (None) bounds by the floor alone.
     assert bench.against_targets({"rows": rows, "call_us": {"pr": None}})[1]["out_of_reach"] == 1
+
+
+def test_mlx_qmv_chained_calls_are_bounded_by_the_link_and_the_floor() -> None:
+    """A chained call waits for the link's two ops before its kernel reads its bytes, so
+    the least it can take is the link plus the floor; calls that do not wait are bounded
+    by the floor alone, and a measured time below the bound disproves it."""
+    bench = load_script("bench/mlx_qmv.py")
+    row = {"K": 8192, "N": 4096, "bits": 4, "M": 1, "bytes": 1, "stock_us": 60.0,
+           "pr_us": 30.0, "floor_us": 10.0}  # fmt: skip
+    chained = {"rows": [row], "calls": "chained", "call_us": {"pr": 15.0},
+               "link_us": {"pr": 12.0}}  # fmt: skip
+    assert bench.least_us(chained, row) == 22.0  # 12 + 10, over the call's own 15
+    # floor / PR 10 / 30 misses 0.5, and no call could meet it: 10 / 22 < 0.5
+    assert bench.against_targets(chained)[0]["out_of_reach"] == 1
+    # Control: the same run with independent calls is bounded by max(floor, call) = 15,
+    # under which 10 / 15 would meet the target, so the miss is within reach.
+    independent = dict(chained, calls="independent")
+    assert bench.least_us(independent, row) == 15.0
+    assert bench.against_targets(independent)[0]["out_of_reach"] == 0
+    # A PR time under the bound caps it there (the measurement wins).
+    fast = dict(row, pr_us=18.0)
+    assert bench.least_us(chained, fast) == 18.0
+    assert "least / PR" in bench.table(chained) and "| 73% |" in bench.table(chained)
+    # The page says so where (and only where) the run waited for the link.
+    timed = {"call_us": {"stock": 15.0, "pr": 15.0}, "link_us": {"stock": 12.0, "pr": 12.0}}
+    assert "its floor plus that link and" in bench.call_line([dict(chained, **timed)])[0]
+    assert "plus that link" not in bench.call_line([dict(independent, **timed)])[0]
 
 
 def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> None:
