@@ -543,8 +543,8 @@ def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool
 )
 @click.option(
     "--branch",
-    help="Branch name (default: qmv-jit-template-args, order-preserving-qmv, "
-    "order-preserving-qmv-cuda).",
+    help="Branch name (default, by backend: jit-fix qmv-jit-template-args, qmm-sm90 "
+    "qmm-sm90-param-layout, metal order-preserving-qmv, cuda order-preserving-qmv-cuda).",
 )
 @click.option("--force", is_flag=True, help="Move the branch if it exists already.")
 @click.option("--title", help="Commit subject (default: the backend's, from templates/pr/).")
