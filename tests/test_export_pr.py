@@ -710,7 +710,8 @@ def test_a_build_record_names_this_prs_tests_and_only_counts_the_rest(tmp_path: 
         return found[0]["lines"], context["tests_shown_passing"]
 
     lines, shown = body_facts()
-    assert "with this change and the other PRs of its series built together" in lines[0]
+    assert f"with this change and {export_pr.SERIES_BUILT}," in lines[0]
+    assert all(f"`{b}`" in lines[0] for b in export_pr.DEFAULT_BRANCHES.values())
     assert lines[1].endswith("; 2 methods not run to the end in the time given")
     assert "test_other_pr" not in " ".join(lines)
     assert lines[2] == "this PR's tests there: `test_own` passed, `test_own_too` passed"
@@ -874,6 +875,10 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     assert (
         "in 1 of 1 cells at M = 8, 1 of them by under 10 %, at most 1.05x" in found[0]["lines"][4]
     )
+    run["rows"][3]["pr_us"] = 10.996  # shown as 1.10x: not counted as under a tenth
+    (tmp_path / "cuda.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert "1 of 1 cells at M = 8, at most 1.10x" in found[0]["lines"][4]
     run["calls"] = "chained"
     (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
@@ -916,7 +921,9 @@ def test_the_cuda_body_quotes_compute_sanitizer_only_when_every_tool_came_out_ri
     runs[0].update(summary=100)  # control: every report it counted was printed
     (tmp_path / "c.json").write_text(json.dumps(record))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
-    assert "(memcheck counts 100 reports, all printed)" in found[0]["lines"][0]
+    assert (
+        "(memcheck counts 100 reports, all printed, each in another kernel)" in found[0]["lines"][0]
+    )
     # Runs of tools that checked the kernel alone: their summaries are the claim.
     for r in runs[:2]:
         r.update(summary=0, kernel_only=True)

@@ -60,6 +60,10 @@ DEFAULT_BRANCHES = {
     "metal": "order-preserving-qmv",
     "cuda": "order-preserving-qmv-cuda",
 }
+# How a record of the whole series built at once (what `patchkit build` compiles) names
+# what it holds besides the PR the body is for: by the branches export-pr makes.
+SERIES_BUILT = ("the other PRs of its series built together (the branches "
+                + ", ".join(f"`{b}`" for b in DEFAULT_BRANCHES.values()) + ")")  # fmt: skip
 # Paths one backend's commit must not touch (the other backend's sources).
 FOREIGN_PATHS = {
     "jit-fix": ("mlx/backend/cuda/", "mlx/backend/metal/kernels/", "python/", "benchmarks/"),
@@ -841,8 +845,8 @@ def build_fact(
     machine = data.get("machine") or {}
     where = machine.get("gpu") or f"{machine.get('system', '?')} {machine.get('machine', '')}"
     lines = [
-        f"MLX at {str(data.get('mlx_commit', '?'))[:8]} with this change and the other PRs of"
-        f" its series built together, {data.get('backend')} backend, {where.strip()},"
+        f"MLX at {str(data.get('mlx_commit', '?'))[:8]} with this change and {SERIES_BUILT},"
+        f" {data.get('backend')} backend, {where.strip()},"
         f" {data.get('date', '?')}"
     ]
     tests = data.get("tests") or {}
@@ -900,8 +904,8 @@ def tests_fact(data: dict) -> list[str]:
                    ", the others named to run)")  # fmt: skip
         compared = f" (methods run: {which}{why}"
     lines = [
-        f"`python/tests/{data['module']}.py` of this branch (built together with the other "
-        f"PRs of its series), {data['hardware']['gpu']}, one process "
+        f"`python/tests/{data['module']}.py` of this branch (with {SERIES_BUILT}), "
+        f"{data['hardware']['gpu']}, one process "
         f"per test method{compared}: with this branch {verdicts('pr')}; with stock MLX "
         f"({data['mlx']['stock']}) {verdicts('stock')}",
         f"subtests failing with this branch: {also + len(only) + unseen}"
@@ -1038,7 +1042,7 @@ def speed_fact(data: dict) -> list[str]:
     if slower:
         worst, wrun, wrow = max(slower, key=lambda c: c[0])
         slow_layers = sorted({(r["K"], r["N"]) for _, _, r in slower})
-        close = sum(c[0] < 1.1 for c in slower)
+        close = sum(round(c[0], 2) < 1.1 for c in slower)  # as the cells below show them
         near = f", {close} of them by under 10 %" if close else ""
         slow.append(f"slower than stock's `qmm` in {len(slower)} of {len(cells)} cells at "
                     f"{band(8, 16)}{near}, at most {worst:.2f}x "
@@ -1054,9 +1058,10 @@ def speed_fact(data: dict) -> list[str]:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
     return [
         f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
-        f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
-        f"this change and the other PRs of its series (compiler and build flags may differ "
-        f"between the two besides the changes: main built the same way is owed below), "
+        f"{first['mlx']['stock']} (release wheels) and MLX built from "
+        f"the pinned commit with this change and {SERIES_BUILT} (compiler and build flags "
+        f"may differ between the two besides the changes: main built the same way is owed "
+        f"below), "
         f"taking turns; "
         f"{len(layers)} layers (K x N: {', '.join(f'{k}x{n}' for k, n in layers)}) "
         f"of {sizes[0]:,} to {sizes[-1]:,} weights, {'- and '.join(map(str, bits))}-bit, "
@@ -1115,7 +1120,8 @@ def sanitizer_fact(data: dict) -> list[str]:
         for r in clean:
             if count := r.get("summary"):
                 printed = r.get("kernel_reports", 0) + r.get("other_reports", 0)
-                shown = "all printed" if printed >= count else f"the first {printed:,} printed"
+                shown = ("all printed, each in another kernel" if printed >= count
+                         else f"the first {printed:,} printed")  # fmt: skip
                 seen.append(f"{r['tool']} counts {count:,} reports, {shown}")
         claim = "no printed report names `qmv_mma_kernel`" + (
             f" ({'; '.join(seen)})" if seen else ""
