@@ -62,7 +62,7 @@ DEFAULT_BRANCHES = {
 }
 # How a record of the whole series built at once (what `patchkit build` compiles) names
 # what it holds besides the PR the body is for: by the branches export-pr makes.
-SERIES_BUILT = ("the other PRs of its series built together (the branches "
+SERIES_BUILT = ("the other PRs of its series built together (the series' branches: "
                 + ", ".join(f"`{b}`" for b in DEFAULT_BRANCHES.values()) + ")")  # fmt: skip
 # Paths one backend's commit must not touch (the other backend's sources).
 FOREIGN_PATHS = {
@@ -1058,11 +1058,9 @@ def speed_fact(data: dict) -> list[str]:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
     return [
         f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
-        f"{first['mlx']['stock']} (release wheels) and MLX built from "
-        f"the pinned commit with this change and {SERIES_BUILT} (compiler and build flags "
-        f"may differ between the two besides the changes: main built the same way is owed "
-        f"below), "
-        f"taking turns; "
+        f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
+        f"this change and {SERIES_BUILT} (compiler and build flags may differ between the "
+        f"two besides the changes: main built the same way is owed below), taking turns; "
         f"{len(layers)} layers (K x N: {', '.join(f'{k}x{n}' for k, n in layers)}) "
         f"of {sizes[0]:,} to {sizes[-1]:,} weights, {'- and '.join(map(str, bits))}-bit, "
         f"{pairs}",
