@@ -1144,6 +1144,31 @@ def test_the_cuda_body_owes_the_calls_no_quoted_speed_page_timed(
     assert ("the calls timed above were independent" in owed) == (pages == ("independent",))
 
 
+@pytest.mark.parametrize("quoted", [True, False])
+def test_the_cuda_benchmark_section_says_whose_harness_timed_the_speed(
+    tmp_path: Path, quoted: bool
+) -> None:
+    """MLX asks for a PR's benchmark script with its numbers: where a speed page is quoted,
+    the Benchmark section says those numbers are another harness's, not the script's, and
+    owes main against the branch with the script (control: no page quoted, no such line)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    toml = 'title = "Speed"\nfile = "speed.json"\nkind = "speed"\n'
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        "[[cuda.result]]\n" + toml if quoted else ""
+    )
+    rows = [{"K": 4096, "N": 4096, "bits": 4, "M": 1, "stock_us": 20.0, "pr_us": 10.0}]
+    run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"}, "rounds": 3,
+           "hardware": {"gpu": "NVIDIA H200"}, "repeats": 200, "rows": rows,
+           "calls": "chained"}  # fmt: skip
+    (tmp_path / "speed.json").write_text(json.dumps({"runs": [run]}))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    facts = {**FACTS, "benchmarks": []}  # the CUDA PR's: the script is the Metal PR's
+    context = export_pr.body_context("cuda", PIN_SHA, "b", MAIN_TEMPLATE, facts, found)
+    bench = export_pr.render_body(TEMPLATES, context).split("## Benchmark")[1]
+    bench = " ".join(bench.split("\n## ")[0].split())
+    assert ('The speed under "Measured so far" was not taken with this script' in bench) is quoted
+
+
 @pytest.mark.parametrize("ms", [(1, 2, 8, 12, 16), tuple(range(1, 17))])
 def test_the_cuda_body_owes_what_a_chained_speed_page_leaves_untimed(
     tmp_path: Path, ms: tuple[int, ...]
