@@ -1224,9 +1224,11 @@ def _machine(backend: str) -> dict[str, Any]:
 
 
 # The route whose claim covers parity's whole matrix, per backend: the build's `parity`.
-# CUDA's default route leaves M * B >= 8 to stock qmm (a different summation order, by
-# decision: it is faster there) and, on sm90, stock's qmm_sm90 where it applies; only the
-# opt-in exact route claims M = 2..16 bit-identical to M = 1. So on CUDA the build runs
+# CUDA's default route takes the patch's kernel up to M * B = 16 for float16/bfloat16 on
+# 4- and 8-bit weights on sm90, and leaves the rest of parity's matrix (float32, other
+# bits, other GPUs) to stock's qmm from M * B = 8 (a different summation order) and
+# qmm_sm90 where it applies; only the opt-in exact route claims M = 2..16 bit-identical
+# to M = 1 across the whole matrix. So on CUDA the build runs
 # parity on that route and again on the default one (`parity_default`, stock's qmm rows
 # apart). Metal's default route already claims every M parity compares.
 PARITY_ROUTE_ENV: dict[str, dict[str, str]] = {"cuda": {"MLX_CUDA_QMV_EXACT": "1"}}
