@@ -359,8 +359,8 @@ def test_cuda_parity_checks_the_exact_route_and_the_record_says_so(
 ) -> None:
     """On CUDA the build's parity runs with MLX_CUDA_QMV_EXACT=1 (the route that claims every
     M parity compares; the default route leaves float32 and other bits to stock's qmm from
-    M * B = 8), and so does its
-    pre-compile check; MLX's own tests run the default route, as users get it."""
+    M * B = 8), and so does its pre-compile check; MLX's own tests run the default route,
+    as users get it."""
     _fill_stamps(project["deps"], {**CPU_STAMPS, "cutlass": "NVIDIA/cutlass v4.4.2\n"})
     build = mlx_build.plan(
         project["root"], backend="cuda", deps_dir=project["deps"], cache=tmp_path / "cache"

@@ -68,9 +68,10 @@ def test_backend_choice_is_one_of_three_prs_and_the_help_says_metal() -> None:
 
 def test_the_help_names_each_backends_default_branch() -> None:
     """The help's list is written by hand: a branch renamed or a PR added shows here."""
-    help_text = " ".join(CliRunner().invoke(main, ["export-pr", "--help"]).output.split())
+    words = " ".join(CliRunner().invoke(main, ["export-pr", "--help"]).output.split())
+    help_text = words.replace("- ", "-")  # click wraps after a hyphen inside a name
     for backend, branch in export_pr.DEFAULT_BRANCHES.items():
-        assert f"{backend} {branch}" in help_text.replace("- ", "-"), backend
+        assert f"{backend} {branch}" in help_text, backend
 
 
 @pytest.mark.parametrize(
