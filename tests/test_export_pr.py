@@ -1276,3 +1276,41 @@ def test_the_cuda_body_owes_main_alone_once_a_build_ran_the_whole_file(
     whole = "run to the end on main on a CUDA\n  GPU (sm_90), beside this branch"
     assert (whole in owed) == (not unfinished)
     assert ("run to the end on this branch and\n  on main" in owed) == bool(unfinished)
+
+
+@pytest.mark.parametrize("stock_left", [None, "only", "unfinished", "cut_off"])
+def test_the_cuda_body_owes_nothing_of_the_test_file_once_main_ran_it_whole(
+    tmp_path: Path, stock_left: str | None
+) -> None:
+    """With a build record that ran every method to its end, the item for the test file
+    goes once a tests page ran every method on stock too; a page of picked methods, or one
+    whose stock arm left a method unfinished or cut off, keeps it (the controls)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Build"\nfile = "build-cuda.json"\nkind = "build"\n'
+        '[[cuda.result]]\ntitle = "Tests"\nfile = "t.json"\nkind = "tests"\n'
+    )
+    tests = {"file": "python/tests/test_quantized.py", "ran": 2, "passed": 2, "failed": 0,
+             "skipped": 0, "unfinished": []}  # fmt: skip
+    record = {"mlx_commit": "9a795735ad9a", "backend": "cuda", "date": "2026-12-05",
+              "machine": {"gpu": "NVIDIA H100"}, "tests": tests}  # fmt: skip
+    (tmp_path / "build-cuda.json").write_text(json.dumps(record))
+    ok = {"verdict": "ok", "problems": []}
+    arms = {"pr": {"test_a": dict(ok), "test_b": dict(ok)},
+            "stock": {"test_a": dict(ok), "test_b": dict(ok)}}  # fmt: skip
+    page = {"module": "test_quantized", "hardware": {"gpu": "NVIDIA H100"},
+            "mlx": {"stock": "mlx 0.32.1"}, "arms": arms, "pr_failing_also_on_stock": 0,
+            "pr_failing_only_on_pr": [], "stock_failing_only_on_stock": 0}  # fmt: skip
+    if stock_left == "only":
+        page["only"] = ["test_a", "test_b"]
+    elif stock_left == "unfinished":
+        arms["stock"]["test_b"]["verdict"] = "UNFINISHED"
+    elif stock_left == "cut_off":
+        arms["stock"]["test_b"]["cut_off"] = True
+    (tmp_path / "t.json").write_text(json.dumps(page))
+    found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert notes == [] and len(found) == 2
+    context = export_pr.body_context("cuda", PIN_SHA, "b", MAIN_TEMPLATE, FACTS, found)
+    owed = export_pr.render_body(TEMPLATES, context).split("## Still to measure")[1]
+    assert ("`python/tests/test_quantized.py` run to the end" in owed) == bool(stock_left)
+    assert "Main against this branch with the benchmark above" in owed

@@ -1293,6 +1293,7 @@ def measured_results(
                 "own_tests": own,
                 "fixed_tests": fixed,
                 "whole_file": kind == "build" and file_run_whole(data),
+                "main_whole_file": kind == "tests" and stock_run_whole(data),
                 "calls": speed_calls(data) if kind == "speed" else None,
                 # Cells at M = 8..16 where stock's qmm is faster (None: not a speed page).
                 "qmm_faster": len(qmm_band_cells(data)[1]) if kind == "speed" else None,
@@ -1313,6 +1314,15 @@ def file_run_whole(data: dict) -> bool:
     """Whether a build record's run of MLX's test file took every method to its end."""
     tests = data.get("tests") or {}
     return bool(tests.get("ran")) and tests.get("unfinished") == []
+
+
+def stock_run_whole(data: dict) -> bool:
+    """Whether a tests page (``bench/mlx_tests.py``) ran every method of MLX's test file on
+    stock MLX to its end: no methods picked (``--only``), none cut off by its deadline."""
+    stock = (data.get("arms") or {}).get("stock") or {}
+    picked = data.get("only") or data.get("only_failed_in_build")
+    ended = all(r["verdict"] != "UNFINISHED" and not r.get("cut_off") for r in stock.values())
+    return bool(stock) and not picked and ended
 
 
 def template_has_description(template: str) -> bool:
@@ -1354,6 +1364,8 @@ def body_context(
         "fixed_tests_shown_passing": shown_passing(results, "fixed_tests"),
         # Whether a build record ran every method of MLX's test file to its end.
         "test_file_run_whole": any(r.get("whole_file") for r in results),
+        # Whether a tests page ran every method of that file to its end on stock (main).
+        "main_run_whole": any(r.get("main_whole_file") for r in results),
         # Whether the speed quoted timed independent calls (overlapped by MLX's graph).
         "speed_calls_independent": any(r.get("calls") == "independent" for r in results),
         # Whether a speed page is quoted, and whether it has stock's qmm faster somewhere.
