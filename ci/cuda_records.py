@@ -135,11 +135,13 @@ def steps(
     python: str,
     pr_record: Path | None = None,
     patched: str | None = None,
+    rounds: int | None = None,
 ) -> list[Step]:
     """The run's commands, in order, for a stock interpreter spec and an output folder.
     With ``pr_record`` (a committed build record), the tests beside stock take the PR's
     arm from it, not from this run's build; with ``patched`` too (PYTHON[:SITE] of that
-    record's wheel), so do the speed and ncu pages."""
+    record's wheel), so do the speed and ncu pages. ``rounds``: each arm's rounds in the
+    speed runs (None: the bench's own count), which the pages state."""
     short = pin.load(ROOT / pin.PIN_FILE).short
     layout = mlx_build.layout("cuda", short, cmake_args=cuda_controls.cmake_args(build_args))
     build, bench, pages, controls = (out / d for d in ("build", "bench", "pages", "controls"))
@@ -166,7 +168,9 @@ def steps(
             run = bench / f"{name}-{dtype}-{group}.json"
             argv = [python, "bench/mlx_qmv.py", "run", "--stock", stock]
             argv += ["--patched", arm, "--json", str(run)]
-            argv += ["--dtype", dtype, "--group-size", str(group), "--calls", calls]
+            argv += ["--dtype", dtype, "--group-size", str(group)]
+            argv += ["--rounds", str(rounds)] if rounds is not None else []
+            argv += ["--calls", calls]
             plan.append(Step(f"{kind} {dtype} group {group}", argv, (run,)))
             runs.append(run)
         page_argv = [python, "bench/mlx_qmv.py", "page", *map(str, runs), "--out",
@@ -368,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patched", metavar="PYTHON[:SITE]",
                     help="with --only speed/independent/ncu: the committed build record's "
                     "wheel, timed instead of a new build")  # fmt: skip
+    ap.add_argument("--rounds", type=int, choices=range(1, 100), metavar="N",
+                    help="the speed runs' rounds of each arm (bench/mlx_qmv.py --rounds; "
+                    "default its own): fewer for a host lent for less time")  # fmt: skip
     args, build_args = ap.parse_known_args(argv)
     if args.only and args.skip:
         print("cuda_records: --only and --skip do not go together", file=sys.stderr)
@@ -402,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tempfile.mkdtemp(prefix="cuda-records-"))
     pr_record = RESULTS / BUILD_RECORD if "tests" in args.only or args.patched else None
     plan = [s for s in steps(args.stock or "", out, build_args, sys.executable, pr_record,
-                             args.patched) if s.name.split()[0] not in args.skip]  # fmt: skip
+                             args.patched, args.rounds)
+            if s.name.split()[0] not in args.skip]  # fmt: skip
     if args.only:  # the build's record only names what the pages timed: not copied
         # The tests and a build made elsewhere need none here (a committed record).
         built = set(args.only) != {"tests"} and not args.patched

@@ -108,8 +108,8 @@ def _fake_steps(records, out: Path, exits: dict[str, int], skip: str = "",
     original = records.steps
     kept = out / "cache" / "build.log"
 
-    def steps(stock, out_dir, build_args, python, pr_record=None, patched=None):
-        real = original(stock, out_dir, build_args, python, pr_record, patched)
+    def steps(stock, out_dir, build_args, python, pr_record=None, patched=None, rounds=None):
+        real = original(stock, out_dir, build_args, python, pr_record, patched, rounds)
         fake = []
         for s in real:
             files = [str(p) for p in s.produces if s.name != skip]
@@ -416,6 +416,24 @@ def test_only_tests_compares_the_committed_build_record_with_stock(
     assert (dest / "build-cuda.json").read_text() == kept
     assert (dest / "cuda-tests.json").read_text() == "new tests beside stock"
     assert (out / "build" / "tests" / "test_quantized.py").read_text() == "new pr tests"
+
+
+def test_rounds_go_to_the_speed_runs_alone(capsys) -> None:
+    """``--rounds N`` reaches every speed run (both pages), and no other step; without it
+    the runs take the bench's own count (the control); a count under 1 is refused."""
+    records = _records()
+    argv = ["--plan", "--stock", "python3:/opt/stock", "--out", "/tmp/cr"]
+    assert records.main([*argv, "--rounds", "2"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    runs = [ln for ln in lines if "bench/mlx_qmv.py run" in ln]
+    assert len(runs) == 2 * len(records.SPEED_RUNS)
+    assert all(" --rounds 2 --calls " in ln for ln in runs)
+    assert not [ln for ln in lines if "--rounds" in ln and ln not in runs]
+    assert records.main(argv) == 0
+    assert "--rounds" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        records.main([*argv, "--rounds", "0"])
+    assert stop.value.code == 2 and "--rounds" in capsys.readouterr().err
 
 
 def test_patched_times_the_committed_build_records_wheel_without_a_build(
