@@ -372,12 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patched", metavar="PYTHON[:SITE]",
                     help="with --only speed/independent/ncu: the committed build record's "
                     "wheel, timed instead of a new build")  # fmt: skip
-    ap.add_argument("--rounds", type=int, choices=range(1, 100), metavar="N",
+    ap.add_argument("--rounds", type=int, metavar="N",
                     help="the speed runs' rounds of each arm (bench/mlx_qmv.py --rounds; "
                     "default its own): fewer for a host lent for less time")  # fmt: skip
     args, build_args = ap.parse_known_args(argv)
     if args.only and args.skip:
         print("cuda_records: --only and --skip do not go together", file=sys.stderr)
+        return 2
+    if args.rounds is not None and args.rounds < 1:
+        print(f"cuda_records: --rounds {args.rounds}: give 1 or more", file=sys.stderr)
         return 2
     for kind in dict.fromkeys(args.skip):
         if why := not_current(kind):

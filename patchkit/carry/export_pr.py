@@ -1321,7 +1321,8 @@ def stock_run_whole(data: dict) -> bool:
     stock MLX to its end: no methods picked (``--only``), none cut off by its deadline."""
     stock = (data.get("arms") or {}).get("stock") or {}
     picked = data.get("only") or data.get("only_failed_in_build")
-    ended = all(r["verdict"] != "UNFINISHED" and not r.get("cut_off") for r in stock.values())
+    ended = all(r.get("verdict") not in (None, "UNFINISHED") and not r.get("cut_off")
+                for r in stock.values())  # fmt: skip
     return bool(stock) and not picked and ended
 
 
