@@ -543,8 +543,9 @@ def parity_cmd(quick: bool, modes, bits, dtypes, out: Path | None, as_json: bool
 )
 @click.option(
     "--branch",
-    help="Branch name (default, by backend: jit-fix qmv-jit-template-args, qmm-sm90 "
-    "qmm-sm90-param-layout, metal order-preserving-qmv, cuda order-preserving-qmv-cuda).",
+    help="Branch name (default, by backend: "
+    + ", ".join(f"{backend} {branch}" for backend, branch in render.DEFAULT_BRANCHES.items())
+    + ").",
 )
 @click.option("--force", is_flag=True, help="Move the branch if it exists already.")
 @click.option("--title", help="Commit subject (default: the backend's, from templates/pr/).")

@@ -67,7 +67,7 @@ def test_backend_choice_is_one_of_three_prs_and_the_help_says_metal() -> None:
 
 
 def test_the_help_names_each_backends_default_branch() -> None:
-    """The help's list is written by hand: a branch renamed or a PR added shows here."""
+    """The help lists every backend's default branch, each beside its backend."""
     words = " ".join(CliRunner().invoke(main, ["export-pr", "--help"]).output.split())
     help_text = words.replace("- ", "-")  # click wraps after a hyphen inside a name
     for backend, branch in export_pr.DEFAULT_BRANCHES.items():

@@ -53,13 +53,7 @@ from patchkit.util import cache, git, proc
 
 BACKENDS = render.BACKENDS  # the JIT fix, the qmm_sm90 fix, Metal, CUDA: one PR each
 DEFAULT_BACKEND = "metal"
-# One branch per backend, so exporting the other backend never moves this one.
-DEFAULT_BRANCHES = {
-    "jit-fix": "qmv-jit-template-args",
-    "qmm-sm90": "qmm-sm90-param-layout",
-    "metal": "order-preserving-qmv",
-    "cuda": "order-preserving-qmv-cuda",
-}
+DEFAULT_BRANCHES = render.DEFAULT_BRANCHES  # one branch per PR
 # How a record of the whole series built at once (what `patchkit build` compiles) names
 # what it holds besides the PR the body is for: by the branches export-pr makes.
 SERIES_BUILT = ("the other PRs of its series built together (the series' branches: "

@@ -43,6 +43,15 @@ Flavour = Literal["upstream", "overlay"]
 # template arguments; CUDA's qmm_sm90 off where its parameter layout disagrees),
 # then Metal and CUDA.
 BACKENDS = ("jit-fix", "qmm-sm90", "metal", "cuda")
+# The branch `export-pr` makes for each change's PR by default: one per backend, so
+# exporting one never moves another's. Here, not in export_pr, so the CLI's help reads
+# them without importing the exporter at start-up.
+DEFAULT_BRANCHES = {
+    "jit-fix": "qmv-jit-template-args",
+    "qmm-sm90": "qmm-sm90-param-layout",
+    "metal": "order-preserving-qmv",
+    "cuda": "order-preserving-qmv-cuda",
+}
 # What a change's edits are written against: Metal's host diff builds on the JIT fix.
 REQUIRES = {"metal": ("jit-fix",)}
 # The dispatch tiles M into threadgroups of at most 5 vectors (as qmv_wide does),
