@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mlx_qmv import hardware, mlx_of
 
 from patchkit.util import proc
-from patchkit.util.split_unittest import parse_output
+from patchkit.util.split_unittest import parse_output, ran_to_end
 
 MODULE = "test_quantized"
 # A command's host-specific values, as its page shows them: interpreters and folders
@@ -111,10 +111,7 @@ def compare(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     failing = {
         name: {(m, s) for m, r in ran.items() for s in r["problems"]} for name, ran in arms.items()
     }
-    ended = {
-        name: {m for m, r in ran.items() if r["verdict"] != "UNFINISHED" and not r.get("cut_off")}
-        for name, ran in arms.items()
-    }
+    ended = {name: {m for m, r in ran.items() if ran_to_end(r)} for name, ran in arms.items()}
     pr_alone = {(m, s) for m, s in failing["pr"] - failing["stock"] if m in ended["stock"]}
     stock_alone = {(m, s) for m, s in failing["stock"] - failing["pr"] if m in ended["pr"]}
     return {

@@ -128,6 +128,8 @@ def test_a_deadline_stops_a_run_and_names_what_it_left(tmp_path: Path) -> None:
     assert mlx_build.unittest_counts(lines)["ran"] == 0
     line = mlx_build.tests_line({"file": "t.py", **mlx_build.unittest_counts(lines), **results})
     assert "2 not finished in the time given: test_a_sleeps, test_b_would_pass" in line
+    # Neither ran to its end, so neither says anything of its subtests.
+    assert not any(map(split_unittest.ran_to_end, split_unittest.parse_output(lines).values()))
     # Control: without the deadline the same module's quick method passes (sleeper skipped).
     (tmp_path / "test_slow.py").write_text(SLOW.replace("time.sleep(60)", "pass"))
     quick = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
@@ -137,6 +139,9 @@ def test_a_deadline_stops_a_run_and_names_what_it_left(tmp_path: Path) -> None:
         "unfinished": [],
         "cut_off": [],
     }
+    ended = split_unittest.parse_output(quick.stdout.splitlines())
+    assert sorted(ended) == ["test_a_sleeps", "test_b_would_pass"]
+    assert all(map(split_unittest.ran_to_end, ended.values()))
 
 
 SLEEPER = """

@@ -50,6 +50,7 @@ from patchkit.carry import mlx_build, pin, render, source
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import AnchorError, ToolError, UserError
 from patchkit.util import cache, git, proc
+from patchkit.util.split_unittest import ran_to_end
 
 BACKENDS = render.BACKENDS  # the JIT fix, the qmm_sm90 fix, Metal, CUDA: one PR each
 DEFAULT_BACKEND = "metal"
@@ -1315,9 +1316,7 @@ def stock_run_whole(data: dict) -> bool:
     stock MLX to its end: no methods picked (``--only``), none cut off by its deadline."""
     stock = (data.get("arms") or {}).get("stock") or {}
     picked = data.get("only") or data.get("only_failed_in_build")
-    ended = all(r.get("verdict") not in (None, "UNFINISHED") and not r.get("cut_off")
-                for r in stock.values())  # fmt: skip
-    return bool(stock) and not picked and ended
+    return bool(stock) and not picked and all(map(ran_to_end, stock.values()))
 
 
 def template_has_description(template: str) -> bool:

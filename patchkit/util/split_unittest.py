@@ -431,6 +431,14 @@ def parse_output(lines: list[str]) -> dict[str, dict[str, Any]]:
     return methods
 
 
+def ran_to_end(method: dict[str, Any]) -> bool:
+    """Whether one method of :func:`parse_output` (or a page or record made from it) ran
+    to its end: a verdict other than ``UNFINISHED`` and no shard cut off. Only such a
+    method says anything of its subtests: the pages compare failures there, and a stock
+    run counts as whole only where every method did."""
+    return method.get("verdict") not in (None, "UNFINISHED") and not method.get("cut_off")
+
+
 def memory_available() -> int | None:
     """The host's available memory in bytes (``MemAvailable``); None where unknown."""
     try:
