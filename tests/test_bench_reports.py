@@ -130,10 +130,17 @@ def test_mlx_qmv_targets_count_rows_no_kernel_could_meet() -> None:
     one, few, _ = bench.against_targets({"rows": rows})
     assert (one["met"], one["out_of_reach"]) == (0, 0)
     assert (few["met"], few["of"], few["out_of_reach"]) == (1, 2, 1)
+    # The one miss the bound allows is listed with how close it gets (30 us; 24 would
+    # meet 0.5); the row out of reach and the row that meets are not.
+    near = {"bits": 8, "K": 8192, "N": 4096, "M": 1, "value": 0.4, "pr_us": 30.0,
+            "least_us": 12.0, "goal_us": 24.0}  # fmt: skip
+    assert one["misses_in_reach"] == [near]
+    assert few["misses_in_reach"] == []
     # With a call cost of 25 us timed, no M = 1 call can reach floor / PR 0.5 (12 / 25); the
     # M = 8 row that met it in 15 us stays reachable (a measured time disproves the bound).
     one, few, _ = bench.against_targets({"rows": rows, "call_us": {"stock": 30.0, "pr": 25.0}})
     assert (one["out_of_reach"], few["met"], few["out_of_reach"]) == (1, 1, 1)
+    assert one["misses_in_reach"] == []  # out of reach now, so no longer listed
     # A run that timed no call cost (None) bounds by the floor alone.
     assert bench.against_targets({"rows": rows, "call_us": {"pr": None}})[1]["out_of_reach"] == 1
 
@@ -204,6 +211,15 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
              "stock_us": 15.0, "pr_us": 14.0}]}  # fmt: skip
     bench.page([tight], tmp_path / "tight", [], build)
     assert "; 0 of 1 meet it, 1 out of reach |" in (tmp_path / "tight.md").read_text()
+    assert "## Missed, not out of reach" not in text + (tmp_path / "tight.md").read_text()
+    # An M = 8 row that misses 0.5 (30 of 50 us) while its floor allows it: listed.
+    near = {**runs[0], "rows": [*runs[0]["rows"], {**runs[0]["rows"][0], "M": 8,
+            "pr_us": 30.0}]}  # fmt: skip
+    bench.page([near], tmp_path / "near", [], build)
+    near_text = (tmp_path / "near.md").read_text()
+    assert "## Missed, not out of reach" in near_text
+    row = "| M = 2..8: PR / stock (target 0.5) | 4 | 4096x4096 | 8 | 0.60 | 30.0 | 25.0 |"
+    assert row in near_text, near_text
     assert text.count("## PR / stock:") == 2 and "- Note: a note's text" in text
     assert bench.CALLS_TEXT["independent"] in text  # runs that do not say: the old method
     chained = [{**r, "calls": "chained"} for r in runs]
