@@ -1037,8 +1037,8 @@ def speed_fact(data: dict) -> list[str]:
     if slower:
         worst, wrun, wrow = max(slower, key=lambda c: c[0])
         slow_layers = sorted({(r["K"], r["N"]) for _, _, r in slower})
-        close = sum(round(c[0], 2) < 1.1 for c in slower)  # as the cells below show them
-        near = f", {close} of them by under 10 %" if close else ""
+        close = sum(round(c[0], 2) <= 1.1 for c in slower)  # as the cells below show them
+        near = f", {close} of them at 1.10x or less" if close else ""
         slow.append(f"slower than stock's `qmm` in {len(slower)} of {len(cells)} cells at "
                     f"{band(8, 16)}{near}, at most {worst:.2f}x "
                     f"({wrow['bits']}-bit {wrow['K']}x{wrow['N']}, {wrun['dtype']} group "
