@@ -1321,3 +1321,22 @@ def test_the_cuda_body_owes_nothing_of_the_test_file_once_main_ran_it_whole(
     owed = export_pr.render_body(TEMPLATES, context).split("## Still to measure")[1]
     assert ("`python/tests/test_quantized.py` run to the end" in owed) == bool(stock_left)
     assert "Main against this branch with the benchmark above" in owed
+
+
+def test_body_says_the_builds_are_the_overlay_and_where_they_were_built() -> None:
+    """The builds quoted are patchkit's overlay of the series (switches at their
+    defaults); a base other than the records' commit (a PR onto main) is said, the
+    records' own base is not (the sentence would say nothing there)."""
+    at_pin = export_pr.body_context("cuda", PIN_SHA, "b", PIN_TEMPLATE, FACTS, [RESULT],
+                                    records_commit=PIN_SHA)  # fmt: skip
+    body = export_pr.render_body(TEMPLATES, at_pin)
+    assert "built as\npatchkit's overlay" in body and "left at their defaults" in body
+    assert "can be older than this PR's base" not in body
+    on_main = export_pr.body_context("cuda", "f" * 40, "b", PIN_TEMPLATE, FACTS, [RESULT],
+                                     records_commit=PIN_SHA)  # fmt: skip
+    assert f"can be older than this PR's base,\n{'f' * 8}" in export_pr.render_body(
+        TEMPLATES, on_main
+    )
+    # No results quoted: neither sentence.
+    bare = export_pr.body_context("cuda", PIN_SHA, "b", PIN_TEMPLATE, FACTS, [])
+    assert "overlay" not in export_pr.render_body(TEMPLATES, bare)

@@ -1336,8 +1336,10 @@ def body_context(
     change_text: str = "",
     bench_on_branch: bool = False,
     stacked_on: list[dict[str, str]] | None = None,
+    records_commit: str = "",
 ) -> dict[str, object]:
-    """Everything the body template states, each value computed or read, none written here."""
+    """Everything the body template states, each value computed or read, none written here.
+    ``records_commit``: the MLX commit the checkout's records are built on (the pin)."""
     return {
         "notice": DRAFT_NOTICE,
         "backend": backend,
@@ -1385,6 +1387,8 @@ def body_context(
         "qmm_sm90_branch": DEFAULT_BRANCHES["qmm-sm90"],
         # The upstream commit under the PR (below any earlier PR of a stack): "main".
         "upstream_base": upstream_base or base,
+        # Whether the records were built on another commit than that (a PR onto main).
+        "records_elsewhere": not (upstream_base or base).startswith(records_commit or "~"),
     }
 
 
@@ -1511,6 +1515,7 @@ def export_pr(
         req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results, carries,
         upstream, change_facts(templates_dir, req.backend),
         git.blob_id(clone, head, BENCH_FILE) is not None, stacked_commits(clone, base, upstream),
+        pin.load(root / pin.PIN_FILE).commit if (root / pin.PIN_FILE).is_file() else "",
     )  # fmt: skip
     out = req.out or fresh_out_dir(root / "build" / "pr", f"{req.backend}-{base[:8]}")
     out.parent.mkdir(parents=True, exist_ok=True)
