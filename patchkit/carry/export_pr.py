@@ -56,9 +56,9 @@ BACKENDS = render.BACKENDS  # the JIT fix, the qmm_sm90 fix, Metal, CUDA: one PR
 DEFAULT_BACKEND = "metal"
 DEFAULT_BRANCHES = render.DEFAULT_BRANCHES  # one branch per PR
 # How a record of the whole series built at once (what `patchkit build` compiles) names
-# what it holds besides the PR the body is for: by the branches export-pr makes.
-SERIES_BUILT = ("the other PRs of its series built together (the series' branches: "
-                + ", ".join(f"`{b}`" for b in DEFAULT_BRANCHES.values()) + ")")  # fmt: skip
+# what it holds besides the PR the body is for; "Measured so far" names the series'
+# branches (those export-pr makes) once, above the records.
+SERIES_BUILT = "the other PRs of its series built together"
 # Paths one backend's commit must not touch (the other backend's sources).
 FOREIGN_PATHS = {
     "jit-fix": ("mlx/backend/cuda/", "mlx/backend/metal/kernels/", "python/", "benchmarks/"),
@@ -1385,6 +1385,7 @@ def body_context(
         "bench_on_branch": bench_on_branch,
         "metal_branch": DEFAULT_BRANCHES["metal"],
         "qmm_sm90_branch": DEFAULT_BRANCHES["qmm-sm90"],
+        "series_branches": list(DEFAULT_BRANCHES.values()),
         # The upstream commit under the PR (below any earlier PR of a stack): "main".
         "upstream_base": upstream_base or base,
         # Whether the records were built on another commit than that (a PR onto main).
