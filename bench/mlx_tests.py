@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mlx_qmv import hardware, mlx_of
 
 from patchkit.util import proc
-from patchkit.util.split_unittest import parse_output, ran_to_end
+from patchkit.util.split_unittest import compare_arms, parse_output
 
 MODULE = "test_quantized"
 # A command's host-specific values, as its page shows them: interpreters and folders
@@ -100,27 +100,7 @@ def side_by_side(
     for ran in arms.values():
         for m in methods:
             ran.setdefault(m, {"verdict": "UNFINISHED", "seconds": None, "problems": []})
-    return {"arms": arms, **compare(arms)}
-
-
-def compare(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Which failing subtests each arm shares with the other. A subtest can be called one
-    arm's own only where the other arm ran its method to the end: a method cut off there
-    (``UNFINISHED``, or a shard of it: ``cut_off``) says nothing of its subtests, so those
-    are ``not compared``."""
-    failing = {
-        name: {(m, s) for m, r in ran.items() for s in r["problems"]} for name, ran in arms.items()
-    }
-    ended = {name: {m for m, r in ran.items() if ran_to_end(r)} for name, ran in arms.items()}
-    pr_alone = {(m, s) for m, s in failing["pr"] - failing["stock"] if m in ended["stock"]}
-    stock_alone = {(m, s) for m, s in failing["stock"] - failing["pr"] if m in ended["pr"]}
-    return {
-        "pr_failing_also_on_stock": len(failing["pr"] & failing["stock"]),
-        "pr_failing_only_on_pr": sorted(f"{m}: {s}" for m, s in pr_alone),
-        "pr_failing_not_compared": len(failing["pr"] - failing["stock"] - pr_alone),
-        "stock_failing_only_on_stock": len(stock_alone),
-        "stock_failing_not_compared": len(failing["stock"] - failing["pr"] - stock_alone),
-    }
+    return {"arms": arms, **compare_arms(arms)}
 
 
 def generic_command(args: list[str]) -> str:
@@ -377,7 +357,7 @@ def main() -> None:
     named = list(a.only) if a.cmd != "report" else []  # --only's own, before the failed
     if a.cmd == "report":  # the comparison re-derived from the per-method verdicts kept
         data = json.loads(Path(a.json).read_text())
-        data.update(compare(data["arms"]))
+        data.update(compare_arms(data["arms"]))
         data["command"] = generic_command(shlex.split(data["command"])[2:])
         if a.md is None:
             print(page(data))

@@ -21,8 +21,9 @@ to the CUDA templates needs all of them again, made in this order on one machine
    same two arms, one Nsight Compute process a call (``cuda-ncu``: registers, occupancy,
    DRAM bytes and bandwidth of each kernel);
 3. ``bench/mlx_tests.py run --only-failed-in`` the build's record: the methods its test
-   run failed, and those of MLX's the series fixes (``export_pr.FIXED_TESTS``), on stock,
-   beside the build's own run of them (its log, kept by step 1) (``cuda-tests``).
+   run failed, those of MLX's the series fixes (``export_pr.FIXED_TESTS``) and the series'
+   new ones (``render.pr_test_methods``), on stock, beside the build's own run of them
+   (its log, kept by step 1) (``cuda-tests``).
    Nothing is timed from here on, so it runs alongside step 4 and costs the run no time
    of its own: it never imports the build the controls replace;
 4. ``ci/cuda_controls.py`` last: it leaves its control build in patchkit's build folder
@@ -88,7 +89,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ci import cuda_controls  # noqa: E402
-from patchkit.carry import export_pr, mlx_build, pin, transaction  # noqa: E402
+from patchkit.carry import export_pr, mlx_build, pin, render, transaction  # noqa: E402
 from patchkit.util import proc, staging  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -196,9 +197,11 @@ def steps(
                   "--tests", str(test_dir),
                   "--json", str(pages / "cuda-tests.json"), "--md", str(pages / "cuda-tests.md"),
                   "--shards", str(STOCK_SHARDS), "--jobs", str(os.cpu_count() or 1)]  # fmt: skip
-    # MLX's own methods the series fixes run too, failed or not: stock failing them and the
-    # build passing them is the fix shown (MLX asks a PR's tests to fail on main).
-    tests_argv += [a for t in export_pr.FIXED_TESTS["qmm-sm90"] for a in ("--only", t)]
+    # MLX's own methods the series fixes run too, failed or not, and the series' new ones:
+    # stock failing them and the build passing them is the fix shown, and each new test
+    # shown failing on main's code (MLX asks both of a PR).
+    named = [*export_pr.FIXED_TESTS["qmm-sm90"], *render.pr_test_methods(ROOT / "templates")]
+    tests_argv += [a for t in dict.fromkeys(named) for a in ("--only", t)]
     # The build's --test-timeout bounds them too.
     limit = cuda_controls.option_values(build_args, "--test-timeout")
     tests_argv += ["--deadline-s", limit[0]] if limit else []

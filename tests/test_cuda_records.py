@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from patchkit.carry import render
 from tests.support_procs import ends_within
 from tests.support_scripts import load_script
 
@@ -85,7 +86,10 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     assert tests.argv[tests.argv.index("--only-failed-in") + 1] == str(build.produces[0])
     # MLX's own methods the series fixes run on stock too, failed on the build or not.
     named = [b for a, b in itertools.pairwise(tests.argv) if a == "--only"]
-    assert named == ["test_qmm", "test_qmv", "test_qmv_wide"]
+    assert named[:3] == ["test_qmm", "test_qmv", "test_qmv_wide"]
+    # And the series' new tests: each shown failing on stock, as MLX asks of a new test.
+    assert named[3:] == render.pr_test_methods()
+    assert "test_qmv_tensor_cores_match_single_vector" in named
     kept = {src.name if src.name == "build.log" else "tests": str(dst) for src, dst in build.keep}
     assert tests.argv[tests.argv.index("--patched-log") + 1] == kept["build.log"]
     assert tests.argv[tests.argv.index("--tests") + 1] == kept["tests"]

@@ -195,6 +195,30 @@ def test_patch_method_renders_from_edits_toml(tmp_path: Path) -> None:
     assert cuda == UPSTREAM_TEST
 
 
+def test_pr_test_methods_are_the_members_the_pr_adds(tmp_path: Path) -> None:
+    """The methods a PR's snippets add (appended or placed after a method), in plan order;
+    an edit of upstream's own method adds none (the control)."""
+    folder = tmp_path / "templates" / "python" / "tests" / "test_quantized.py"
+    folder.mkdir(parents=True)
+    (folder / "new.py.j2").write_text("    def test_new_one(self):\n        pass\n")
+    (folder / "after.py.j2").write_text("    def test_after_b(self):\n        pass\n")
+    (folder / "b.diff.j2").write_text(PATCH_B)
+    (folder / "edits.toml").write_text(
+        'backend = "pr"\n\n[[edit]]\nop = "append_to_class"\nanchor = "TestQuantized"\n'
+        'template = "new.py.j2"\n\n[[edit]]\nop = "patch_method"\n'
+        'anchor = "TestQuantized.test_b"\ntemplate = "b.diff.j2"\n\n[[edit]]\n'
+        'op = "after_method"\nanchor = "TestQuantized.test_b"\ntemplate = "after.py.j2"\n'
+    )
+    assert render.pr_test_methods(tmp_path / "templates") == ["test_new_one", "test_after_b"]
+    # This checkout's: the Metal PR's two and the CUDA PR's two, none of upstream's.
+    assert render.pr_test_methods() == [
+        "test_qmv_small_batch_matches_single_vector",
+        "test_fp_qmv_small_batch_matches_single_vector",
+        "test_qmv_tensor_cores_match_single_vector",
+        "test_qqmm_tensor_cores_match_single_vector",
+    ]
+
+
 def test_pr_plans_are_invisible_to_apply_and_overlay() -> None:
     plans = render.pr_plans(TEMPLATES)
     assert sorted(p.path for p in plans) == [BENCH_PATH, TEST_PATH]
@@ -819,6 +843,23 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
         "(methods run: test_fixed, test_old; failed in the build's own run of the file: "
         "test_old, the others named to run)" in found[0]["lines"][0]
     )
+    # A PR's own tests among the page's: only those are quoted, counted from their arms.
+    found, notes = export_pr.measured_results(
+        tmp_path, tmp_path / "templates", "cuda", ("test_new",)
+    )
+    own = found[0]["lines"]
+    assert ", quoted here: test_new: with this branch 1 methods passed" in own[0]
+    assert "with stock MLX (mlx 0.32.1) 0 methods passed or skipped, 1 failed" in own[0]
+    assert own[1] == "subtests failing with this branch: 0, of which 0 fail on stock too"
+    assert own[-1] == "failing on stock, passing with this branch: test_new"
+    assert found[0]["own_fail_on_stock"] == ["test_new"]
+    assert "test_old" not in own[1] and "test_slow" not in " ".join(own)
+    # Control: a PR none of whose tests the page ran is left out, and said so.
+    found, notes = export_pr.measured_results(
+        tmp_path, tmp_path / "templates", "cuda", ("test_elsewhere",)
+    )
+    assert found == [] and notes == ["t.json: runs none of this PR's tests or of MLX's it "
+                                     "fixes; left out of the body"]  # fmt: skip
 
 
 def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> None:
@@ -1342,3 +1383,14 @@ def test_body_says_the_builds_are_the_overlay_and_where_they_were_built() -> Non
     # No results quoted: neither sentence.
     bare = export_pr.body_context("cuda", PIN_SHA, "b", PIN_TEMPLATE, FACTS, [])
     assert "overlay" not in export_pr.render_body(TEMPLATES, bare)
+
+
+def test_the_cuda_body_says_its_test_fails_on_stock_only_once_a_page_shows_it() -> None:
+    """The new test failing on main's code is owed until a tests page shows it failing on
+    stock and passing on the build; then the body points there."""
+    test = "test_qmv_tensor_cores_match_single_vector"
+    owed = _body(backend="cuda", own_shown_failing_on_stock=[])
+    assert "a run\nof it on main is owed" in owed and "shown on stock's wheels" not in owed
+    shown = _body(backend="cuda", own_shown_failing_on_stock=[test])
+    assert "shown on stock's wheels beside this branch's build" in shown
+    assert "on main is owed" not in shown

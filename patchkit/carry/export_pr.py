@@ -50,7 +50,7 @@ from patchkit.carry import mlx_build, pin, render, source
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import AnchorError, ToolError, UserError
 from patchkit.util import cache, git, proc
-from patchkit.util.split_unittest import ran_to_end
+from patchkit.util.split_unittest import compare_arms, ran_to_end
 
 BACKENDS = render.BACKENDS  # the JIT fix, the qmm_sm90 fix, Metal, CUDA: one PR each
 DEFAULT_BACKEND = "metal"
@@ -866,11 +866,19 @@ def build_fact(
     return lines  # MLX's own tests only: a reviewer reruns them, not patchkit's parity
 
 
-def tests_fact(data: dict) -> list[str]:
+def tests_fact(data: dict, methods: Sequence[str] = ()) -> list[str]:
     """Lines for MLX's test file run on this branch's build and on stock side by side
     (``bench/mlx_tests.py``): each arm's verdicts, whose failures are stock's own, and
-    what fails on stock and passes here (the new tests, shown failing on main)."""
+    what fails on stock and passes here (the new tests, shown failing on main). With
+    ``methods`` (a PR's own tests and the MLX tests it fixes), only those of the page:
+    a page of the series' build runs other PRs' tests too, which are not this PR's to
+    claim; none of them there, no lines."""
     arms = data["arms"]
+    if methods:
+        arms = {arm: {m: r for m, r in ran.items() if m in methods} for arm, ran in arms.items()}
+        if not arms["pr"]:
+            return []
+        data = {**data, "arms": arms, **compare_arms(arms)}
 
     def verdicts(arm: str) -> str:
         v = [m["verdict"] for m in arms[arm].values()]
@@ -898,10 +906,11 @@ def tests_fact(data: dict) -> list[str]:
             why = (f"; failed in the build's own run of the file: {', '.join(failed) or 'none'}"
                    ", the others named to run)")  # fmt: skip
         compared = f" (methods run: {which}{why}"
+    quoted = f", quoted here: {', '.join(sorted(arms['pr']))}" if methods else ""
     lines = [
         f"`python/tests/{data['module']}.py` of this branch (with {SERIES_BUILT}), "
         f"{data['hardware']['gpu']}, one process "
-        f"per test method{compared}: with this branch {verdicts('pr')}; with stock MLX "
+        f"per test method{compared}{quoted}: with this branch {verdicts('pr')}; with stock MLX "
         f"({data['mlx']['stock']}) {verdicts('stock')}",
         f"subtests failing with this branch: {also + len(only) + unseen}"
         + (f" ({failing})" if failing else "")
@@ -1264,7 +1273,7 @@ def measured_results(
             elif kind == "parity":
                 lines = parity_fact(data)
             elif kind == "tests":
-                lines = tests_fact(data)
+                lines = tests_fact(data, [*FIXED_TESTS.get(backend, ()), *own_tests])
             elif kind == "speed":
                 lines = speed_fact(data)
             elif kind == "sanitizer":
@@ -1277,8 +1286,12 @@ def measured_results(
             )
             continue
         if not lines:
-            notes.append(f"{entry['file']}: holds no fact a reviewer can rerun (a build whose"
-                         " tests did not run); left out of the body")  # fmt: skip
+            why = (
+                "runs none of this PR's tests or of MLX's it fixes"
+                if kind == "tests"
+                else "holds no fact a reviewer can rerun (a build whose tests did not run)"
+            )
+            notes.append(f"{entry['file']}: {why}; left out of the body")
             continue
         found.append(
             {
@@ -1289,6 +1302,8 @@ def measured_results(
                 "fixed_tests": fixed,
                 "whole_file": kind == "build" and file_run_whole(data),
                 "main_whole_file": kind == "tests" and stock_run_whole(data),
+                # This PR's tests a tests page shows failing on stock and passing here.
+                "own_fail_on_stock": fail_on_stock_only(data, own_tests) if kind == "tests" else [],
                 "calls": speed_calls(data) if kind == "speed" else None,
                 # Cells at M = 8..16 where stock's qmm is faster (None: not a speed page).
                 "qmm_faster": len(qmm_band_cells(data)[1]) if kind == "speed" else None,
@@ -1317,6 +1332,17 @@ def stock_run_whole(data: dict) -> bool:
     stock = (data.get("arms") or {}).get("stock") or {}
     picked = data.get("only") or data.get("only_failed_in_build")
     return bool(stock) and not picked and all(map(ran_to_end, stock.values()))
+
+
+def fail_on_stock_only(data: dict, methods: Sequence[str]) -> list[str]:
+    """Those of ``methods`` a tests page shows failing on stock and passing on the build:
+    new tests shown failing on main's code (stock's wheels of the pin's sources)."""
+    arms = data.get("arms") or {}
+    return [
+        m for m in methods
+        if ((arms.get("pr") or {}).get(m) or {}).get("verdict") == "ok"
+        and ((arms.get("stock") or {}).get(m) or {}).get("verdict") == "FAILED"
+    ]  # fmt: skip
 
 
 def template_has_description(template: str) -> bool:
@@ -1362,6 +1388,9 @@ def body_context(
         "test_file_run_whole": any(r.get("whole_file") for r in results),
         # Whether a tests page ran every method of that file to its end on stock (main).
         "main_run_whole": any(r.get("main_whole_file") for r in results),
+        "own_shown_failing_on_stock": sorted(
+            {t for r in results for t in r.get("own_fail_on_stock") or ()}
+        ),
         # Whether the speed quoted timed independent calls (overlapped by MLX's graph).
         "speed_calls_independent": any(r.get("calls") == "independent" for r in results),
         # Whether a speed page is quoted, and whether it has stock's qmm faster somewhere.

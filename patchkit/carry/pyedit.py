@@ -25,6 +25,8 @@ from patchkit.carry import hunks
 from patchkit.errors import AnchorError
 
 PY_OPS = ("append_to_class", "after_method", "patch_method", "new_file")
+# The ops whose snippet is a new member of a class (new test methods, in a test file).
+ADDING_OPS = ("append_to_class", "after_method")
 
 
 def find_class(source: str, name: str) -> ast.ClassDef:

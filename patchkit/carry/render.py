@@ -523,6 +523,19 @@ def pr_plans(templates_dir: Path) -> list[FilePlan]:
     return [p for p in load_plans(templates_dir) if p.backend == PR_BACKEND]
 
 
+def pr_test_methods(templates_dir: Path = TEMPLATES_DIR) -> list[str]:
+    """The test methods the PR-only edits add to MLX's tests (snippets of new members), in
+    plan order: what a run of stock MLX beside a build shows failing on main's code, as
+    MLX asks of a new test. Edits of upstream's own methods add none."""
+    names: list[str] = []
+    for plan in pr_plans(templates_dir):
+        for edit in plan.edits:
+            if edit.op in pyedit.ADDING_OPS:
+                text = (plan.template_dir / edit.template).read_text()
+                names += re.findall(r"^\s*def (test_\w+)\(", text, re.M)
+    return names
+
+
 def pr_context(options: RenderOptions) -> dict[str, object]:
     """Jinja context for the PR-only snippets: which backends the PR covers, test bounds."""
     return {

@@ -439,6 +439,28 @@ def ran_to_end(method: dict[str, Any]) -> bool:
     return method.get("verdict") not in (None, "UNFINISHED") and not method.get("cut_off")
 
 
+def compare_arms(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Which failing subtests each arm (``pr``, ``stock``: methods as :func:`parse_output`
+    gives them) shares with the other; a page's comparison, and the same for any subset of
+    its methods (export-pr quotes a PR's own). A subtest can be called one
+    arm's own only where the other arm ran its method to the end: a method cut off there
+    (``UNFINISHED``, or a shard of it: ``cut_off``) says nothing of its subtests, so those
+    are ``not compared``."""
+    failing = {
+        name: {(m, s) for m, r in ran.items() for s in r["problems"]} for name, ran in arms.items()
+    }
+    ended = {name: {m for m, r in ran.items() if ran_to_end(r)} for name, ran in arms.items()}
+    pr_alone = {(m, s) for m, s in failing["pr"] - failing["stock"] if m in ended["stock"]}
+    stock_alone = {(m, s) for m, s in failing["stock"] - failing["pr"] if m in ended["pr"]}
+    return {
+        "pr_failing_also_on_stock": len(failing["pr"] & failing["stock"]),
+        "pr_failing_only_on_pr": sorted(f"{m}: {s}" for m, s in pr_alone),
+        "pr_failing_not_compared": len(failing["pr"] - failing["stock"] - pr_alone),
+        "stock_failing_only_on_stock": len(stock_alone),
+        "stock_failing_not_compared": len(failing["stock"] - failing["pr"] - stock_alone),
+    }
+
+
 def memory_available() -> int | None:
     """The host's available memory in bytes (``MemAvailable``); None where unknown."""
     try:
