@@ -1394,3 +1394,15 @@ def test_the_cuda_body_says_its_test_fails_on_stock_only_once_a_page_shows_it() 
     shown = _body(backend="cuda", own_shown_failing_on_stock=[test])
     assert "shown on stock's wheels beside this branch's build" in shown
     assert "on main is owed" not in shown
+
+
+def test_the_cuda_benchmark_command_times_the_quoted_speed_pages_layers() -> None:
+    """Main against this PR with the bundled script, on the layers the quoted speed pages
+    timed (their bfloat16 runs), so the two can be read side by side; without a speed
+    page, the script's own layers."""
+    body = _body(backend="cuda", speed_layers=["4096x1024", "8192x28672"])
+    assert "--min-m 1 --max-m 16 --dtype bfloat16 --sizes 4096x1024,8192x28672 --json" in body
+    assert "--sizes" not in _body(backend="cuda", speed_layers=[])
+    page = {"runs": [{"rows": [{"K": 4096, "N": 1024}, {"K": 8192, "N": 28672},
+                               {"K": 4096, "N": 1024}]}]}  # fmt: skip
+    assert export_pr.speed_layers(page) == ["4096x1024", "8192x28672"]

@@ -998,6 +998,12 @@ def untimed_ms(data: dict) -> list[int]:
 SMALL_LAYER_N = 4096
 
 
+def speed_layers(data: dict) -> list[str]:
+    """The layers a speed page timed, as "KxN", in the order its rows first name them."""
+    rows = (r for run in data["runs"] for r in run["rows"])
+    return list(dict.fromkeys(f"{r['K']}x{r['N']}" for r in rows))
+
+
 def untimed_layers(data: dict) -> list[str]:
     """The kinds of layer no run of a speed page timed that this change launches otherwise
     than the layers it did: a grid too small to fill the GPU (every M, M = 1 included), and
@@ -1310,6 +1316,8 @@ def measured_results(
                 # The M of 2..16 a speed page did not time (the bench samples 9..16).
                 "untimed_ms": untimed_ms(data) if kind == "speed" else None,
                 "untimed_layers": untimed_layers(data) if kind == "speed" else None,
+                # The layers (K x N) a speed page timed: the benchmark command takes them.
+                "layers": speed_layers(data) if kind == "speed" else [],
             }
         )
     return found, notes
@@ -1388,6 +1396,8 @@ def body_context(
         "test_file_run_whole": any(r.get("whole_file") for r in results),
         # Whether a tests page ran every method of that file to its end on stock (main).
         "main_run_whole": any(r.get("main_whole_file") for r in results),
+        # The quoted speed pages' layers, for the benchmark command (main against the PR).
+        "speed_layers": list(dict.fromkeys(x for r in results for x in r.get("layers") or ())),
         "own_shown_failing_on_stock": sorted(
             {t for r in results for t in r.get("own_fail_on_stock") or ()}
         ),
