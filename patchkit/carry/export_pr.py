@@ -1427,8 +1427,10 @@ def body_context(
         "series_branches": list(DEFAULT_BRANCHES.values()),
         # The upstream commit under the PR (below any earlier PR of a stack): "main".
         "upstream_base": upstream_base or base,
-        # Whether the records were built on another commit than that (a PR onto main).
-        "records_elsewhere": not (upstream_base or base).startswith(records_commit or "~"),
+        # Whether the records were built on another commit than that (a PR onto main), or
+        # on one the checkout does not name (no pin file): the body then says so.
+        "records_elsewhere": not records_commit
+        or not (upstream_base or base).startswith(records_commit),
     }
 
 
