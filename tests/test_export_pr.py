@@ -386,7 +386,8 @@ def test_cuda_body_says_where_its_test_fails_on_main() -> None:
     body = _body(backend="cuda")
     flat = " ".join(body.split())
     assert "is expected to fail on an sm90 GPU from M * B = 8 on" in flat
-    assert "`test_qqmm_tensor_cores_match_single_vector` passes on main too" in flat
+    assert "`test_qqmm_tensor_cores_match_single_vector` is expected to pass on main" in flat
+    assert "not yet run on main" in flat  # no record shows it there
     assert "change in their last bits against main" in flat
     assert "Apple GPU" not in body.split("## Still")[1]
     # The benchmark script is the Metal PR's: the body takes it from that branch, to its own
@@ -894,7 +895,7 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     # The one cell at M = 1..7 slower than stock's qmv is named, with its rounds.
     assert lines[3] == (
         "slower than stock in 1 of 4 cells at M = 1..7: 8-bit 4096x4096 M = 1, bfloat16 "
-        "group 64, 1.20x (this change's rounds 12.0 µs)"
+        "group 64, 1.20x (this change's rounds 12.0 µs, stock's 10.0 µs)"
     )
     # The one cell at M = 8..16 slower than stock's qmm is named: the route's cost.
     assert lines[4] == (
@@ -979,6 +980,14 @@ def test_the_cuda_body_quotes_compute_sanitizer_only_when_every_tool_came_out_ri
     (tmp_path / "c.json").write_text(json.dumps(record))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert "each tool checked `qmv_mma_kernel` alone and counted no report" in found[0]["lines"][0]
+    assert not any("initcheck reports" in line for line in found[0]["lines"])  # no such run
+    runs.append({"switch": "uninit-read", "tool": "initcheck", "ok": True, "kernel_reports": 78})
+    (tmp_path / "c.json").write_text(json.dumps(record))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found[0]["lines"][2] == (
+        "control: with a read of memory never written put in, initcheck reports `qmv_mma_kernel`"
+    )
+    runs.pop()
     runs[2]["ok"] = False  # the race unseen: no fact
     (tmp_path / "c.json").write_text(json.dumps(record))
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
@@ -1080,6 +1089,16 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
         "14336x4096 8-bit M = 8 1.01x"
     )
     assert "in 3 of 5 cells" in found[0]["lines"][3]
+    # A cell whose rounds overlap stock's (its fastest no slower than stock's slowest) says
+    # so; the control, rounds apart, does not.
+    runs[1]["rows"][1].update(pr_rounds_us=[10.0, 10.1, 12.0], stock_rounds_us=[9.9, 10.0, 10.5])
+    runs[0]["rows"][0].update(pr_rounds_us=[12.3, 12.4, 13.0], stock_rounds_us=[9.9, 10.0, 10.5])
+    (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    listed = next(ln for ln in found[0]["lines"] if ln.startswith("those cells"))
+    assert listed.endswith("14336x4096 8-bit M = 8 1.01x (rounds overlap)")
+    assert "rounds overlap: this change's fastest round no slower than stock's slowest)" in listed
+    assert "14336x4096 8-bit M = 16 1.24x;" in listed
 
 
 def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) -> None:
@@ -1104,7 +1123,7 @@ def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) 
 
     assert page(1.04) == [
         "slower than stock in 1 of 2 cells at M = 1..7: 8-bit 4096x1024 M = 2, bfloat16 "
-        "group 64, 1.04x (this change's rounds 20.8-28.7 µs)"
+        "group 64, 1.04x (this change's rounds 20.8-28.7 µs, stock's 20.0 µs)"
     ]
     assert page(0.9) == []
 
@@ -1373,12 +1392,14 @@ def test_body_says_the_builds_are_the_overlay_and_where_they_were_built() -> Non
                                     records_commit=PIN_SHA)  # fmt: skip
     body = export_pr.render_body(TEMPLATES, at_pin)
     assert "built as\npatchkit's overlay" in body and "left at their defaults" in body
-    assert "`order-preserving-qmv-cuda`." in body  # the series' branches, named once
-    assert "can be older than this PR's base" not in body
+    # The series' branches, named once: this PR's as exported (--branch "b").
+    assert "`order-preserving-qmv`, `b`." in body and "order-preserving-qmv-cuda" not in body
+    assert "not at this PR's base" not in body
     on_main = export_pr.body_context("cuda", "f" * 40, "b", PIN_TEMPLATE, FACTS, [RESULT],
                                      records_commit=PIN_SHA)  # fmt: skip
-    assert f"can be older than this PR's base,\n{'f' * 8}" in export_pr.render_body(
-        TEMPLATES, on_main
+    assert (
+        f"They were built at {PIN_SHA[:8]}, not at this PR's base,\n{'f' * 8}"
+        in export_pr.render_body(TEMPLATES, on_main)
     )
     # No results quoted: neither sentence.
     bare = export_pr.body_context("cuda", PIN_SHA, "b", PIN_TEMPLATE, FACTS, [])
@@ -1390,7 +1411,7 @@ def test_the_cuda_body_says_its_test_fails_on_stock_only_once_a_page_shows_it() 
     stock and passing on the build; then the body points there."""
     test = "test_qmv_tensor_cores_match_single_vector"
     owed = _body(backend="cuda", own_shown_failing_on_stock=[])
-    assert "a run\nof it on main is owed" in owed and "shown on stock's wheels" not in owed
+    assert "a run of it on\nmain is owed" in owed and "shown on stock's wheels" not in owed
     shown = _body(backend="cuda", own_shown_failing_on_stock=[test])
     assert "shown on stock's wheels beside this branch's build" in shown
     assert "on main is owed" not in shown

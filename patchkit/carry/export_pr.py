@@ -971,18 +971,29 @@ def qmv_band_slower(data: dict) -> list[str]:
     each = []
     for ratio, run, r in sorted(slower, key=lambda c: -c[0]):
         rounds = r.get("pr_rounds_us") or [r["pr_us"]]
+        stock = r.get("stock_rounds_us") or [r["stock_us"]]
         each.append(f"{r['bits']}-bit {r['K']}x{r['N']} M = {r['M']}, {run['dtype']} group "
                     f"{run['group_size']}, {ratio:.2f}x (this change's rounds "
-                    f"{_span(rounds, lambda x: f'{x:.1f}')} µs)")  # fmt: skip
+                    f"{_span(rounds, lambda x: f'{x:.1f}')} µs, stock's "
+                    f"{_span(stock, lambda x: f'{x:.1f}')} µs)")  # fmt: skip
     return [
         f"slower than stock in {len(slower)} of {len(cells)} cells at M = 1..7: " + "; ".join(each)
     ]
 
 
+def _rounds_overlap(r: dict) -> bool:
+    """Whether a cell's fastest round of this change is no slower than stock's slowest:
+    then "slower" rests on medians of rounds that disagree."""
+    pr, stock = r.get("pr_rounds_us") or [r["pr_us"]], r.get("stock_rounds_us") or [r["stock_us"]]
+    return min(pr) <= max(stock)
+
+
 def _cells_text(cells: list[SpeedCell]) -> str:
-    """One run's cells as "4096x4096 8-bit M = 12 1.10x, ...", in layer, bits and M order."""
+    """One run's cells as "4096x4096 8-bit M = 12 1.10x, ...", in layer, bits and M order;
+    a cell whose arms' rounds overlap says so."""
     ordered = sorted(cells, key=lambda c: (c[2]["K"], c[2]["N"], c[2]["bits"], c[2]["M"]))
     return ", ".join(f"{r['K']}x{r['N']} {r['bits']}-bit M = {r['M']} {ratio:.2f}x"
+                     + (" (rounds overlap)" if _rounds_overlap(r) else "")
                      for ratio, _, r in ordered)  # fmt: skip
 
 
@@ -1063,7 +1074,10 @@ def speed_fact(data: dict) -> list[str]:
         per_run = "; ".join(
             f"{run['dtype']} group {run['group_size']}: {_cells_text(group)}"
             for run in runs if (group := [c for c in slower if c[1] is run]))  # fmt: skip
-        slow.append(f"those cells (K x N, bits, M: this change's time over `qmm`'s): {per_run}")
+        key = ("; rounds overlap: this change's fastest round no slower than stock's slowest"
+               if any(_rounds_overlap(r) for _, _, r in slower) else "")  # fmt: skip
+        slow.append(f"those cells (K x N, bits, M: this change's time over `qmm`'s{key}): "
+                    f"{per_run}")  # fmt: skip
     elif cells:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
     return [
@@ -1143,6 +1157,9 @@ def sanitizer_fact(data: dict) -> list[str]:
     if caught:
         lines.append("control: with the barrier before the warps' partial sums are added "
                      "taken out, racecheck reports `qmv_mma_kernel`")  # fmt: skip
+    if any(r["switch"] == "uninit-read" and r.get("kernel_reports") for r in runs):
+        lines.append("control: with a read of memory never written put in, initcheck "
+                     "reports `qmv_mma_kernel`")  # fmt: skip
     lines.append("to rerun on this PR's test: `compute-sanitizer --tool racecheck "
                  "--kernel-name kns=qmv_mma_kernel python "
                  "python/tests/test_quantized.py "
@@ -1424,11 +1441,13 @@ def body_context(
         "bench_on_branch": bench_on_branch,
         "metal_branch": DEFAULT_BRANCHES["metal"],
         "qmm_sm90_branch": DEFAULT_BRANCHES["qmm-sm90"],
-        "series_branches": list(DEFAULT_BRANCHES.values()),
+        # The series' branches, this PR's as exported (its --branch), the others' defaults.
+        "series_branches": [branch if b == backend else d for b, d in DEFAULT_BRANCHES.items()],
         # The upstream commit under the PR (below any earlier PR of a stack): "main".
         "upstream_base": upstream_base or base,
         # Whether the records were built on another commit than that (a PR onto main), or
         # on one the checkout does not name (no pin file): the body then says so.
+        "records_commit": records_commit,
         "records_elsewhere": not records_commit
         or not (upstream_base or base).startswith(records_commit),
     }
