@@ -399,8 +399,9 @@ def against_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             out.append({"target": label, "goal": goal, "worst": None, "best": None,
                         "met": 0, "of": 0, "out_of_reach": 0, "misses_in_reach": []})  # fmt: skip
             continue
-        bounds = [r["floor_us"] / least_us(report, r) if kind == "floor"
-                  else least_us(report, r) / r["stock_us"] for r in rows]  # fmt: skip
+        leasts = [least_us(report, r) for r in rows]
+        bounds = [r["floor_us"] / least if kind == "floor" else least / r["stock_us"]
+                  for r, least in zip(rows, leasts, strict=True)]  # fmt: skip
         worst = min(values) if kind == "floor" else max(values)
         best = max(values) if kind == "floor" else min(values)
 
@@ -411,9 +412,9 @@ def against_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         beyond = sum(not meets(b) for b in bounds)
         misses = [
             {"bits": r["bits"], "K": r["K"], "N": r["N"], "M": r["M"], "value": v,
-             "pr_us": r["pr_us"], "least_us": least_us(report, r),
+             "pr_us": r["pr_us"], "least_us": least,
              "goal_us": r["floor_us"] / goal if kind == "floor" else goal * r["stock_us"]}
-            for r, v, b in zip(rows, values, bounds, strict=True)
+            for r, v, b, least in zip(rows, values, bounds, leasts, strict=True)
             if not meets(v) and meets(b)
         ]  # fmt: skip
         out.append({"target": label, "goal": goal, "worst": worst, "best": best,

@@ -887,10 +887,7 @@ def tests_fact(data: dict, methods: Sequence[str] = ()) -> list[str]:
 
     also, only = data["pr_failing_also_on_stock"], data["pr_failing_only_on_pr"]
     unseen = data.get("pr_failing_not_compared", 0)  # pages from before it was counted
-    fixed = sorted(
-        m for m, r in arms["pr"].items()
-        if r["verdict"] == "ok" and (arms["stock"].get(m) or {}).get("verdict") == "FAILED"
-    )  # fmt: skip
+    fixed = sorted(fail_on_stock_only(data, list(arms["pr"])))
     failing = ", ".join(
         f"{m} ({len(r['problems'])})" for m, r in sorted(arms["pr"].items()) if r["problems"]
     )
@@ -970,8 +967,7 @@ def qmv_band_slower(data: dict) -> list[str]:
         return []
     each = []
     for ratio, run, r in sorted(slower, key=lambda c: -c[0]):
-        rounds = r.get("pr_rounds_us") or [r["pr_us"]]
-        stock = r.get("stock_rounds_us") or [r["stock_us"]]
+        rounds, stock = _rounds(r, "pr"), _rounds(r, "stock")
         each.append(f"{r['bits']}-bit {r['K']}x{r['N']} M = {r['M']}, {run['dtype']} group "
                     f"{run['group_size']}, {ratio:.2f}x (this change's rounds "
                     f"{_span(rounds, lambda x: f'{x:.1f}')} µs, stock's "
@@ -981,11 +977,16 @@ def qmv_band_slower(data: dict) -> list[str]:
     ]
 
 
+def _rounds(r: dict, arm: str) -> list[float]:
+    """A cell's rounds in one arm (``pr`` or ``stock``); its median alone where the page
+    kept no rounds."""
+    return r.get(f"{arm}_rounds_us") or [r[f"{arm}_us"]]
+
+
 def _rounds_overlap(r: dict) -> bool:
     """Whether a cell's fastest round of this change is no slower than stock's slowest:
     then "slower" rests on medians of rounds that disagree."""
-    pr, stock = r.get("pr_rounds_us") or [r["pr_us"]], r.get("stock_rounds_us") or [r["stock_us"]]
-    return min(pr) <= max(stock)
+    return min(_rounds(r, "pr")) <= max(_rounds(r, "stock"))
 
 
 def _cells_text(cells: list[SpeedCell]) -> str:

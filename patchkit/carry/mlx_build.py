@@ -48,7 +48,7 @@ from typing import Any, TextIO
 import unidiff
 from packaging.requirements import Requirement
 
-from patchkit.carry import export, mlx_deps, pin, render, source, transaction
+from patchkit.carry import export, mlx_deps, pin, pyedit, render, source, transaction
 from patchkit.carry.commit import BRANCH_PREFIX
 from patchkit.errors import ToolError, UserError
 from patchkit.util import git, jit_pool, proc, split_unittest, staging
@@ -526,9 +526,8 @@ def new_test_methods(base: str, built: str) -> list[str]:
     """The test methods the build's test file (``built``: the patch's, with the PR's tests
     rendered in) adds to the pin's (``base``), in its order: they start before the others,
     so that a run cut short by ``--test-timeout`` still has their verdicts."""
-    pattern = re.compile(r"^\s*def (test_\w+)\(", re.M)
-    known = set(pattern.findall(base))
-    return [name for name in pattern.findall(built) if name not in known]
+    known = set(pyedit.TEST_METHOD_DEF.findall(base))
+    return [name for name in pyedit.TEST_METHOD_DEF.findall(built) if name not in known]
 
 
 def _own_requirements(root: Path) -> list[str]:

@@ -20,6 +20,7 @@ Ops:
 from __future__ import annotations
 
 import ast
+import re
 
 from patchkit.carry import hunks
 from patchkit.errors import AnchorError
@@ -27,6 +28,8 @@ from patchkit.errors import AnchorError
 PY_OPS = ("append_to_class", "after_method", "patch_method", "new_file")
 # The ops whose snippet is a new member of a class (new test methods, in a test file).
 ADDING_OPS = ("append_to_class", "after_method")
+# A unittest method's definition, at any indentation: its name is group 1.
+TEST_METHOD_DEF = re.compile(r"^\s*def (test_\w+)\(", re.M)
 
 
 def find_class(source: str, name: str) -> ast.ClassDef:

@@ -532,7 +532,7 @@ def pr_test_methods(templates_dir: Path = TEMPLATES_DIR) -> list[str]:
         for edit in plan.edits:
             if edit.op in pyedit.ADDING_OPS:
                 text = (plan.template_dir / edit.template).read_text()
-                names += re.findall(r"^\s*def (test_\w+)\(", text, re.M)
+                names += pyedit.TEST_METHOD_DEF.findall(text)
     return names
 
 
