@@ -810,7 +810,7 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
     found, notes = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     lines = found[0]["lines"]
     assert notes == []
-    assert "with this branch 1 methods passed or skipped, 1 failed, 1 not run" in lines[0]
+    assert "with this branch methods: 1 passed or skipped, 1 failed, 1 not run" in lines[0]
     assert (
         lines[1]
         == "subtests failing with this branch: 1 (test_old (1)), of which 1 fail on stock too"
@@ -849,11 +849,12 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
         tmp_path, tmp_path / "templates", "cuda", ("test_new",)
     )
     own = found[0]["lines"]
-    assert ", quoted here: test_new: with this branch 1 methods passed" in own[0]
-    assert "with stock MLX (mlx 0.32.1) 0 methods passed or skipped, 1 failed" in own[0]
+    assert ", quoted here: test_new: with this branch methods: 1 passed" in own[0]
+    assert "with stock MLX (mlx 0.32.1) methods: 0 passed or skipped, 1 failed" in own[0]
     assert own[1] == "subtests failing with this branch: 0, of which 0 fail on stock too"
     assert own[-1] == "failing on stock, passing with this branch: test_new"
     assert found[0]["own_fail_on_stock"] == ["test_new"]
+    assert found[0]["own_pass_on_stock"] == []
     assert "test_old" not in own[1] and "test_slow" not in " ".join(own)
     # Control: a PR none of whose tests the page ran is left out, and said so.
     found, notes = export_pr.measured_results(
@@ -1415,6 +1416,25 @@ def test_the_cuda_body_says_its_test_fails_on_stock_only_once_a_page_shows_it() 
     shown = _body(backend="cuda", own_shown_failing_on_stock=[test])
     assert "shown on stock's wheels beside this branch's build" in shown
     assert "on main is owed" not in shown
+
+
+def test_the_cuda_body_says_its_qqmm_test_passes_on_stock_only_once_a_page_shows_it() -> None:
+    """The nvfp4 test is expected to pass on main; the body says it does only once a tests
+    page shows it passing on stock and on the build (control: failing on stock is not)."""
+    test = "test_qqmm_tensor_cores_match_single_vector"
+    unrun = " ".join(_body(backend="cuda", own_shown_passing_on_stock=[]).split())
+    assert "not yet run on main" in unrun and "it passes on stock's wheels" not in unrun
+    shown = " ".join(_body(backend="cuda", own_shown_passing_on_stock=[test]).split())
+    assert "it passes on stock's wheels beside this branch's build" in shown
+    assert "not yet run on main" not in shown
+
+
+def test_pass_on_both_needs_both_arms_to_pass() -> None:
+    page = {"arms": {
+        "pr": {"a": {"verdict": "ok"}, "b": {"verdict": "ok"}, "c": {"verdict": "FAILED"}},
+        "stock": {"a": {"verdict": "ok"}, "b": {"verdict": "FAILED"}, "c": {"verdict": "ok"}},
+    }}  # fmt: skip
+    assert export_pr.pass_on_both(page, ["a", "b", "c", "d"]) == ["a"]
 
 
 def test_the_cuda_benchmark_command_times_the_quoted_speed_pages_layers() -> None:

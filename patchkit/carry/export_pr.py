@@ -882,7 +882,7 @@ def tests_fact(data: dict, methods: Sequence[str] = ()) -> list[str]:
 
     def verdicts(arm: str) -> str:
         v = [m["verdict"] for m in arms[arm].values()]
-        return (f"{v.count('ok')} methods passed or skipped, {v.count('FAILED')} failed, "
+        return (f"methods: {v.count('ok')} passed or skipped, {v.count('FAILED')} failed, "
                 f"{v.count('UNFINISHED')} not run to the end")  # fmt: skip
 
     also, only = data["pr_failing_also_on_stock"], data["pr_failing_only_on_pr"]
@@ -1328,6 +1328,8 @@ def measured_results(
                 "main_whole_file": kind == "tests" and stock_run_whole(data),
                 # This PR's tests a tests page shows failing on stock and passing here.
                 "own_fail_on_stock": fail_on_stock_only(data, own_tests) if kind == "tests" else [],
+                # And those it shows passing on both (a new test of what main already does).
+                "own_pass_on_stock": pass_on_both(data, own_tests) if kind == "tests" else [],
                 "calls": speed_calls(data) if kind == "speed" else None,
                 # Cells at M = 8..16 where stock's qmm is faster (None: not a speed page).
                 "qmm_faster": len(qmm_band_cells(data)[1]) if kind == "speed" else None,
@@ -1368,6 +1370,16 @@ def fail_on_stock_only(data: dict, methods: Sequence[str]) -> list[str]:
         m for m in methods
         if ((arms.get("pr") or {}).get(m) or {}).get("verdict") == "ok"
         and ((arms.get("stock") or {}).get(m) or {}).get("verdict") == "FAILED"
+    ]  # fmt: skip
+
+
+def pass_on_both(data: dict, methods: Sequence[str]) -> list[str]:
+    """Those of ``methods`` a tests page shows passing on stock and on the build: new tests
+    of what main's code already does (stock's wheels of the pin's sources)."""
+    arms = data.get("arms") or {}
+    return [
+        m for m in methods
+        if all(((arms.get(a) or {}).get(m) or {}).get("verdict") == "ok" for a in ("pr", "stock"))
     ]  # fmt: skip
 
 
@@ -1418,6 +1430,9 @@ def body_context(
         "speed_layers": list(dict.fromkeys(x for r in results for x in r.get("layers") or ())),
         "own_shown_failing_on_stock": sorted(
             {t for r in results for t in r.get("own_fail_on_stock") or ()}
+        ),
+        "own_shown_passing_on_stock": sorted(
+            {t for r in results for t in r.get("own_pass_on_stock") or ()}
         ),
         # Whether the speed quoted timed independent calls (overlapped by MLX's graph).
         "speed_calls_independent": any(r.get("calls") == "independent" for r in results),
