@@ -133,7 +133,7 @@ def test_mlx_qmv_targets_count_rows_no_kernel_could_meet() -> None:
     # The one miss the bound allows is listed with how close it gets (30 us; 24 would
     # meet 0.5); the row out of reach and the row that meets are not.
     near = {"bits": 8, "K": 8192, "N": 4096, "M": 1, "value": 0.4, "pr_us": 30.0,
-            "least_us": 12.0, "goal_us": 24.0}  # fmt: skip
+            "least_us": 12.0, "goal_us": 24.0, "pr_m1_us": 30.0}  # fmt: skip
     assert one["misses_in_reach"] == [near]
     assert few["misses_in_reach"] == []
     # With a call cost of 25 us timed, no M = 1 call can reach floor / PR 0.5 (12 / 25); the
@@ -220,6 +220,14 @@ def test_mlx_qmv_page_writes_targets_notes_and_generic_commands(tmp_path) -> Non
     assert "## Missed, not out of reach" in near_text
     row = "| M = 2..8: PR / stock (target 0.5) | 4 | 4096x4096 | 8 | 0.60 | 30.0 | 25.0 |"
     assert row in near_text, near_text
+    m1 = next(r["pr_us"] for r in runs[0]["rows"] if r["M"] == 1)
+    assert near_text.split(row)[1].split("\n")[0].endswith(f" | {m1:.1f} |")
+    # 25 us meets it: more than that M = 1 call takes, so the batch is what misses ...
+    assert m1 < 25.0 and "Of the 1 at M > 1, 0 would meet" in near_text
+    # ... and control: with M = 1 slower than 25 us, only a faster single vector would.
+    slow = {**near, "rows": [{**r, "pr_us": 26.0} if r["M"] == 1 else r for r in near["rows"]]}
+    bench.page([slow], tmp_path / "slow", [], build)
+    assert "Of the 1 at M > 1, 1 would meet" in (tmp_path / "slow.md").read_text()
     assert text.count("## PR / stock:") == 2 and "- Note: a note's text" in text
     assert bench.CALLS_TEXT["independent"] in text  # runs that do not say: the old method
     chained = [{**r, "calls": "chained"} for r in runs]
