@@ -486,18 +486,26 @@ def test_compare_summary_takes_geometric_means_over_layers_and_m() -> None:
         cuda.compare_summary([])
 
 
-def test_the_launch_page_is_compare_summary_of_its_runs() -> None:
-    """docs/results/cuda-kernel-launch.md's tables are what compare-summary prints from
-    the runs its JSON holds, as its commands say: the page is made, not summarised by
-    hand."""
-    page = (ROOT / "docs" / "results" / "cuda-kernel-launch.md").read_text()
-    runs = json.loads((ROOT / "docs" / "results" / "cuda-kernel-launch.json").read_text())["runs"]
-    for pick, min_n, by_layer in (([0, 1], 0, "t2s2"), ([2, 3], 8192, None)):
-        text = cuda.compare_summary([runs[i] for i in pick], min_n=min_n, by_layer=by_layer)
+@pytest.mark.parametrize(
+    ("name", "cases"),
+    [
+        ("cuda-kernel-launch", (([0, 1], 0, "t2s2"), ([2, 3], 8192, None))),
+        ("cuda-kernel-small-layers", ((None, 0, "kw16"), (None, 0, "s2"))),
+    ],
+)
+def test_a_launch_page_is_compare_summary_of_its_runs(name: str, cases: tuple) -> None:
+    """A kernel-alone launch page's tables are what compare-summary prints from the runs
+    its JSON holds, as its commands say: the page is made, not summarised by hand."""
+    page = (ROOT / "docs" / "results" / f"{name}.md").read_text()
+    runs = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())["runs"]
+    for pick, min_n, by_layer in cases:
+        chosen = runs if pick is None else [runs[i] for i in pick]
+        text = cuda.compare_summary(chosen, min_n=min_n, by_layer=by_layer)
         tables = [ln for ln in text.splitlines() if ln.startswith("| ")]
         assert len(tables) > 6 and all(ln in page.splitlines() for ln in tables), pick
-        runs_flag = "--runs " + ",".join(map(str, pick))
-        assert f"compare-summary docs/results/cuda-kernel-launch.json {runs_flag}" in page
+        runs_flag = "" if pick is None else " --runs " + ",".join(map(str, pick))
+        layer_flag = f" --by-layer {by_layer}" if by_layer and pick is None else ""
+        assert f"compare-summary docs/results/{name}.json{runs_flag}{layer_flag}" in page
 
 
 def test_compare_report_commands_print_and_exit_0(tmp_path: Path) -> None:
