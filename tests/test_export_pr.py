@@ -1420,7 +1420,8 @@ def test_the_cuda_body_says_its_test_fails_on_stock_only_once_a_page_shows_it() 
 
 def test_the_cuda_body_says_its_qqmm_test_passes_on_stock_only_once_a_page_shows_it() -> None:
     """The nvfp4 test is expected to pass on main; the body says it does only once a tests
-    page shows it passing on stock and on the build (control: failing on stock is not)."""
+    page shows it passing on stock and on the build (control: without such a page the body
+    says it has not run there; ``pass_on_both`` below leaves out a test failing on stock)."""
     test = "test_qqmm_tensor_cores_match_single_vector"
     unrun = " ".join(_body(backend="cuda", own_shown_passing_on_stock=[]).split())
     assert "not yet run on main" in unrun and "it passes on stock's wheels" not in unrun
