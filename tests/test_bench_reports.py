@@ -145,6 +145,27 @@ def test_mlx_qmv_targets_count_rows_no_kernel_could_meet() -> None:
     assert bench.against_targets({"rows": rows, "call_us": {"pr": None}})[1]["out_of_reach"] == 1
 
 
+def test_mlx_qmv_counts_the_targets_again_without_layers_below_the_issues_range() -> None:
+    """The issue sets its targets on layers of 2^23 weights and more; the pages also time
+    a 2^22 layer and count it. A line gives the counts without it, and names it; a run
+    with no such layer gets no line (the control)."""
+    bench = load_script("bench/mlx_qmv.py")
+
+    def row(K: int, N: int, M: int, stock: float, pr: float) -> dict:
+        return {"K": K, "N": N, "bits": 4, "M": M, "bytes": 1, "stock_us": stock,
+                "pr_us": pr, "floor_us": 1.0}  # fmt: skip
+
+    big = [row(4096, 4096, 2, 40.0, 10.0), row(4096, 4096, 3, 40.0, 30.0)]  # meets; misses
+    small = [row(4096, 1024, 2, 40.0, 30.0)]  # misses, within reach
+    assert bench.in_scope_line([{"rows": big}]) == []
+    line = bench.in_scope_line([{"rows": big + small}, {"rows": big}])[0]
+    assert "the layers below the issue's 2^23 weights (4096x1024)" in line
+    # Two runs of the big layer: 2 of 4 meet, the 2 others within reach; the small layer's
+    # miss is not among them.
+    assert "M = 2..8: PR / stock: 2 of 4 meet it, 0 out of reach, 2 missed within reach" in line
+    assert "M = 9..16" not in line  # no row there: no count
+
+
 def test_mlx_qmv_chained_calls_are_bounded_by_the_link_and_the_floor() -> None:
     """A chained call waits for the link's two ops before its kernel reads its bytes, so
     the least it can take is the link plus the floor; calls that do not wait are bounded
