@@ -1362,25 +1362,27 @@ def stock_run_whole(data: dict) -> bool:
     return bool(stock) and not picked and all(map(ran_to_end, stock.values()))
 
 
+def _with_verdicts(data: dict, methods: Sequence[str], pr: str, stock: str) -> list[str]:
+    """Those of ``methods`` whose verdict on a tests page is ``pr`` on the build and
+    ``stock`` on stock (a method an arm did not run has none)."""
+    arms = data.get("arms") or {}
+
+    def verdict(arm: str, method: str) -> str | None:
+        return ((arms.get(arm) or {}).get(method) or {}).get("verdict")
+
+    return [m for m in methods if verdict("pr", m) == pr and verdict("stock", m) == stock]
+
+
 def fail_on_stock_only(data: dict, methods: Sequence[str]) -> list[str]:
     """Those of ``methods`` a tests page shows failing on stock and passing on the build:
     new tests shown failing on main's code (stock's wheels of the pin's sources)."""
-    arms = data.get("arms") or {}
-    return [
-        m for m in methods
-        if ((arms.get("pr") or {}).get(m) or {}).get("verdict") == "ok"
-        and ((arms.get("stock") or {}).get(m) or {}).get("verdict") == "FAILED"
-    ]  # fmt: skip
+    return _with_verdicts(data, methods, pr="ok", stock="FAILED")
 
 
 def pass_on_both(data: dict, methods: Sequence[str]) -> list[str]:
     """Those of ``methods`` a tests page shows passing on stock and on the build: new tests
     of what main's code already does (stock's wheels of the pin's sources)."""
-    arms = data.get("arms") or {}
-    return [
-        m for m in methods
-        if all(((arms.get(a) or {}).get(m) or {}).get("verdict") == "ok" for a in ("pr", "stock"))
-    ]  # fmt: skip
+    return _with_verdicts(data, methods, pr="ok", stock="ok")
 
 
 def template_has_description(template: str) -> bool:
