@@ -94,8 +94,9 @@ from patchkit.util import proc, staging  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 TXN_DIR = ".txn"  # under docs/results: an in-flight copy of the records
-# The speed page's runs: (dtype, group size), as docs/results/cuda.md shows them.
-SPEED_RUNS = (("bfloat16", 64), ("bfloat16", 32), ("bfloat16", 128), ("float16", 64))
+# The speed page's runs, (dtype, group size), as docs/results/cuda.md shows them: both
+# types the grid names at each group size MLX's affine modes take.
+SPEED_RUNS = tuple((dtype, group) for dtype in ("bfloat16", "float16") for group in (64, 32, 128))
 # Processes per method with subtests when the failed methods run on stock (each compiles
 # only the JIT kernels of its share of the subtests).
 STOCK_SHARDS = 8
