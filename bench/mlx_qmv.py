@@ -387,6 +387,22 @@ def layer_of(row: dict[str, Any]) -> tuple[int, int, int]:
     return row["bits"], row["K"], row["N"]
 
 
+def target_rows(report: dict[str, Any], lo: int, hi: int, kind: str) -> list[dict[str, Any]]:
+    """A run's rows a target counts: its M range, and at M = 1 the layers of ``BIG``."""
+    return [r for r in report["rows"] if lo <= r["M"] <= hi
+            and (kind == "ratio" or r["K"] * r["N"] >= BIG)]  # fmt: skip
+
+
+def target_value(kind: str, row: dict[str, Any], pr_us: float, stock_us: float) -> float:
+    """What a target compares with its goal: floor / PR, or PR / stock."""
+    return row["floor_us"] / pr_us if kind == "floor" else pr_us / stock_us
+
+
+def meets_target(kind: str, goal: float, value: float) -> bool:
+    """floor / PR at least the goal; PR / stock at most."""
+    return value >= goal if kind == "floor" else value <= goal
+
+
 def against_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Per target: the worst and best value over the run's layers and bits, how many meet
     it (floor / PR at least the target; PR / stock at most), and how many are out of
@@ -399,10 +415,8 @@ def against_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     m1_us = {layer_of(r): r["pr_us"] for r in report["rows"] if r["M"] == 1}
     for label, lo, hi, kind, goal in TARGETS:
-        rows = [r for r in report["rows"] if lo <= r["M"] <= hi
-                and (kind == "ratio" or r["K"] * r["N"] >= BIG)]  # fmt: skip
-        values = [r["floor_us"] / r["pr_us"] if kind == "floor" else r["pr_us"] / r["stock_us"]
-                  for r in rows]  # fmt: skip
+        rows = target_rows(report, lo, hi, kind)
+        values = [target_value(kind, r, r["pr_us"], r["stock_us"]) for r in rows]
         if not values:
             out.append({"target": label, "goal": goal, "worst": None, "best": None,
                         "met": 0, "of": 0, "out_of_reach": 0, "misses_in_reach": []})  # fmt: skip
@@ -414,7 +428,7 @@ def against_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         best = max(values) if kind == "floor" else min(values)
 
         def meets(value: float, kind: str = kind, goal: float = goal) -> bool:
-            return value >= goal if kind == "floor" else value <= goal
+            return meets_target(kind, goal, value)
 
         met = sum(map(meets, values))
         beyond = sum(not meets(b) for b in bounds)
@@ -453,6 +467,46 @@ def in_scope_line(runs: list[dict[str, Any]]) -> list[str]:
     layers = ", ".join(f"{K}x{N}" for K, N in small)
     return [f"Counted above, the layers below the issue's 2^23 weights ({layers}); over every "
             f"run without them: {counts}.", ""]  # fmt: skip
+
+
+def round_verdicts(kind: str, goal: float, row: dict[str, Any]) -> list[bool]:
+    """A row's verdict in each round: that round's PR time against stock's of the same
+    round (the arms take turns, so a round's two times are neighbours in time)."""
+    pairs = zip(row.get("pr_rounds_us", []), row.get("stock_rounds_us", []), strict=True)
+    return [meets_target(kind, goal, target_value(kind, row, pr, stock)) for pr, stock in pairs]
+
+
+def rounds_line(runs: list[dict[str, Any]]) -> list[str]:
+    """How many of the targets' verdicts the rounds' noise could turn: the cells counted
+    as meeting (by the medians) that miss in some round, and the misses that meet in
+    some round (:func:`round_verdicts`). A verdict near its goal is only as firm as this
+    says; runs without two or more rounds recorded per row give no line."""
+    # per target: [met, met but missed in a round, missed, missed but met in a round]
+    totals: dict[str, list[int]] = {}
+    for run in runs:
+        for label, lo, hi, kind, goal in TARGETS:
+            for r in target_rows(run, lo, hi, kind):
+                rounds = round_verdicts(kind, goal, r)
+                if len(rounds) < 2:
+                    return []
+                median = meets_target(kind, goal, target_value(kind, r, r["pr_us"], r["stock_us"]))
+                tally = totals.setdefault(label, [0, 0, 0, 0])
+                at = 0 if median else 2
+                tally[at] += 1
+                tally[at + 1] += any(v != median for v in rounds)
+    if not totals:
+        return []
+
+    def sides(met: int, met_turned: int, missed: int, missed_turned: int) -> str:
+        return ", ".join(
+            ([f"{met_turned} of the {met} that meet it miss it in some round"] if met else [])
+            + ([f"{missed_turned} of the {missed} that miss it meet it in some round"]
+               if missed else [])
+        )  # fmt: skip
+
+    counts = "; ".join(f"{label}: {sides(*tally)}" for label, tally in totals.items())
+    return [f"Verdicts the rounds could turn (each round's PR time against stock's of the same "
+            f"round; over every run): {counts}.", ""]  # fmt: skip
 
 
 def misses_table(summary: list[dict[str, Any]]) -> list[str]:
@@ -729,6 +783,7 @@ def page(runs: list[dict[str, Any]], out: Path, notes: list[str], build: dict[st
         ),
         "",
         *in_scope_line(runs),
+        *rounds_line(runs),
         *image,
         *misses_table(summary),
     ]

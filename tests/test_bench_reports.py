@@ -991,3 +991,36 @@ def test_mlx_qmv_page_puts_m1_errors_beside_stocks(tmp_path) -> None:
     text = (tmp_path / "errors.md").read_text()
     assert "## M = 1 against a float32 reference" in text
     assert "| bfloat16 | 64 | 4 | 1 | 3.0e-03 | 4.0e-03 | 0.75 |" in text
+
+
+def test_mlx_qmv_counts_the_verdicts_the_rounds_could_turn() -> None:
+    """A verdict by the medians may differ from one round's: the page counts the cells
+    that meet but miss in some round and the misses that meet in some round, each
+    round's PR time against stock's of the same round. Rows whose every round agrees
+    with the median are the control; runs with one round give no line."""
+    bench = load_script("bench/mlx_qmv.py")
+
+    def row(M: int, pr: list[float], stock: list[float]) -> dict:
+        return {"K": 4096, "N": 4096, "bits": 4, "M": M, "bytes": 1, "floor_us": 1.0,
+                "pr_us": sorted(pr)[1], "stock_us": sorted(stock)[1],
+                "pr_rounds_us": pr, "stock_rounds_us": stock}  # fmt: skip
+
+    rows = [
+        row(2, [10.0, 11.0, 12.0], [40.0, 40.0, 40.0]),  # meets in every round
+        row(2, [18.0, 19.0, 25.0], [40.0, 40.0, 40.0]),  # meets (0.475); round 3: 0.625
+        row(3, [24.0, 25.0, 26.0], [40.0, 60.0, 40.0]),  # misses (0.625); round 2: 0.42
+        row(4, [30.0, 30.0, 30.0], [40.0, 40.0, 40.0]),  # misses in every round
+        row(12, [9.0, 10.0, 11.0], [20.0, 20.0, 20.0]),  # M = 9..16: meets throughout
+    ]
+    line = bench.rounds_line([{"rows": rows}])[0]
+    assert ("M = 2..8: PR / stock: 1 of the 2 that meet it miss it in some round, "
+            "1 of the 2 that miss it meet it in some round") in line  # fmt: skip
+    # A target with no miss says nothing of misses; one with no rows is not named.
+    assert "M = 9..16: PR / stock: 0 of the 1 that meet it miss it in some round;" not in line
+    assert line.endswith("M = 9..16: PR / stock: 0 of the 1 that meet it miss it in some round.")
+    assert "M = 1" not in line
+    # Pairing is by round: stock's slow round 2 (60 us) turns only PR's round 2.
+    assert bench.round_verdicts("ratio", 0.5, rows[2]) == [False, True, False]
+    one_round = [{**r, "pr_rounds_us": r["pr_rounds_us"][:1],
+                  "stock_rounds_us": r["stock_rounds_us"][:1]} for r in rows]  # fmt: skip
+    assert bench.rounds_line([{"rows": one_round}]) == []
