@@ -1111,9 +1111,10 @@ def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) 
         '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
     )
 
-    def page(ratio_at_2: float) -> list[str]:
+    def page(ratio_at_2: float, stock_rounds: list[float] | None = None) -> list[str]:
         rows = [{"K": 4096, "N": 1024, "bits": 8, "M": m, "stock_us": 20.0,
-                 "pr_us": 20.0 * r, "pr_rounds_us": [20.0 * r, 21.7, 28.7]}
+                 "pr_us": 20.0 * r, "pr_rounds_us": [20.0 * r, 21.7, 28.7],
+                 **({"stock_rounds_us": stock_rounds} if stock_rounds else {})}
                 for m, r in ((1, 0.9), (2, ratio_at_2), (8, 0.3))]  # fmt: skip
         run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"},
                "rounds": 3, "hardware": {"gpu": "NVIDIA H100"}, "repeats": 200,
@@ -1125,6 +1126,14 @@ def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) 
     assert page(1.04) == [
         "slower than stock in 1 of 2 cells at M = 1..7: 8-bit 4096x1024 M = 2, bfloat16 "
         "group 64, 1.04x (this change's rounds 20.8-28.7 µs, stock's 20.0 µs)"
+    ]
+    # Stock's slowest round (23 us) above this change's fastest (20.8 us): the line counts
+    # the cell as resting on rounds that overlap; above, with stock's rounds all at 20 us,
+    # it does not (the control).
+    assert page(1.04, [19.0, 20.0, 23.0]) == [
+        "slower than stock in 1 of 2 cells at M = 1..7, 1 of them over rounds that overlap "
+        "(this change's fastest round no slower than stock's slowest): 8-bit 4096x1024 M = 2, "
+        "bfloat16 group 64, 1.04x (this change's rounds 20.8-28.7 µs, stock's 19.0-23.0 µs)"
     ]
     assert page(0.9) == []
 

@@ -960,8 +960,8 @@ def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
 
 def qmv_band_slower(data: dict) -> list[str]:
     """A line naming each cell at M = 1..7 (stock's ``qmv``) where this change is slower,
-    with its rounds' spread in this change's arm: a ratio over 1 there is either a cost of
-    the new kernel or noise, and the reviewer tells which from the spread and the runs."""
+    with both arms' rounds, and how many of them rest on rounds that overlap: a ratio over
+    1 there is either a cost of the new kernel or noise, and the reviewer tells which."""
     cells, slower = band_cells(data, 1, 7)
     if not slower:
         return []
@@ -972,8 +972,12 @@ def qmv_band_slower(data: dict) -> list[str]:
                     f"{run['group_size']}, {ratio:.2f}x (this change's rounds "
                     f"{_span(rounds, lambda x: f'{x:.1f}')} µs, stock's "
                     f"{_span(stock, lambda x: f'{x:.1f}')} µs)")  # fmt: skip
+    overlap = sum(_rounds_overlap(r) for _, _, r in slower)
+    noise = (f", {overlap} of them over rounds that overlap (this change's fastest round no "
+             "slower than stock's slowest)" if overlap else "")  # fmt: skip
     return [
-        f"slower than stock in {len(slower)} of {len(cells)} cells at M = 1..7: " + "; ".join(each)
+        f"slower than stock in {len(slower)} of {len(cells)} cells at M = 1..7{noise}: "
+        + "; ".join(each)
     ]
 
 
