@@ -890,13 +890,15 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     assert lines[1].startswith("timing: 200 calls evaluated together") and "3 rounds" in lines[1]
     assert lines[1].endswith(export_pr.SPEED_CALLS["independent"])  # a run that does not say
     assert lines[2] == (
-        "time with this change over stock's: M = 1, 4-bit: 0.50x; M = 1, 8-bit: 1.20x; "
+        "time with this change over stock's (below 1: this change is faster): M = 1, 4-bit: "
+        "0.50x; M = 1, 8-bit: 1.20x; "
         "M = 2, 7: 0.10-0.25x; M = 8: 1.50x (stock runs `qmm` from M = 8)"
     )
     # The one cell at M = 1..7 slower than stock's qmv is named, with its rounds.
     assert lines[3] == (
-        "slower than stock in 1 of 4 cells at M = 1..7: 8-bit 4096x4096 M = 1, bfloat16 "
-        "group 64, 1.20x (this change's rounds 12.0 µs, stock's 10.0 µs)"
+        "slower than stock in 1 of 4 cells at M = 1..7, all beyond the rounds' spread: 8-bit "
+        "4096x4096 M = 1, bfloat16 group 64, 1.20x (this change's rounds 12.0 µs, stock's "
+        "10.0 µs)"
     )
     # The one cell at M = 8..16 slower than stock's qmm is named: the route's cost.
     assert lines[4] == (
@@ -904,8 +906,8 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
         "4096x4096, bfloat16 group 64, M = 8), on 4096x4096"
     )
     assert lines[5] == (
-        "those cells (K x N, bits, M: this change's time over `qmm`'s): bfloat16 group 64: "
-        "4096x4096 4-bit M = 8 1.50x"
+        "those cells (K x N, bits, M: this change's time over `qmm`'s), all beyond the rounds' "
+        "spread: bfloat16 group 64: 4096x4096 4-bit M = 8 1.50x"
     )
     assert lines[6] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
@@ -1085,21 +1087,30 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     listed = next(ln for ln in found[0]["lines"] if ln.startswith("those cells"))
     assert listed == (
-        "those cells (K x N, bits, M: this change's time over `qmm`'s): bfloat16 group 64: "
-        "4096x4096 8-bit M = 12 1.10x, 14336x4096 8-bit M = 16 1.24x; float16 group 64: "
-        "14336x4096 8-bit M = 8 1.01x"
+        "those cells (K x N, bits, M: this change's time over `qmm`'s), all beyond the rounds' "
+        "spread: bfloat16 group 64: 4096x4096 8-bit M = 12 1.10x, 14336x4096 8-bit M = 16 "
+        "1.24x; float16 group 64: 14336x4096 8-bit M = 8 1.01x"
     )
     assert "in 3 of 5 cells" in found[0]["lines"][3]
-    # A cell whose rounds overlap stock's (its fastest no slower than stock's slowest) says
-    # so; the control, rounds apart, does not.
+    # A cell whose rounds overlap `qmm`'s (its fastest no slower than `qmm`'s slowest) is
+    # listed after those beyond the spread; the control, rounds apart, before.
     runs[1]["rows"][1].update(pr_rounds_us=[10.0, 10.1, 12.0], stock_rounds_us=[9.9, 10.0, 10.5])
     runs[0]["rows"][0].update(pr_rounds_us=[12.3, 12.4, 13.0], stock_rounds_us=[9.9, 10.0, 10.5])
     (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     listed = next(ln for ln in found[0]["lines"] if ln.startswith("those cells"))
-    assert listed.endswith("14336x4096 8-bit M = 8 1.01x (rounds overlap)")
-    assert "rounds overlap: this change's fastest round no slower than stock's slowest)" in listed
-    assert "14336x4096 8-bit M = 16 1.24x;" in listed
+    assert listed == (
+        "those cells (K x N, bits, M: this change's time over `qmm`'s), 2 of them beyond the "
+        "rounds' spread (this change's fastest round slower than `qmm`'s slowest): bfloat16 "
+        "group 64: 4096x4096 8-bit M = 12 1.10x, 14336x4096 8-bit M = 16 1.24x; the 1 within "
+        "it: float16 group 64: 14336x4096 8-bit M = 8 1.01x"
+    )
+    # The route section's line for the page counts them.
+    assert export_pr.route_line({"runs": runs}) == (
+        "with calls MLX's CUDA graph may overlap: slower than `qmm` in 3 of the 5 cells at "
+        "M = 8, 12, 16, 2 of them beyond the rounds' spread (this change's fastest round "
+        "slower than `qmm`'s slowest)"
+    )
 
 
 def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) -> None:
@@ -1124,16 +1135,17 @@ def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) 
         return [ln for ln in found[0]["lines"] if ln.startswith("slower than stock in")]
 
     assert page(1.04) == [
-        "slower than stock in 1 of 2 cells at M = 1..7: 8-bit 4096x1024 M = 2, bfloat16 "
-        "group 64, 1.04x (this change's rounds 20.8-28.7 µs, stock's 20.0 µs)"
+        "slower than stock in 1 of 2 cells at M = 1..7, all beyond the rounds' spread: 8-bit "
+        "4096x1024 M = 2, bfloat16 group 64, 1.04x (this change's rounds 20.8-28.7 µs, "
+        "stock's 20.0 µs)"
     ]
     # Stock's slowest round (23 us) above this change's fastest (20.8 us): the line counts
     # the cell as resting on rounds that overlap; above, with stock's rounds all at 20 us,
     # it does not (the control).
     assert page(1.04, [19.0, 20.0, 23.0]) == [
-        "slower than stock in 1 of 2 cells at M = 1..7, 1 of them over rounds that overlap "
-        "(this change's fastest round no slower than stock's slowest): 8-bit 4096x1024 M = 2, "
-        "bfloat16 group 64, 1.04x (this change's rounds 20.8-28.7 µs, stock's 19.0-23.0 µs)"
+        "slower than stock in 1 of 2 cells at M = 1..7, all within the rounds' spread: 8-bit "
+        "4096x1024 M = 2, bfloat16 group 64, 1.04x (this change's rounds 20.8-28.7 µs, "
+        "stock's 19.0-23.0 µs)"
     ]
     assert page(0.9) == []
 
@@ -1331,6 +1343,15 @@ def test_the_cuda_route_section_follows_where_the_speed_page_has_qmm_faster(
     assert ("`qmm` is faster in none" in route) == faster_nowhere
     assert ("Where `qmm` is faster there" in route) == (not faster_nowhere)
     assert "Which of the two MLX wants is the reviewers' call." in route
+    # The page's own line leads the section, with its cells; no page, no line.
+    lead = 'In the cells measured ("Measured so far" gives the GPU and the layers):'
+    assert (lead in route) == (qmm_us is not None)
+    if qmm_us == 20.0:
+        assert ("- with each call waiting for the one before: no slower than `qmm` in any of "
+                "the 1 cells at M = 8 (0.50x `qmm`'s time)") in route  # fmt: skip
+    if qmm_us == 5.0:
+        assert ("- with each call waiting for the one before: slower than `qmm` in 1 of the 1 "
+                "cells at M = 8, 1 of them beyond the rounds' spread") in route  # fmt: skip
 
 
 @pytest.mark.parametrize("unfinished", [[], ["test_qmm"]])

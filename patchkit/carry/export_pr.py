@@ -960,25 +960,37 @@ def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
 
 def qmv_band_slower(data: dict) -> list[str]:
     """A line naming each cell at M = 1..7 (stock's ``qmv``) where this change is slower,
-    with both arms' rounds, and how many of them rest on rounds that overlap: a ratio over
-    1 there is either a cost of the new kernel or noise, and the reviewer tells which."""
+    with both arms' rounds, those beyond the rounds' spread first: a ratio over 1 there is
+    either a cost of the new kernel or noise, and the spread is what tells them apart."""
     cells, slower = band_cells(data, 1, 7)
     if not slower:
         return []
-    each = []
-    for ratio, run, r in sorted(slower, key=lambda c: -c[0]):
-        rounds, stock = _rounds(r, "pr"), _rounds(r, "stock")
-        each.append(f"{r['bits']}-bit {r['K']}x{r['N']} M = {r['M']}, {run['dtype']} group "
-                    f"{run['group_size']}, {ratio:.2f}x (this change's rounds "
-                    f"{_span(rounds, lambda x: f'{x:.1f}')} µs, stock's "
-                    f"{_span(stock, lambda x: f'{x:.1f}')} µs)")  # fmt: skip
-    overlap = sum(_rounds_overlap(r) for _, _, r in slower)
-    noise = (f", {overlap} of them over rounds that overlap (this change's fastest round no "
-             "slower than stock's slowest)" if overlap else "")  # fmt: skip
-    return [
-        f"slower than stock in {len(slower)} of {len(cells)} cells at M = 1..7{noise}: "
-        + "; ".join(each)
-    ]
+
+    def named(group: list[SpeedCell]) -> str:
+        return "; ".join(
+            f"{r['bits']}-bit {r['K']}x{r['N']} M = {r['M']}, {run['dtype']} group "
+            f"{run['group_size']}, {ratio:.2f}x (this change's rounds "
+            f"{_span(_rounds(r, 'pr'), lambda x: f'{x:.1f}')} µs, stock's "
+            f"{_span(_rounds(r, 'stock'), lambda x: f'{x:.1f}')} µs)"
+            for ratio, run, r in sorted(group, key=lambda c: -c[0]))  # fmt: skip
+
+    head = f"slower than stock in {len(slower)} of {len(cells)} cells at M = 1..7"
+    return [head + _by_spread(slower, named, "stock's")]
+
+
+def _by_spread(cells: list[SpeedCell], named: Callable[[list[SpeedCell]], str],
+               other: str) -> str:  # fmt: skip
+    """The tail of a line of slower cells: how many lie beyond the rounds' spread (this
+    change's fastest round slower than ``other``'s slowest, :func:`_rounds_overlap`), those
+    named first, then the rest; one list where the spread parts none."""
+    beyond = [c for c in cells if not _rounds_overlap(c[2])]
+    within = [c for c in cells if _rounds_overlap(c[2])]
+    if not beyond or not within:
+        word = "beyond" if beyond else "within"
+        return f", all {word} the rounds' spread: {named(cells)}"
+    return (f", {len(beyond)} of them beyond the rounds' spread (this change's fastest round "
+            f"slower than {other} slowest): {named(beyond)}; the {len(within)} within it: "
+            f"{named(within)}")  # fmt: skip
 
 
 def _rounds(r: dict, arm: str) -> list[float]:
@@ -994,11 +1006,9 @@ def _rounds_overlap(r: dict) -> bool:
 
 
 def _cells_text(cells: list[SpeedCell]) -> str:
-    """One run's cells as "4096x4096 8-bit M = 12 1.10x, ...", in layer, bits and M order;
-    a cell whose arms' rounds overlap says so."""
+    """One run's cells as "4096x4096 8-bit M = 12 1.10x, ...", in layer, bits and M order."""
     ordered = sorted(cells, key=lambda c: (c[2]["K"], c[2]["N"], c[2]["bits"], c[2]["M"]))
     return ", ".join(f"{r['K']}x{r['N']} {r['bits']}-bit M = {r['M']} {ratio:.2f}x"
-                     + (" (rounds overlap)" if _rounds_overlap(r) else "")
                      for ratio, _, r in ordered)  # fmt: skip
 
 
@@ -1036,6 +1046,40 @@ def untimed_layers(data: dict) -> list[str]:
     return owed
 
 
+def band_text(rows: list[dict], lo: int, hi: int) -> str:
+    """The Ms a band holds in a page's rows, as "M = 2..7" or "M = 8, 12, 16"."""
+    ms = sorted({r["M"] for r in rows if lo <= r["M"] <= hi})
+    if not ms:
+        return f"M = {lo}..{hi}"
+    if len(ms) > 2 and ms == list(range(ms[0], ms[-1] + 1)):
+        return f"M = {ms[0]}..{ms[-1]}"
+    return "M = " + ", ".join(map(str, ms))
+
+
+# How a speed page's calls related, as the route section names it.
+ROUTE_CALLS = {"chained": "with each call waiting for the one before",
+               "independent": "with calls MLX's CUDA graph may overlap"}  # fmt: skip
+
+
+def route_line(data: dict) -> str | None:
+    """What one speed page says of the route at M = 8..16, for the route section: how
+    its calls related, and in how many cells stock's ``qmm`` is faster, and in how many of
+    those beyond the rounds' spread; None for a page that timed no M there."""
+    cells, slower = qmm_band_cells(data)
+    if not cells:
+        return None
+    rows = [r for run in data["runs"] for r in run["rows"]]
+    where = f"{len(cells)} cells at {band_text(rows, 8, 16)}"
+    how = ROUTE_CALLS[speed_calls(data)]
+    if not slower:
+        span = _span([c[0] for c in cells], lambda x: f"{x:.2f}")
+        return f"{how}: no slower than `qmm` in any of the {where} ({span}x `qmm`'s time)"
+    beyond = sum(not _rounds_overlap(c[2]) for c in slower)
+    return (f"{how}: slower than `qmm` in {len(slower)} of the {where}, {beyond} of them "
+            "beyond the rounds' spread (this change's fastest round slower than `qmm`'s "
+            "slowest)")  # fmt: skip
+
+
 def speed_fact(data: dict) -> list[str]:
     """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
     the patched build's time over stock's per band of M (M = 1 per bits), how it was timed,
@@ -1049,13 +1093,7 @@ def speed_fact(data: dict) -> list[str]:
     pairs = ", ".join(f"{r['dtype']} group {r['group_size']}" for r in runs)
 
     def band(lo: int, hi: int) -> str:
-        """The Ms a band holds in these runs, as "M = 2..7" or "M = 8, 12, 16"."""
-        ms = sorted({r["M"] for r in rows if lo <= r["M"] <= hi})
-        if not ms:
-            return f"M = {lo}..{hi}"
-        if len(ms) > 2 and ms == list(range(ms[0], ms[-1] + 1)):
-            return f"M = {ms[0]}..{ms[-1]}"
-        return "M = " + ", ".join(map(str, ms))
+        return band_text(rows, lo, hi)
 
     def ratio(lo: int, hi: int, b: int | None = None) -> str:
         picked = [r["pr_us"] / r["stock_us"] for r in rows
@@ -1075,14 +1113,15 @@ def speed_fact(data: dict) -> list[str]:
                     f"({wrow['bits']}-bit {wrow['K']}x{wrow['N']}, {wrun['dtype']} group "
                     f"{wrun['group_size']}, M = {wrow['M']}), on "
                     + ", ".join(f"{k}x{n}" for k, n in slow_layers))  # fmt: skip
+
         # Every such cell, so that a route keeping `qmm` there can be read off them.
-        per_run = "; ".join(
-            f"{run['dtype']} group {run['group_size']}: {_cells_text(group)}"
-            for run in runs if (group := [c for c in slower if c[1] is run]))  # fmt: skip
-        key = ("; rounds overlap: this change's fastest round no slower than stock's slowest"
-               if any(_rounds_overlap(r) for _, _, r in slower) else "")  # fmt: skip
-        slow.append(f"those cells (K x N, bits, M: this change's time over `qmm`'s{key}): "
-                    f"{per_run}")  # fmt: skip
+        def per_run(group: list[SpeedCell]) -> str:
+            return "; ".join(
+                f"{run['dtype']} group {run['group_size']}: {_cells_text(mine)}"
+                for run in runs if (mine := [c for c in group if c[1] is run]))  # fmt: skip
+
+        slow.append("those cells (K x N, bits, M: this change's time over `qmm`'s)"
+                    + _by_spread(slower, per_run, "`qmm`'s"))  # fmt: skip
     elif cells:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
     return [
@@ -1097,7 +1136,8 @@ def speed_fact(data: dict) -> list[str]:
         f"warm-up, each reading a cold copy of the weights (the copies add up to well over "
         f"the L2), median of "
         f"{first['rounds']} rounds per arm; {SPEED_CALLS[speed_calls(data)]}",
-        f"time with this change over stock's: {ones}; {band(2, 7)}: {ratio(2, 7)}; "
+        f"time with this change over stock's (below 1: this change is faster): {ones}; "
+        f"{band(2, 7)}: {ratio(2, 7)}; "
         f"{band(8, 16)}: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
         *m1_error_fact(rows, bits),
         *qmv_band_slower(data),
@@ -1337,6 +1377,8 @@ def measured_results(
                 "calls": speed_calls(data) if kind == "speed" else None,
                 # Cells at M = 8..16 where stock's qmm is faster (None: not a speed page).
                 "qmm_faster": len(qmm_band_cells(data)[1]) if kind == "speed" else None,
+                # What the page says of the route at M = 8..16, in one line.
+                "route": route_line(data) if kind == "speed" else None,
                 # The M of 2..16 a speed page did not time (the bench samples 9..16).
                 "untimed_ms": untimed_ms(data) if kind == "speed" else None,
                 "untimed_layers": untimed_layers(data) if kind == "speed" else None,
@@ -1452,6 +1494,8 @@ def body_context(
             [r["untimed_layers"] for r in results if r.get("untimed_layers") is not None]
         ),
         "qmm_faster_somewhere": any(r.get("qmm_faster") for r in results),
+        # One line a speed page, for the route section.
+        "route_lines": [r["route"] for r in results if r.get("route")],
         # Commits of the changes this PR builds on, carried before its own.
         "carries": carries or [],
         # Commits of earlier PRs the base holds (a stacked export), not in upstream's main.
