@@ -1182,6 +1182,38 @@ def test_the_cuda_speed_fact_gives_m1_error_beside_stocks(tmp_path: Path) -> Non
     assert not any("float32 reference" in line for line in found[0]["lines"])
 
 
+def test_a_second_speed_page_with_the_same_m1_error_says_as_above(tmp_path: Path) -> None:
+    """Two speed pages (chained and independent calls) draw the same weights and vectors,
+    so their M = 1 error lines read alike: the second says "as above"; pages whose errors
+    differ each keep their own line (the control)."""
+    (tmp_path / "templates" / "pr").mkdir(parents=True)
+    (tmp_path / "templates" / "pr" / "results.toml").write_text(
+        '[[cuda.result]]\ntitle = "Chained"\nfile = "a.json"\nkind = "speed"\n'
+        '[[cuda.result]]\ntitle = "Independent"\nfile = "b.json"\nkind = "speed"\n'
+    )
+
+    def page(name: str, calls: str, pr_error: float) -> None:
+        row = {"K": 4096, "N": 4096, "bits": 4, "M": 1, "stock_us": 10.0, "pr_us": 5.0,
+               "stock_m1_error": 4e-3, "pr_m1_error": pr_error}  # fmt: skip
+        run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"},
+               "rounds": 3, "hardware": {"gpu": "NVIDIA H100"}, "repeats": 200,
+               "calls": calls, "rows": [row]}  # fmt: skip
+        (tmp_path / name).write_text(json.dumps({"runs": [run]}))
+
+    def error_lines() -> list[str]:
+        found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+        return [ln for f in found for ln in f["lines"] if ln.startswith("M = 1's")]
+
+    page("a.json", "chained", 2e-3)
+    page("b.json", "independent", 2e-3)
+    first, second = error_lines()
+    assert first.endswith("4-bit 0.50x")
+    assert second == "M = 1's error against a float32 reference: as above"
+    page("b.json", "independent", 3e-3)
+    first, second = error_lines()
+    assert first.endswith("4-bit 0.50x") and second.endswith("4-bit 0.75x")
+
+
 @pytest.mark.parametrize("calls", [None, "independent", "chained"])
 def test_the_cuda_body_owes_dependent_calls_while_its_speed_timed_independent_ones(
     tmp_path: Path, calls: str | None
