@@ -981,8 +981,11 @@ def qmv_band_slower(data: dict) -> list[str]:
 def _by_spread(cells: list[SpeedCell], named: Callable[[list[SpeedCell]], str],
                other: str) -> str:  # fmt: skip
     """The tail of a line of slower cells: how many lie beyond the rounds' spread (this
-    change's fastest round slower than ``other``'s slowest, :func:`_rounds_overlap`), those
-    named first, then the rest; one list where the spread parts none."""
+    change's fastest round slower than ``other`` slowest, :func:`_rounds_overlap`), those
+    named first, then the rest; one list where the spread parts none, and no word of a
+    spread where the page kept one round a cell."""
+    if all(len(_rounds(c[2], arm)) < 2 for c in cells for arm in ("pr", "stock")):
+        return f": {named(cells)}"
     beyond = [c for c in cells if not _rounds_overlap(c[2])]
     within = [c for c in cells if _rounds_overlap(c[2])]
     if not beyond or not within:
@@ -1074,10 +1077,12 @@ def route_line(data: dict) -> str | None:
     if not slower:
         span = _span([c[0] for c in cells], lambda x: f"{x:.2f}")
         return f"{how}: no slower than `qmm` in any of the {where} ({span}x `qmm`'s time)"
+    head = f"{how}: slower than `qmm` in {len(slower)} of the {where}"
+    if all(len(_rounds(c[2], arm)) < 2 for c in slower for arm in ("pr", "stock")):
+        return head  # one round a cell: no spread to speak of
     beyond = sum(not _rounds_overlap(c[2]) for c in slower)
-    return (f"{how}: slower than `qmm` in {len(slower)} of the {where}, {beyond} of them "
-            "beyond the rounds' spread (this change's fastest round slower than `qmm`'s "
-            "slowest)")  # fmt: skip
+    return (f"{head}, {beyond} of them beyond the rounds' spread (this change's fastest "
+            "round slower than `qmm`'s slowest)")  # fmt: skip
 
 
 def speed_fact(data: dict) -> list[str]:
