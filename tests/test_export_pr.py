@@ -1148,6 +1148,8 @@ def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) 
         "stock's 19.0-23.0 µs)"
     ]
     assert page(0.9) == []
+    # A cell slower by under half a percent reads with three decimals, not as 1.00x.
+    assert "M = 2, bfloat16 group 64, 1.003x (" in page(1.003)[0]
 
 
 def test_the_cuda_speed_fact_gives_m1_error_beside_stocks(tmp_path: Path) -> None:

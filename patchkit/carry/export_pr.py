@@ -969,7 +969,7 @@ def qmv_band_slower(data: dict) -> list[str]:
     def named(group: list[SpeedCell]) -> str:
         return "; ".join(
             f"{r['bits']}-bit {r['K']}x{r['N']} M = {r['M']}, {run['dtype']} group "
-            f"{run['group_size']}, {ratio:.2f}x (this change's rounds "
+            f"{run['group_size']}, {_slower_text(ratio)} (this change's rounds "
             f"{_span(_rounds(r, 'pr'), lambda x: f'{x:.1f}')} µs, stock's "
             f"{_span(_rounds(r, 'stock'), lambda x: f'{x:.1f}')} µs)"
             for ratio, run, r in sorted(group, key=lambda c: -c[0]))  # fmt: skip
@@ -996,6 +996,12 @@ def _by_spread(cells: list[SpeedCell], named: Callable[[list[SpeedCell]], str],
             f"{named(within)}")  # fmt: skip
 
 
+def _slower_text(ratio: float) -> str:
+    """A slower cell's ratio, as "1.10x"; three decimals where two would read 1.00x, so a
+    cell named slower never reads as level."""
+    return f"{ratio:.3f}x" if f"{ratio:.2f}" == "1.00" else f"{ratio:.2f}x"
+
+
 def _rounds(r: dict, arm: str) -> list[float]:
     """A cell's rounds in one arm (``pr`` or ``stock``); its median alone where the page
     kept no rounds."""
@@ -1011,7 +1017,7 @@ def _rounds_overlap(r: dict) -> bool:
 def _cells_text(cells: list[SpeedCell]) -> str:
     """One run's cells as "4096x4096 8-bit M = 12 1.10x, ...", in layer, bits and M order."""
     ordered = sorted(cells, key=lambda c: (c[2]["K"], c[2]["N"], c[2]["bits"], c[2]["M"]))
-    return ", ".join(f"{r['K']}x{r['N']} {r['bits']}-bit M = {r['M']} {ratio:.2f}x"
+    return ", ".join(f"{r['K']}x{r['N']} {r['bits']}-bit M = {r['M']} {_slower_text(ratio)}"
                      for ratio, _, r in ordered)  # fmt: skip
 
 
