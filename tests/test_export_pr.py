@@ -905,8 +905,8 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
         "4096x4096, bfloat16 group 64, M = 8), on 4096x4096"
     )
     assert lines[5] == (
-        "those cells (K x N, bits, M: this change's time over `qmm`'s): bfloat16 group 64: "
-        "4096x4096 4-bit M = 8 1.50x"
+        "those cells (K x N, bits: dtype, group, M, this change's time over `qmm`'s): "
+        "4096x4096 4-bit: bfloat16 group 64 M = 8 1.50x"
     )
     assert lines[6] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
@@ -1066,8 +1066,8 @@ def test_the_metal_body_names_the_work_its_kernels_meet() -> None:
 
 def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path) -> None:
     """A route that kept `qmm` where it is faster needs the cells, not the worst alone:
-    each run's slower cells are listed under its dtype and group, in layer order; a cell
-    where this change is faster is not (the control)."""
+    the slower cells are listed under their layer and bits, each with its dtype, group
+    and M; a cell where this change is faster is not (the control)."""
     (tmp_path / "templates" / "pr").mkdir(parents=True)
     (tmp_path / "templates" / "pr" / "results.toml").write_text(
         '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
@@ -1085,11 +1085,12 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
     (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     listed = next(ln for ln in found[0]["lines"] if ln.startswith("those cells"))
-    # A page that kept one round a cell says nothing of a spread.
+    # Grouped by layer and bits, what a route by shape would test; a page that kept one
+    # round a cell says nothing of a spread.
     assert listed == (
-        "those cells (K x N, bits, M: this change's time over `qmm`'s): bfloat16 group 64: "
-        "4096x4096 8-bit M = 12 1.10x, 14336x4096 8-bit M = 16 1.24x; float16 group 64: "
-        "14336x4096 8-bit M = 8 1.01x"
+        "those cells (K x N, bits: dtype, group, M, this change's time over `qmm`'s): "
+        "4096x4096 8-bit: bfloat16 group 64 M = 12 1.10x; 14336x4096 8-bit: bfloat16 group "
+        "64 M = 16 1.24x, float16 group 64 M = 8 1.01x"
     )
     assert "in 3 of 5 cells" in found[0]["lines"][3]
     # A cell whose rounds overlap `qmm`'s (its fastest no slower than `qmm`'s slowest) is
@@ -1100,10 +1101,11 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     listed = next(ln for ln in found[0]["lines"] if ln.startswith("those cells"))
     assert listed == (
-        "those cells (K x N, bits, M: this change's time over `qmm`'s), 2 of them beyond the "
-        "rounds' spread (this change's fastest round slower than `qmm`'s slowest): bfloat16 "
-        "group 64: 4096x4096 8-bit M = 12 1.10x, 14336x4096 8-bit M = 16 1.24x; the 1 within "
-        "it: float16 group 64: 14336x4096 8-bit M = 8 1.01x"
+        "those cells (K x N, bits: dtype, group, M, this change's time over `qmm`'s), 2 of "
+        "them beyond the rounds' spread (this change's fastest round slower than `qmm`'s "
+        "slowest): 4096x4096 8-bit: bfloat16 group 64 M = 12 1.10x; 14336x4096 8-bit: "
+        "bfloat16 group 64 M = 16 1.24x; the 1 within it: 14336x4096 8-bit: float16 group 64 "
+        "M = 8 1.01x"
     )
     # The route section's line for the page counts them.
     assert export_pr.route_line({"runs": runs}) == (

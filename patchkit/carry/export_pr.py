@@ -1014,11 +1014,19 @@ def _rounds_overlap(r: dict) -> bool:
     return min(_rounds(r, "pr")) <= max(_rounds(r, "stock"))
 
 
-def _cells_text(cells: list[SpeedCell]) -> str:
-    """One run's cells as "4096x4096 8-bit M = 12 1.10x, ...", in layer, bits and M order."""
-    ordered = sorted(cells, key=lambda c: (c[2]["K"], c[2]["N"], c[2]["bits"], c[2]["M"]))
-    return ", ".join(f"{r['K']}x{r['N']} {r['bits']}-bit M = {r['M']} {_slower_text(ratio)}"
-                     for ratio, _, r in ordered)  # fmt: skip
+def _by_layer_text(cells: list[SpeedCell]) -> str:
+    """Cells grouped by layer and bits, as "14336x4096 8-bit: bfloat16 group 128 M = 8
+    1.21x, ..." in layer, bits, run and M order: a route that kept `qmm` for some shapes
+    would be a condition on the layer and bits, so that is what leads."""
+    layers: dict[tuple[int, int, int], list[SpeedCell]] = {}
+    for cell in sorted(cells, key=lambda c: (c[2]["K"] * c[2]["N"], c[2]["K"], c[2]["bits"])):
+        layers.setdefault((cell[2]["K"], cell[2]["N"], cell[2]["bits"]), []).append(cell)
+
+    def items(group: list[SpeedCell]) -> str:
+        return ", ".join(f"{run['dtype']} group {run['group_size']} M = {r['M']} "
+                         f"{_slower_text(ratio)}" for ratio, run, r in group)  # fmt: skip
+
+    return "; ".join(f"{k}x{n} {bits}-bit: {items(g)}" for (k, n, bits), g in layers.items())
 
 
 def untimed_ms(data: dict) -> list[int]:
@@ -1126,13 +1134,8 @@ def speed_fact(data: dict) -> list[str]:
                     + ", ".join(f"{k}x{n}" for k, n in slow_layers))  # fmt: skip
 
         # Every such cell, so that a route keeping `qmm` there can be read off them.
-        def per_run(group: list[SpeedCell]) -> str:
-            return "; ".join(
-                f"{run['dtype']} group {run['group_size']}: {_cells_text(mine)}"
-                for run in runs if (mine := [c for c in group if c[1] is run]))  # fmt: skip
-
-        slow.append("those cells (K x N, bits, M: this change's time over `qmm`'s)"
-                    + _by_spread(slower, per_run, "`qmm`'s"))  # fmt: skip
+        slow.append("those cells (K x N, bits: dtype, group, M, this change's time over "
+                    "`qmm`'s)" + _by_spread(slower, _by_layer_text, "`qmm`'s"))  # fmt: skip
     elif cells:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
     return [
