@@ -1082,9 +1082,13 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
 
     runs = [run("bfloat16", [(14336, 4096, 16, 1.24), (4096, 4096, 12, 1.1), (4096, 4096, 8, 0.9)]),
             run("float16", [(4096, 14336, 16, 0.5), (14336, 4096, 8, 1.01)])]  # fmt: skip
-    (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
-    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
-    listed = next(ln for ln in found[0]["lines"] if ln.startswith("those cells"))
+
+    def lines() -> list[str]:
+        (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
+        found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+        return found[0]["lines"]
+
+    listed = next(ln for ln in lines() if ln.startswith("those cells"))
     # Grouped by layer and bits, what a route by shape would test; a page that kept one
     # round a cell says nothing of a spread.
     assert listed == (
@@ -1092,14 +1096,12 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
         "4096x4096 8-bit: bfloat16 group 64 M = 12 1.10x; 14336x4096 8-bit: bfloat16 group "
         "64 M = 16 1.24x, float16 group 64 M = 8 1.01x"
     )
-    assert "in 3 of 5 cells" in found[0]["lines"][3]
+    assert "in 3 of 5 cells" in lines()[3]
     # A cell whose rounds overlap `qmm`'s (its fastest no slower than `qmm`'s slowest) is
     # listed after those beyond the spread; the control, rounds apart, before.
     runs[1]["rows"][1].update(pr_rounds_us=[10.0, 10.1, 12.0], stock_rounds_us=[9.9, 10.0, 10.5])
     runs[0]["rows"][0].update(pr_rounds_us=[12.3, 12.4, 13.0], stock_rounds_us=[9.9, 10.0, 10.5])
-    (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
-    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
-    listed = next(ln for ln in found[0]["lines"] if ln.startswith("those cells"))
+    listed = next(ln for ln in lines() if ln.startswith("those cells"))
     assert listed == (
         "those cells (K x N, bits: dtype, group, M, this change's time over `qmm`'s), 2 of "
         "them beyond the rounds' spread (this change's fastest round slower than `qmm`'s "

@@ -984,16 +984,26 @@ def _by_spread(cells: list[SpeedCell], named: Callable[[list[SpeedCell]], str],
     change's fastest round slower than ``other`` slowest, :func:`_rounds_overlap`), those
     named first, then the rest; one list where the spread parts none, and no word of a
     spread where the page kept one round a cell."""
-    if all(len(_rounds(c[2], arm)) < 2 for c in cells for arm in ("pr", "stock")):
+    parts = _spread_parts(cells)
+    if parts is None:
         return f": {named(cells)}"
-    beyond = [c for c in cells if not _rounds_overlap(c[2])]
-    within = [c for c in cells if _rounds_overlap(c[2])]
+    beyond, within = parts
     if not beyond or not within:
         word = "beyond" if beyond else "within"
         return f", all {word} the rounds' spread: {named(cells)}"
     return (f", {len(beyond)} of them beyond the rounds' spread (this change's fastest round "
             f"slower than {other} slowest): {named(beyond)}; the {len(within)} within it: "
             f"{named(within)}")  # fmt: skip
+
+
+def _spread_parts(cells: list[SpeedCell]) -> tuple[list[SpeedCell], list[SpeedCell]] | None:
+    """Slower cells parted by the rounds' spread: those beyond it (this change's fastest
+    round slower than stock's slowest, :func:`_rounds_overlap`) and those within it; None
+    where the page kept one round a cell in both arms, which has no spread to part by."""
+    if all(len(_rounds(c[2], arm)) < 2 for c in cells for arm in ("pr", "stock")):
+        return None
+    return ([c for c in cells if not _rounds_overlap(c[2])],
+            [c for c in cells if _rounds_overlap(c[2])])  # fmt: skip
 
 
 def _slower_text(ratio: float) -> str:
@@ -1092,11 +1102,11 @@ def route_line(data: dict) -> str | None:
         span = _span([c[0] for c in cells], lambda x: f"{x:.2f}")
         return f"{how}: no slower than `qmm` in any of the {where} ({span}x `qmm`'s time)"
     head = f"{how}: slower than `qmm` in {len(slower)} of the {where}"
-    if all(len(_rounds(c[2], arm)) < 2 for c in slower for arm in ("pr", "stock")):
+    parts = _spread_parts(slower)
+    if parts is None:
         return head  # one round a cell: no spread to speak of
-    beyond = sum(not _rounds_overlap(c[2]) for c in slower)
-    return (f"{head}, {beyond} of them beyond the rounds' spread (this change's fastest "
-            "round slower than `qmm`'s slowest)")  # fmt: skip
+    return (f"{head}, {len(parts[0])} of them beyond the rounds' spread (this change's "
+            "fastest round slower than `qmm`'s slowest)")  # fmt: skip
 
 
 def speed_fact(data: dict) -> list[str]:
