@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # patchkit, fro
 # grouped-query k or v projection: too few rows to fill the GPU with one block per 16 rows.
 SHAPES = [(4096, 1024), (4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]
 QUICK_SHAPES = [(4096, 4096), (4096, 14336)]
-MS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
+# Every M up to 16, the widths speculative and multi-token decoding verify at once.
+MS = list(range(1, 17))
 BITS = (4, 8)
 DTYPES, GROUPS = ("bfloat16", "float16"), (32, 64, 128)
 ROUNDS, REPEATS = 3, 200  # rounds per arm; calls per timed graph
