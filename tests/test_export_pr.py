@@ -894,20 +894,18 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
         "0.50x; M = 1, 8-bit: 1.20x; "
         "M = 2, 7: 0.10-0.25x; M = 8: 1.50x (stock runs `qmm` from M = 8)"
     )
-    # The one cell at M = 1..7 slower than stock's qmv is named, with its rounds.
+    # The one cell at M = 1..7 slower than stock's qmv is counted by layer and bits; a
+    # page of one round a cell says nothing of a spread.
     assert lines[3] == (
-        "slower than stock in 1 of 4 cells at M = 1..7: 8-bit 4096x4096 M = 1, bfloat16 "
-        "group 64, 1.20x (this change's rounds 12.0 µs, stock's 10.0 µs)"
+        "slower than stock in 1 of 4 cells at M = 1..7; by layer and bits: 4096x4096 8-bit "
+        "1; each in the table below"
     )
     # The one cell at M = 8..16 slower than stock's qmm is named: the route's cost.
     assert lines[4] == (
         "slower than stock's `qmm` in 1 of 1 cells at M = 8, at most 1.50x (4-bit "
         "4096x4096, bfloat16 group 64, M = 8), on 4096x4096"
     )
-    assert lines[5] == (
-        "those cells (K x N, bits: dtype, group, M, this change's time over `qmm`'s): "
-        "4096x4096 4-bit: bfloat16 group 64 M = 8 1.50x"
-    )
+    assert lines[5] == "those cells by layer and bits: 4096x4096 4-bit 1; each in the table below"
     assert lines[6] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
     run["rows"][3]["pr_us"] = 9.0  # control: faster everywhere, no cell named
@@ -1064,10 +1062,11 @@ def test_the_metal_body_names_the_work_its_kernels_meet() -> None:
     assert "#3764" in related and "#4516" in related
 
 
-def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path) -> None:
-    """A route that kept `qmm` where it is faster needs the cells, not the worst alone:
-    the slower cells are listed under their layer and bits, each with its dtype, group
-    and M; a cell where this change is faster is not (the control)."""
+def test_the_cuda_speed_tables_give_every_cell_where_qmm_is_faster(tmp_path: Path) -> None:
+    """A route that kept `qmm` where it is faster needs the cells, not the worst alone: the
+    lines count the slower cells by layer and bits, and a table gives each, grouped by layer
+    and bits, with both arms' rounds; a cell where this change is faster is in neither (the
+    control)."""
     (tmp_path / "templates" / "pr").mkdir(parents=True)
     (tmp_path / "templates" / "pr" / "results.toml").write_text(
         '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
@@ -1083,32 +1082,42 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
     runs = [run("bfloat16", [(14336, 4096, 16, 1.24), (4096, 4096, 12, 1.1), (4096, 4096, 8, 0.9)]),
             run("float16", [(4096, 14336, 16, 0.5), (14336, 4096, 8, 1.01)])]  # fmt: skip
 
-    def lines() -> list[str]:
+    def result() -> dict:
         (tmp_path / "cuda.json").write_text(json.dumps({"runs": runs}))
         found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
-        return found[0]["lines"]
+        return found[0]
 
-    listed = next(ln for ln in lines() if ln.startswith("those cells"))
-    # Grouped by layer and bits, what a route by shape would test; a page that kept one
-    # round a cell says nothing of a spread.
-    assert listed == (
-        "those cells (K x N, bits: dtype, group, M, this change's time over `qmm`'s): "
-        "4096x4096 8-bit: bfloat16 group 64 M = 12 1.10x; 14336x4096 8-bit: bfloat16 group "
-        "64 M = 16 1.24x, float16 group 64 M = 8 1.01x"
-    )
-    assert "in 3 of 5 cells" in lines()[3]
-    # A cell whose rounds overlap `qmm`'s (its fastest no slower than `qmm`'s slowest) is
-    # listed after those beyond the spread; the control, rounds apart, before.
+    # A page that kept one round a cell: no word of a spread, no column for it.
+    listed = next(ln for ln in result()["lines"] if ln.startswith("those cells"))
+    assert listed == ("those cells by layer and bits: 4096x4096 8-bit 1, 14336x4096 8-bit 2; "
+                      "each in the table below")  # fmt: skip
+    assert "in 3 of 5 cells" in result()["lines"][3]
+    (table,) = result()["tables"]
+    assert table["summary"] == ("The 3 cells at M = 8..16 where stock's `qmm` is faster, with "
+                                "calls MLX's CUDA graph may overlap")  # fmt: skip
+    assert table["header"][-1] == "`qmm`'s rounds, µs"
+    assert table["rows"] == [
+        ["4096x4096", "8", "bfloat16", "64", "12", "1.10x", "11.0", "10.0"],
+        ["14336x4096", "8", "bfloat16", "64", "16", "1.24x", "12.4", "10.0"],
+        ["14336x4096", "8", "float16", "64", "8", "1.01x", "10.1", "10.0"],
+    ]
+    # With rounds: a cell whose rounds overlap `qmm`'s (its fastest no slower than `qmm`'s
+    # slowest) is within the spread; the control, rounds apart, beyond it.
     runs[1]["rows"][1].update(pr_rounds_us=[10.0, 10.1, 12.0], stock_rounds_us=[9.9, 10.0, 10.5])
     runs[0]["rows"][0].update(pr_rounds_us=[12.3, 12.4, 13.0], stock_rounds_us=[9.9, 10.0, 10.5])
-    listed = next(ln for ln in lines() if ln.startswith("those cells"))
+    listed = next(ln for ln in result()["lines"] if ln.startswith("those cells"))
     assert listed == (
-        "those cells (K x N, bits: dtype, group, M, this change's time over `qmm`'s), 2 of "
-        "them beyond the rounds' spread (this change's fastest round slower than `qmm`'s "
-        "slowest): 4096x4096 8-bit: bfloat16 group 64 M = 12 1.10x; 14336x4096 8-bit: "
-        "bfloat16 group 64 M = 16 1.24x; the 1 within it: 14336x4096 8-bit: float16 group 64 "
-        "M = 8 1.01x"
+        "those cells by layer and bits, 2 of them beyond the rounds' spread (this change's "
+        "fastest round slower than `qmm`'s slowest): 4096x4096 8-bit 1 (1 beyond the "
+        "spread), 14336x4096 8-bit 2 (1 beyond the spread); each in the table below"
     )
+    (table,) = result()["tables"]
+    assert table["header"][-1] == "rounds apart"
+    assert [(row[0], row[4], row[-3], row[-1]) for row in table["rows"]] == [
+        ("4096x4096", "12", "11.0", "yes"),
+        ("14336x4096", "16", "12.3-13.0", "yes"),
+        ("14336x4096", "8", "10.0-12.0", "no"),
+    ]
     # The route section's line for the page counts them.
     assert export_pr.route_line({"runs": runs}) == (
         "with calls MLX's CUDA graph may overlap: slower than `qmm` in 3 of the 5 cells at "
@@ -1117,16 +1126,16 @@ def test_the_cuda_speed_fact_lists_every_cell_where_qmm_is_faster(tmp_path: Path
     )
 
 
-def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) -> None:
-    """A cell at M < 8 where this change is slower than stock's `qmv` is named with the
-    spread of its rounds, so the reviewer can tell a cost from noise; a page whose cells
-    there are all faster gets no such line (the control)."""
+def test_the_cuda_speed_tables_give_cells_slower_than_stocks_qmv(tmp_path: Path) -> None:
+    """A cell at M < 8 where this change is slower than stock's `qmv` is counted with the
+    spread of its rounds and given in a table with them, so the reviewer can tell a cost
+    from noise; a page whose cells there are all faster gets neither (the control)."""
     (tmp_path / "templates" / "pr").mkdir(parents=True)
     (tmp_path / "templates" / "pr" / "results.toml").write_text(
         '[[cuda.result]]\ntitle = "Speed"\nfile = "cuda.json"\nkind = "speed"\n'
     )
 
-    def page(ratio_at_2: float, stock_rounds: list[float] | None = None) -> list[str]:
+    def page(ratio_at_2: float, stock_rounds: list[float] | None = None) -> dict:
         rows = [{"K": 4096, "N": 1024, "bits": 8, "M": m, "stock_us": 20.0,
                  "pr_us": 20.0 * r, "pr_rounds_us": [20.0 * r, 21.7, 28.7],
                  **({"stock_rounds_us": stock_rounds} if stock_rounds else {})}
@@ -1136,24 +1145,45 @@ def test_the_cuda_speed_fact_names_cells_slower_than_stocks_qmv(tmp_path: Path) 
                "calls": "chained", "rows": rows}  # fmt: skip
         (tmp_path / "cuda.json").write_text(json.dumps({"runs": [run]}))
         found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
-        return [ln for ln in found[0]["lines"] if ln.startswith("slower than stock in")]
+        return found[0]
 
-    assert page(1.04) == [
-        "slower than stock in 1 of 2 cells at M = 1..7, all beyond the rounds' spread: 8-bit "
-        "4096x1024 M = 2, bfloat16 group 64, 1.04x (this change's rounds 20.8-28.7 µs, "
-        "stock's 20.0 µs)"
+    def slower(result: dict) -> list[str]:
+        return [ln for ln in result["lines"] if ln.startswith("slower than stock in")]
+
+    assert slower(page(1.04)) == [
+        "slower than stock in 1 of 2 cells at M = 1..7, all beyond the rounds' spread (this "
+        "change's fastest round slower than stock's slowest); by layer and bits: 4096x1024 "
+        "8-bit 1 (1 beyond the spread); each in the table below"
     ]
-    # Stock's slowest round (23 us) above this change's fastest (20.8 us): the line counts
-    # the cell as resting on rounds that overlap; above, with stock's rounds all at 20 us,
-    # it does not (the control).
-    assert page(1.04, [19.0, 20.0, 23.0]) == [
-        "slower than stock in 1 of 2 cells at M = 1..7, all within the rounds' spread: 8-bit "
-        "4096x1024 M = 2, bfloat16 group 64, 1.04x (this change's rounds 20.8-28.7 µs, "
-        "stock's 19.0-23.0 µs)"
+    (table,) = page(1.04)["tables"]
+    assert table["summary"] == ("The 1 cells at M = 1..7 where this change is slower than "
+                                "stock, with each call waiting for the one before")  # fmt: skip
+    assert table["rows"] == [["4096x1024", "8", "bfloat16", "64", "2", "1.04x", "20.8-28.7",
+                              "20.0", "yes"]]  # fmt: skip
+    # Stock's slowest round (23 us) above this change's fastest (20.8 us): the cell rests on
+    # rounds that overlap; above, with stock's rounds all at 20 us, it does not (the control).
+    overlapping = page(1.04, [19.0, 20.0, 23.0])
+    assert slower(overlapping) == [
+        "slower than stock in 1 of 2 cells at M = 1..7, all within the rounds' spread (this "
+        "change's fastest round no slower than stock's slowest); by layer and bits: "
+        "4096x1024 8-bit 1; each in the table below"
     ]
-    assert page(0.9) == []
+    assert overlapping["tables"][0]["rows"][0][-2:] == ["19.0-23.0", "no"]
+    assert slower(page(0.9)) == [] and page(0.9)["tables"] == []
     # A cell slower by under half a percent reads with three decimals, not as 1.00x.
-    assert "M = 2, bfloat16 group 64, 1.003x (" in page(1.003)[0]
+    assert page(1.003)["tables"][0]["rows"][0][5] == "1.003x"
+
+
+def test_the_body_folds_each_speed_table_under_its_summary() -> None:
+    """The body renders a result's tables after its lines, each a Markdown table folded
+    under its summary, one row a cell; a result without tables renders none (the
+    control)."""
+    table = {"summary": "The 1 cells", "header": ["K x N", "M"], "rows": [["4096x1024", "2"]]}
+    result = {"title": "Speed", "lines": ["a line"], "tables": [table]}
+    body = _body(backend="cuda", results=[result])
+    assert ("- a line\n\n<details>\n<summary>The 1 cells</summary>\n\n| K x N | M |\n"
+            "|---|---|\n| 4096x1024 | 2 |\n\n</details>\n") in body  # fmt: skip
+    assert "<details>" not in _body(backend="cuda", results=[{**result, "tables": []}])
 
 
 def test_the_cuda_speed_fact_gives_m1_error_beside_stocks(tmp_path: Path) -> None:

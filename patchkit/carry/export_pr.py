@@ -959,41 +959,54 @@ def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
 
 
 def qmv_band_slower(data: dict) -> list[str]:
-    """A line naming each cell at M = 1..7 (stock's ``qmv``) where this change is slower,
-    with both arms' rounds, those beyond the rounds' spread first: a ratio over 1 there is
-    either a cost of the new kernel or noise, and the spread is what tells them apart."""
+    """A line counting the cells at M = 1..7 (stock's ``qmv``) where this change is slower,
+    by layer and bits and by the rounds' spread: a ratio over 1 there is either a cost of
+    the new kernel or noise, and the spread is what tells them apart. The cells themselves
+    are :func:`speed_tables`'."""
     cells, slower = band_cells(data, 1, 7)
     if not slower:
         return []
-
-    def named(group: list[SpeedCell]) -> str:
-        return "; ".join(
-            f"{r['bits']}-bit {r['K']}x{r['N']} M = {r['M']}, {run['dtype']} group "
-            f"{run['group_size']}, {_slower_text(ratio)} (this change's rounds "
-            f"{_span(_rounds(r, 'pr'), lambda x: f'{x:.1f}')} µs, stock's "
-            f"{_span(_rounds(r, 'stock'), lambda x: f'{x:.1f}')} µs)"
-            for ratio, run, r in sorted(group, key=lambda c: -c[0]))  # fmt: skip
-
     head = f"slower than stock in {len(slower)} of {len(cells)} cells at M = 1..7"
-    return [head + _by_spread(slower, named, "stock's")]
+    return [head + _spread_tail(slower, "stock's") + f"; by layer and bits: {_layer_counts(slower)}"
+            + "; each in the table below"]  # fmt: skip
 
 
-def _by_spread(cells: list[SpeedCell], named: Callable[[list[SpeedCell]], str],
-               other: str) -> str:  # fmt: skip
-    """The tail of a line of slower cells: how many lie beyond the rounds' spread (this
-    change's fastest round slower than ``other`` slowest, :func:`_rounds_overlap`), those
-    named first, then the rest; one list where the spread parts none, and no word of a
-    spread where the page kept one round a cell."""
+def _spread_tail(cells: list[SpeedCell], other: str) -> str:
+    """How many slower cells lie beyond the rounds' spread (this change's fastest round
+    slower than ``other`` slowest, :func:`_rounds_overlap`), as the tail of a count; no word
+    of a spread where the page kept one round a cell."""
     parts = _spread_parts(cells)
     if parts is None:
-        return f": {named(cells)}"
+        return ""
     beyond, within = parts
     if not beyond or not within:
-        word = "beyond" if beyond else "within"
-        return f", all {word} the rounds' spread: {named(cells)}"
+        word, test = ("beyond", "slower than") if beyond else ("within", "no slower than")
+        return (f", all {word} the rounds' spread (this change's fastest round {test} "
+                f"{other} slowest)")  # fmt: skip
     return (f", {len(beyond)} of them beyond the rounds' spread (this change's fastest round "
-            f"slower than {other} slowest): {named(beyond)}; the {len(within)} within it: "
-            f"{named(within)}")  # fmt: skip
+            f"slower than {other} slowest)")  # fmt: skip
+
+
+def _by_layer(cells: list[SpeedCell]) -> dict[tuple[int, int, int], list[SpeedCell]]:
+    """Cells grouped by (K, N, bits), smallest layer first: a route that kept `qmm` for
+    some shapes would be a condition on the layer and bits, so that is what leads."""
+    layers: dict[tuple[int, int, int], list[SpeedCell]] = {}
+    for cell in sorted(cells, key=lambda c: (c[2]["K"] * c[2]["N"], c[2]["K"], c[2]["bits"])):
+        layers.setdefault((cell[2]["K"], cell[2]["N"], cell[2]["bits"]), []).append(cell)
+    return layers
+
+
+def _layer_counts(cells: list[SpeedCell]) -> str:
+    """Cells counted by layer and bits, as "4096x1024 8-bit 12 (2 beyond the spread),
+    ...", the count beyond the rounds' spread only where the page kept rounds."""
+    parts = _spread_parts(cells)
+
+    def count(group: list[SpeedCell]) -> str:
+        beyond = sum(not _rounds_overlap(c[2]) for c in group)
+        return f"{len(group)}" + (f" ({beyond} beyond the spread)" if parts and beyond else "")
+
+    layers = _by_layer(cells).items()
+    return ", ".join(f"{k}x{n} {bits}-bit {count(g)}" for (k, n, bits), g in layers)
 
 
 def _spread_parts(cells: list[SpeedCell]) -> tuple[list[SpeedCell], list[SpeedCell]] | None:
@@ -1024,19 +1037,37 @@ def _rounds_overlap(r: dict) -> bool:
     return min(_rounds(r, "pr")) <= max(_rounds(r, "stock"))
 
 
-def _by_layer_text(cells: list[SpeedCell]) -> str:
-    """Cells grouped by layer and bits, as "14336x4096 8-bit: bfloat16 group 128 M = 8
-    1.21x, ..." in layer, bits, run and M order: a route that kept `qmm` for some shapes
-    would be a condition on the layer and bits, so that is what leads."""
-    layers: dict[tuple[int, int, int], list[SpeedCell]] = {}
-    for cell in sorted(cells, key=lambda c: (c[2]["K"] * c[2]["N"], c[2]["K"], c[2]["bits"])):
-        layers.setdefault((cell[2]["K"], cell[2]["N"], cell[2]["bits"]), []).append(cell)
-
-    def items(group: list[SpeedCell]) -> str:
-        return ", ".join(f"{run['dtype']} group {run['group_size']} M = {r['M']} "
-                         f"{_slower_text(ratio)}" for ratio, run, r in group)  # fmt: skip
-
-    return "; ".join(f"{k}x{n} {bits}-bit: {items(g)}" for (k, n, bits), g in layers.items())
+def speed_tables(data: dict) -> list[dict]:
+    """The cells a speed page's lines count, one table each: those at M = 1..7 where this
+    change is slower than stock's ``qmv`` (slowest first: the reviewer weighs costs), and
+    those at M = 8..16 where stock's ``qmm`` is faster (by layer and bits: what a route by
+    shape would test). Each row gives both arms' rounds and, where the page kept rounds,
+    whether they lie apart; the body folds each table under a summary line."""
+    how = ROUTE_CALLS[speed_calls(data)]
+    tables = []
+    for lo, hi, other, order in ((1, 7, "stock", "ratio"), (8, 16, "`qmm`", "layer")):
+        slower = band_cells(data, lo, hi)[1]
+        if not slower:
+            continue
+        cells = (sorted(slower, key=lambda c: -c[0]) if order == "ratio"
+                 else [c for group in _by_layer(slower).values() for c in group])  # fmt: skip
+        spread = _spread_parts(slower) is not None
+        header = ["K x N", "bits", "dtype", "group", "M", f"this change / {other}",
+                  "this change's rounds, µs", f"{other}'s rounds, µs"]  # fmt: skip
+        rows = []
+        for ratio, run, r in cells:
+            row = [f"{r['K']}x{r['N']}", str(r["bits"]), run["dtype"], str(run["group_size"]),
+                   str(r["M"]), _slower_text(ratio),
+                   _span(_rounds(r, "pr"), lambda x: f"{x:.1f}"),
+                   _span(_rounds(r, "stock"), lambda x: f"{x:.1f}")]  # fmt: skip
+            rows.append(row + (["no" if _rounds_overlap(r) else "yes"] if spread else []))
+        faster = "this change is slower than stock" if lo == 1 else "stock's `qmm` is faster"
+        tables.append({
+            "summary": f"The {len(slower)} cells at M = {lo}..{hi} where {faster}, {how}",
+            "header": header + (["rounds apart"] if spread else []),
+            "rows": rows,
+        })  # fmt: skip
+    return tables
 
 
 def untimed_ms(data: dict) -> list[int]:
@@ -1144,8 +1175,8 @@ def speed_fact(data: dict) -> list[str]:
                     + ", ".join(f"{k}x{n}" for k, n in slow_layers))  # fmt: skip
 
         # Every such cell, so that a route keeping `qmm` there can be read off them.
-        slow.append("those cells (K x N, bits: dtype, group, M, this change's time over "
-                    "`qmm`'s)" + _by_spread(slower, _by_layer_text, "`qmm`'s"))  # fmt: skip
+        slow.append("those cells by layer and bits" + _spread_tail(slower, "`qmm`'s")
+                    + f": {_layer_counts(slower)}; each in the table below")  # fmt: skip
     elif cells:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
     return [
@@ -1419,6 +1450,8 @@ def measured_results(
                 "qmm_faster": len(qmm_band_cells(data)[1]) if kind == "speed" else None,
                 # What the page says of the route at M = 8..16, in one line.
                 "route": route_line(data) if kind == "speed" else None,
+                # The cells those lines count, as tables under the result's lines.
+                "tables": speed_tables(data) if kind == "speed" else [],
                 # The M of 2..16 a speed page did not time (the bench samples 9..16).
                 "untimed_ms": untimed_ms(data) if kind == "speed" else None,
                 "untimed_layers": untimed_layers(data) if kind == "speed" else None,
