@@ -898,14 +898,16 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     # page of one round a cell says nothing of a spread.
     assert lines[3] == (
         "slower than stock in 1 of 4 cells at M = 1..7; by layer and bits: 4096x4096 8-bit "
-        "1; each in the table below"
+        "1; each in the first table below"
     )
     # The one cell at M = 8..16 slower than stock's qmm is named: the route's cost.
     assert lines[4] == (
         "slower than stock's `qmm` in 1 of 1 cells at M = 8, at most 1.50x (4-bit "
-        "4096x4096, bfloat16 group 64, M = 8), on 4096x4096"
+        "4096x4096, bfloat16 group 64, M = 8)"
     )
-    assert lines[5] == "those cells by layer and bits: 4096x4096 4-bit 1; each in the table below"
+    assert lines[5] == (
+        "those cells by layer and bits: 4096x4096 4-bit 1; each in the second table below"
+    )
     assert lines[6] == "note: first case slow"
     assert not any("patchkit" in line or "bench/" in line for line in lines)
     run["rows"][3]["pr_us"] = 9.0  # control: faster everywhere, no cell named
@@ -929,7 +931,19 @@ def test_the_cuda_body_quotes_the_speed_page_per_band_of_m(tmp_path: Path) -> No
     (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert "1 of 1 cells at M = 8, at most 1.11x" in found[0]["lines"][4]
-    run["calls"] = "chained"
+    run["link_us"] = {"stock": 13.4, "pr": 19.6}  # independent calls: no link to give
+    (tmp_path / "cuda.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found[0]["lines"][1].endswith(export_pr.SPEED_CALLS["independent"])
+    run["calls"] = "chained"  # chained calls: the link's own time, part of every time
+    (tmp_path / "cuda.json").write_text(json.dumps(page))
+    found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+    assert found[0]["lines"][1].endswith(
+        export_pr.SPEED_CALLS["chained"] + "; the link alone takes 13-20 µs a call in both "
+        "arms (timed in the same runs), part of every time below, which it pulls toward 1x "
+        "on the smaller layers"
+    )
+    del run["link_us"]  # a run that did not time it: nothing said
     (tmp_path / "cuda.json").write_text(json.dumps(page))
     found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
     assert found[0]["lines"][1].endswith(export_pr.SPEED_CALLS["chained"])
@@ -1093,8 +1107,10 @@ def test_the_cuda_speed_tables_give_every_cell_where_qmm_is_faster(tmp_path: Pat
                       "each in the table below")  # fmt: skip
     assert "in 3 of 5 cells" in result()["lines"][3]
     (table,) = result()["tables"]
-    assert table["summary"] == ("The 3 cells at M = 8..16 where stock's `qmm` is faster, with "
-                                "calls MLX's CUDA graph may overlap")  # fmt: skip
+    # HTML in a summary: GitHub renders no Markdown there.
+    assert table["summary"] == ("The 3 cells at M = 8..16 where this change is slower than "
+                                "stock's <code>qmm</code>, with calls MLX's CUDA graph may "
+                                "overlap")  # fmt: skip
     assert table["header"][-1] == "`qmm`'s rounds, µs"
     assert table["rows"] == [
         ["4096x4096", "8", "bfloat16", "64", "12", "1.10x", "11.0", "10.0"],
@@ -1102,7 +1118,8 @@ def test_the_cuda_speed_tables_give_every_cell_where_qmm_is_faster(tmp_path: Pat
         ["14336x4096", "8", "float16", "64", "8", "1.01x", "10.1", "10.0"],
     ]
     # With rounds: a cell whose rounds overlap `qmm`'s (its fastest no slower than `qmm`'s
-    # slowest) is within the spread; the control, rounds apart, beyond it.
+    # slowest) is within the spread; the control, rounds apart, beyond it. Those beyond it
+    # lead the table, each arm's rounds sorted (the middle of three is the median).
     runs[1]["rows"][1].update(pr_rounds_us=[10.0, 10.1, 12.0], stock_rounds_us=[9.9, 10.0, 10.5])
     runs[0]["rows"][0].update(pr_rounds_us=[12.3, 12.4, 13.0], stock_rounds_us=[9.9, 10.0, 10.5])
     listed = next(ln for ln in result()["lines"] if ln.startswith("those cells"))
@@ -1112,17 +1129,37 @@ def test_the_cuda_speed_tables_give_every_cell_where_qmm_is_faster(tmp_path: Pat
         "spread), 14336x4096 8-bit 2 (1 beyond the spread); each in the table below"
     )
     (table,) = result()["tables"]
-    assert table["header"][-1] == "rounds apart"
+    assert table["header"][-1] == "beyond the rounds' spread"
     assert [(row[0], row[4], row[-3], row[-1]) for row in table["rows"]] == [
         ("4096x4096", "12", "11.0", "yes"),
-        ("14336x4096", "16", "12.3-13.0", "yes"),
-        ("14336x4096", "8", "10.0-12.0", "no"),
+        ("14336x4096", "16", "12.3, 12.4, 13.0", "yes"),
+        ("14336x4096", "8", "10.0, 10.1, 12.0", "no"),
     ]
+    runs[0]["rows"][1].update(pr_rounds_us=[10.9, 11.0, 13.0], stock_rounds_us=[9.0, 10.0, 11.5])
+    (table,) = result()["tables"]  # now within the spread: after the one beyond it
+    assert [(row[0], row[4], row[-1]) for row in table["rows"]] == [
+        ("14336x4096", "16", "yes"),
+        ("4096x4096", "12", "no"),
+        ("14336x4096", "8", "no"),
+    ]
+    # The worst cell is noise there: the line says so, and gives the worst beyond it.
+    worst = next(ln for ln in result()["lines"] if ln.startswith("slower than stock's"))
+    assert worst.endswith("at most 1.24x (8-bit 14336x4096, bfloat16 group 64, M = 16, "
+                          "beyond the rounds' spread)")  # fmt: skip
+    runs[0]["rows"][0]["pr_rounds_us"] = [10.0, 12.4, 13.0]  # control: the worst overlaps
+    worst = next(ln for ln in result()["lines"] if ln.startswith("slower than stock's"))
+    assert worst.endswith("at most 1.24x (8-bit 14336x4096, bfloat16 group 64, M = 16, "
+                          "within the rounds' spread)")  # fmt: skip
+    runs[0]["rows"][1].update(pr_rounds_us=[11.0], stock_rounds_us=[10.0])  # beyond again
+    worst = next(ln for ln in result()["lines"] if ln.startswith("slower than stock's"))
+    assert worst.endswith("within the rounds' spread); beyond it at most 1.10x (8-bit "
+                          "4096x4096, bfloat16 group 64, M = 12)")  # fmt: skip
+    runs[0]["rows"][0]["pr_rounds_us"] = [12.3, 12.4, 13.0]
     # The route section's line for the page counts them.
     assert export_pr.route_line({"runs": runs}) == (
         "with calls MLX's CUDA graph may overlap: slower than `qmm` in 3 of the 5 cells at "
         "M = 8, 12, 16, 2 of them beyond the rounds' spread (this change's fastest round "
-        "slower than `qmm`'s slowest)"
+        "slower than `qmm`'s slowest): 4096x4096 8-bit 1, 14336x4096 8-bit 1"
     )
 
 
@@ -1158,8 +1195,8 @@ def test_the_cuda_speed_tables_give_cells_slower_than_stocks_qmv(tmp_path: Path)
     (table,) = page(1.04)["tables"]
     assert table["summary"] == ("The 1 cells at M = 1..7 where this change is slower than "
                                 "stock, with each call waiting for the one before")  # fmt: skip
-    assert table["rows"] == [["4096x1024", "8", "bfloat16", "64", "2", "1.04x", "20.8-28.7",
-                              "20.0", "yes"]]  # fmt: skip
+    assert table["rows"] == [["4096x1024", "8", "bfloat16", "64", "2", "1.04x",
+                              "20.8, 21.7, 28.7", "20.0", "yes"]]  # fmt: skip
     # Stock's slowest round (23 us) above this change's fastest (20.8 us): the cell rests on
     # rounds that overlap; above, with stock's rounds all at 20 us, it does not (the control).
     overlapping = page(1.04, [19.0, 20.0, 23.0])
@@ -1168,7 +1205,7 @@ def test_the_cuda_speed_tables_give_cells_slower_than_stocks_qmv(tmp_path: Path)
         "change's fastest round no slower than stock's slowest); by layer and bits: "
         "4096x1024 8-bit 1; each in the table below"
     ]
-    assert overlapping["tables"][0]["rows"][0][-2:] == ["19.0-23.0", "no"]
+    assert overlapping["tables"][0]["rows"][0][-2:] == ["19.0, 20.0, 23.0", "no"]
     assert slower(page(0.9)) == [] and page(0.9)["tables"] == []
     # A cell slower by under half a percent reads with three decimals, not as 1.00x.
     assert page(1.003)["tables"][0]["rows"][0][5] == "1.003x"
@@ -1220,19 +1257,20 @@ def test_the_cuda_speed_fact_gives_m1_error_beside_stocks(tmp_path: Path) -> Non
 
 def test_a_second_speed_page_with_the_same_m1_error_says_as_above(tmp_path: Path) -> None:
     """Two speed pages (chained and independent calls) draw the same weights and vectors,
-    so their M = 1 error lines read alike: the second says "as above"; pages whose errors
-    differ each keep their own line (the control)."""
+    so their M = 1 error lines read alike: the second says "as above", and so does its line
+    of GPU, arms and layers; pages whose errors or GPUs differ each keep their own line
+    (the controls)."""
     (tmp_path / "templates" / "pr").mkdir(parents=True)
     (tmp_path / "templates" / "pr" / "results.toml").write_text(
         '[[cuda.result]]\ntitle = "Chained"\nfile = "a.json"\nkind = "speed"\n'
         '[[cuda.result]]\ntitle = "Independent"\nfile = "b.json"\nkind = "speed"\n'
     )
 
-    def page(name: str, calls: str, pr_error: float) -> None:
+    def page(name: str, calls: str, pr_error: float, gpu: str = "NVIDIA H100") -> None:
         row = {"K": 4096, "N": 4096, "bits": 4, "M": 1, "stock_us": 10.0, "pr_us": 5.0,
                "stock_m1_error": 4e-3, "pr_m1_error": pr_error}  # fmt: skip
         run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"},
-               "rounds": 3, "hardware": {"gpu": "NVIDIA H100"}, "repeats": 200,
+               "rounds": 3, "hardware": {"gpu": gpu}, "repeats": 200,
                "calls": calls, "rows": [row]}  # fmt: skip
         (tmp_path / name).write_text(json.dumps({"runs": [run]}))
 
@@ -1248,6 +1286,17 @@ def test_a_second_speed_page_with_the_same_m1_error_says_as_above(tmp_path: Path
     page("b.json", "independent", 3e-3)
     first, second = error_lines()
     assert first.endswith("4-bit 0.50x") and second.endswith("4-bit 0.75x")
+
+    def setup_lines() -> list[str]:
+        found, _ = export_pr.measured_results(tmp_path, tmp_path / "templates", "cuda")
+        return [f["lines"][0] for f in found]
+
+    first, second = setup_lines()
+    assert first.startswith("`mx.quantized_matmul` on NVIDIA H100: stock MLX 0.32.1")
+    assert second == "the GPU, the two arms, the layers, bits, dtypes and groups: as above"
+    page("b.json", "independent", 3e-3, gpu="NVIDIA H200")
+    first, second = setup_lines()
+    assert second.startswith("`mx.quantized_matmul` on NVIDIA H200: stock MLX 0.32.1")
 
 
 @pytest.mark.parametrize("calls", [None, "independent", "chained"])
@@ -1409,7 +1458,7 @@ def test_the_cuda_route_section_follows_where_the_speed_page_has_qmm_faster(
     route = " ".join(route.split("## Measured so far")[0].split())
     faster_nowhere = qmm_us == 20.0
     assert ("`qmm` is faster in none" in route) == faster_nowhere
-    assert ("Where `qmm` is faster there" in route) == (not faster_nowhere)
+    assert ("The alternative: keep `qmm` for the shapes" in route) == (not faster_nowhere)
     assert "Which of the two MLX wants is the reviewers' call." in route
     # The page's own line leads the section, with its cells; no page, no line.
     lead = 'In the cells measured ("Measured so far" gives the GPU and the layers):'
@@ -1419,7 +1468,7 @@ def test_the_cuda_route_section_follows_where_the_speed_page_has_qmm_faster(
                 "the 1 cells at M = 8 (0.50x `qmm`'s time)") in route  # fmt: skip
     if qmm_us == 5.0:  # one round a cell: no word of a spread
         assert ("- with each call waiting for the one before: slower than `qmm` in 1 of the 1 "
-                "cells at M = 8 Where `qmm` is faster there") in route  # fmt: skip
+                "cells at M = 8 \"Measured so far\" names those cells") in route  # fmt: skip
 
 
 @pytest.mark.parametrize("unfinished", [[], ["test_qmm"]])

@@ -958,7 +958,7 @@ def qmm_band_cells(data: dict) -> tuple[list[SpeedCell], list[SpeedCell]]:
     return band_cells(data, 8, 16)
 
 
-def qmv_band_slower(data: dict) -> list[str]:
+def qmv_band_slower(data: dict, where: str = "the table below") -> list[str]:
     """A line counting the cells at M = 1..7 (stock's ``qmv``) where this change is slower,
     by layer and bits and by the rounds' spread: a ratio over 1 there is either a cost of
     the new kernel or noise, and the spread is what tells them apart. The cells themselves
@@ -968,7 +968,7 @@ def qmv_band_slower(data: dict) -> list[str]:
         return []
     head = f"slower than stock in {len(slower)} of {len(cells)} cells at M = 1..7"
     return [head + _spread_tail(slower, "stock's") + f"; by layer and bits: {_layer_counts(slower)}"
-            + "; each in the table below"]  # fmt: skip
+            + f"; each in {where}"]  # fmt: skip
 
 
 def _spread_tail(cells: list[SpeedCell], other: str) -> str:
@@ -996,10 +996,11 @@ def _by_layer(cells: list[SpeedCell]) -> dict[tuple[int, int, int], list[SpeedCe
     return layers
 
 
-def _layer_counts(cells: list[SpeedCell]) -> str:
+def _layer_counts(cells: list[SpeedCell], spread: bool = True) -> str:
     """Cells counted by layer and bits, as "4096x1024 8-bit 12 (2 beyond the spread),
-    ...", the count beyond the rounds' spread only where the page kept rounds."""
-    parts = _spread_parts(cells)
+    ...", the count beyond the rounds' spread only where the page kept rounds (and
+    ``spread``: not for cells all beyond it)."""
+    parts = spread and _spread_parts(cells)
 
     def count(group: list[SpeedCell]) -> str:
         beyond = sum(not _rounds_overlap(c[2]) for c in group)
@@ -1040,34 +1041,43 @@ def _rounds_overlap(r: dict) -> bool:
 def speed_tables(data: dict) -> list[dict]:
     """The cells a speed page's lines count, one table each: those at M = 1..7 where this
     change is slower than stock's ``qmv`` (slowest first: the reviewer weighs costs), and
-    those at M = 8..16 where stock's ``qmm`` is faster (by layer and bits: what a route by
-    shape would test). Each row gives both arms' rounds and, where the page kept rounds,
-    whether they lie apart; the body folds each table under a summary line."""
+    those at M = 8..16 where it is slower than stock's ``qmm`` (by layer and bits: what a
+    route by shape would test); in both, those beyond the rounds' spread first. Each row
+    gives both arms' rounds, sorted, so the middle one of three is the median the ratio is
+    of; the body folds each table under a summary line (HTML there: no Markdown)."""
     how = ROUTE_CALLS[speed_calls(data)]
     tables = []
-    for lo, hi, other, order in ((1, 7, "stock", "ratio"), (8, 16, "`qmm`", "layer")):
+    for lo, hi, other in ((1, 7, "stock"), (8, 16, "<code>qmm</code>")):
         slower = band_cells(data, lo, hi)[1]
         if not slower:
             continue
-        cells = (sorted(slower, key=lambda c: -c[0]) if order == "ratio"
+        cells = (sorted(slower, key=lambda c: -c[0]) if lo == 1
                  else [c for group in _by_layer(slower).values() for c in group])  # fmt: skip
         spread = _spread_parts(slower) is not None
-        header = ["K x N", "bits", "dtype", "group", "M", f"this change / {other}",
-                  "this change's rounds, µs", f"{other}'s rounds, µs"]  # fmt: skip
+        if spread:
+            cells.sort(key=lambda c: _rounds_overlap(c[2]))  # stable: beyond the spread first
+        column = other.replace("<code>", "`").replace("</code>", "`")
+        header = ["K x N", "bits", "dtype", "group", "M", f"this change / {column}",
+                  "this change's rounds, µs", f"{column}'s rounds, µs"]  # fmt: skip
         rows = []
         for ratio, run, r in cells:
             row = [f"{r['K']}x{r['N']}", str(r["bits"]), run["dtype"], str(run["group_size"]),
-                   str(r["M"]), _slower_text(ratio),
-                   _span(_rounds(r, "pr"), lambda x: f"{x:.1f}"),
-                   _span(_rounds(r, "stock"), lambda x: f"{x:.1f}")]  # fmt: skip
+                   str(r["M"]), _slower_text(ratio), _rounds_text(r, "pr"),
+                   _rounds_text(r, "stock")]  # fmt: skip
             rows.append(row + (["no" if _rounds_overlap(r) else "yes"] if spread else []))
-        faster = "this change is slower than stock" if lo == 1 else "stock's `qmm` is faster"
+        than = "stock" if lo == 1 else f"stock's {other}"
         tables.append({
-            "summary": f"The {len(slower)} cells at M = {lo}..{hi} where {faster}, {how}",
-            "header": header + (["rounds apart"] if spread else []),
+            "summary": f"The {len(slower)} cells at M = {lo}..{hi} where this change is slower "
+                       f"than {than}, {how}",
+            "header": header + (["beyond the rounds' spread"] if spread else []),
             "rows": rows,
         })  # fmt: skip
     return tables
+
+
+def _rounds_text(r: dict, arm: str) -> str:
+    """A cell's rounds in one arm, fastest first, as "19.4, 26.0, 28.0" (µs)."""
+    return ", ".join(f"{x:.1f}" for x in sorted(_rounds(r, arm)))
 
 
 def untimed_ms(data: dict) -> list[int]:
@@ -1136,8 +1146,10 @@ def route_line(data: dict) -> str | None:
     parts = _spread_parts(slower)
     if parts is None:
         return head  # one round a cell: no spread to speak of
-    return (f"{head}, {len(parts[0])} of them beyond the rounds' spread (this change's "
-            "fastest round slower than `qmm`'s slowest)")  # fmt: skip
+    beyond = parts[0]
+    where = f": {_layer_counts(beyond, spread=False)}" if beyond else ""
+    return (f"{head}, {len(beyond)} of them beyond the rounds' spread (this change's "
+            f"fastest round slower than `qmm`'s slowest){where}")  # fmt: skip
 
 
 def speed_fact(data: dict) -> list[str]:
@@ -1162,25 +1174,26 @@ def speed_fact(data: dict) -> list[str]:
 
     ones = "; ".join(f"M = 1, {b}-bit: {ratio(1, 1, b)}" for b in bits)
     cells, slower = qmm_band_cells(data)
+    # Where the cells a line counts lie: the tables follow the lines in band order.
+    both = bool(band_cells(data, 1, 7)[1]) and bool(slower)
+    where = (
+        ("the first table below", "the second table below") if both else ("the table below",) * 2
+    )
     slow = []
     if slower:
-        worst, wrun, wrow = max(slower, key=lambda c: c[0])
-        slow_layers = sorted({(r["K"], r["N"]) for _, _, r in slower})
         close = sum(round(c[0], 2) <= 1.1 for c in slower)  # as the cells below show them
         near = f", {close} of them at 1.10x or less" if close else ""
         slow.append(f"slower than stock's `qmm` in {len(slower)} of {len(cells)} cells at "
-                    f"{band(8, 16)}{near}, at most {worst:.2f}x "
-                    f"({wrow['bits']}-bit {wrow['K']}x{wrow['N']}, {wrun['dtype']} group "
-                    f"{wrun['group_size']}, M = {wrow['M']}), on "
-                    + ", ".join(f"{k}x{n}" for k, n in slow_layers))  # fmt: skip
+                    f"{band(8, 16)}{near}, at most {_worst_text(slower)}")  # fmt: skip
 
         # Every such cell, so that a route keeping `qmm` there can be read off them.
         slow.append("those cells by layer and bits" + _spread_tail(slower, "`qmm`'s")
-                    + f": {_layer_counts(slower)}; each in the table below")  # fmt: skip
+                    + f": {_layer_counts(slower)}; each in {where[1]}")  # fmt: skip
     elif cells:
         slow.append(f"no slower than stock's `qmm` in any of {len(cells)} cells at {band(8, 16)}")
+    link = _link_text(data) if speed_calls(data) == "chained" else ""
     return [
-        f"`mx.quantized_matmul` on {first['hardware']['gpu'].split(',')[0]}: stock MLX "
+        f"{SPEED_SETUP_HEAD}{first['hardware']['gpu'].split(',')[0]}: stock MLX "
         f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
         f"this change and {SERIES_BUILT} (compiler and build flags may differ between the "
         f"two besides the changes: main built the same way is owed below), taking turns; "
@@ -1190,15 +1203,48 @@ def speed_fact(data: dict) -> list[str]:
         f"timing: {first['repeats']} calls evaluated together (one `mx.eval`) after a "
         f"warm-up, each reading a cold copy of the weights (the copies add up to well over "
         f"the L2), median of "
-        f"{first['rounds']} rounds per arm; {SPEED_CALLS[speed_calls(data)]}",
+        f"{first['rounds']} rounds per arm; {SPEED_CALLS[speed_calls(data)]}{link}",
         f"time with this change over stock's (below 1: this change is faster): {ones}; "
         f"{band(2, 7)}: {ratio(2, 7)}; "
         f"{band(8, 16)}: {ratio(8, 16)} (stock runs `qmm` from M = 8)",
         *m1_error_fact(rows, bits),
-        *qmv_band_slower(data),
+        *qmv_band_slower(data, where[0]),
         *slow,
         *(f"note: {n}" for n in data.get("notes") or []),
     ]
+
+
+def _worst_text(slower: list[SpeedCell]) -> str:
+    """The slowest of the slower cells, and where its rounds overlap the other arm's, the
+    slowest beyond the rounds' spread too: a worst case that is noise is not the cost."""
+
+    def cell(c: SpeedCell) -> str:
+        ratio, run, r = c
+        return (f"{ratio:.2f}x ({r['bits']}-bit {r['K']}x{r['N']}, {run['dtype']} group "
+                f"{run['group_size']}, M = {r['M']}")  # fmt: skip
+
+    worst = max(slower, key=lambda c: c[0])
+    parts = _spread_parts(slower)
+    if parts is None:
+        return cell(worst) + ")"
+    if not _rounds_overlap(worst[2]):
+        return cell(worst) + ", beyond the rounds' spread)"
+    beyond = parts[0]
+    tail = f"; beyond it at most {cell(max(beyond, key=lambda c: c[0]))})" if beyond else ""
+    return cell(worst) + ", within the rounds' spread)" + tail
+
+
+def _link_text(data: dict) -> str:
+    """For chained calls, what the link to the call before takes alone, in both arms (the
+    page's ``link_us``): part of every time the page gives, it pulls ratios toward 1."""
+    links = [v for run in data["runs"] for v in (run.get("link_us") or {}).values()]
+    if not links:
+        return ""
+    span = _span(links, lambda x: f"{x:.0f}")
+    return (
+        f"; the link alone takes {span} µs a call in both arms (timed in the same runs), "
+        "part of every time below, which it pulls toward 1x on the smaller layers"
+    )
 
 
 def m1_error_fact(rows: list[dict], bits: list[int]) -> list[str]:
@@ -1223,17 +1269,26 @@ M1_ERROR_HEAD = (
     "weights and vector in both): "
 )
 
+# The speed lines a second page repeats word for word, and what they read as there.
+SPEED_SETUP_HEAD = "`mx.quantized_matmul` on "
+AS_ABOVE = {
+    M1_ERROR_HEAD: "M = 1's error against a float32 reference: as above",
+    SPEED_SETUP_HEAD: "the GPU, the two arms, the layers, bits, dtypes and groups: as above",
+}
+
 
 def said_once(found: list[dict]) -> None:
-    """A later result's M = 1 error line that reads as an earlier one's, word for word,
-    says so instead (two speed pages draw the same weights and vectors, untimed)."""
+    """A later result's line that reads as an earlier one's, word for word, says so instead:
+    two speed pages of one build share the GPU, arms, layers and runs, and draw the same
+    weights and vectors for M = 1's error (untimed)."""
     seen: set[str] = set()
     for result in found:
         lines = result["lines"]
         for i, line in enumerate(lines):
-            if line.startswith(M1_ERROR_HEAD):
+            head = next((h for h in AS_ABOVE if line.startswith(h)), None)
+            if head is not None:
                 if line in seen:
-                    lines[i] = "M = 1's error against a float32 reference: as above"
+                    lines[i] = AS_ABOVE[head]
                 seen.add(line)
 
 
