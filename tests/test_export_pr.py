@@ -851,11 +851,14 @@ def test_the_cuda_body_quotes_mlxs_tests_beside_stock_from_the_page(tmp_path: Pa
     own = found[0]["lines"]
     assert ", quoted here: test_new: with this branch methods: 1 passed" in own[0]
     assert "with stock MLX (mlx 0.32.1) methods: 0 passed or skipped, 1 failed" in own[0]
-    assert own[1] == "subtests failing with this branch: 0, of which 0 fail on stock too"
+    # Each of the PR's own methods with its verdict in both arms, on a line of its own.
+    assert own[1] == "each, with this branch / with stock: test_new ok / failed"
+    assert own[2] == "subtests failing with this branch: none"  # no "0, of which 0"
+    assert "each, with this branch" not in " ".join(lines)  # control: the whole page
     assert own[-1] == "failing on stock, passing with this branch: test_new"
     assert found[0]["own_fail_on_stock"] == ["test_new"]
     assert found[0]["own_pass_on_stock"] == []
-    assert "test_old" not in own[1] and "test_slow" not in " ".join(own)
+    assert "test_old" not in own[2] and "test_slow" not in " ".join(own)
     # Control: a PR none of whose tests the page ran is left out, and said so.
     found, notes = export_pr.measured_results(
         tmp_path, tmp_path / "templates", "cuda", ("test_elsewhere",)

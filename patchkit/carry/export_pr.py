@@ -866,6 +866,10 @@ def build_fact(
     return lines  # MLX's own tests only: a reviewer reruns them, not patchkit's parity
 
 
+# A test method's verdict on a tests page (bench/mlx_tests.py), as the body words it.
+TEST_VERDICTS = {"ok": "ok", "FAILED": "failed", "UNFINISHED": "not run to the end"}
+
+
 def tests_fact(data: dict, methods: Sequence[str] = ()) -> list[str]:
     """Lines for MLX's test file run on this branch's build and on stock side by side
     (``bench/mlx_tests.py``): each arm's verdicts, whose failures are stock's own, and
@@ -909,12 +913,17 @@ def tests_fact(data: dict, methods: Sequence[str] = ()) -> list[str]:
         f"{data['hardware']['gpu']}, one process "
         f"per test method{compared}{quoted}: with this branch {verdicts('pr')}; with stock MLX "
         f"({data['mlx']['stock']}) {verdicts('stock')}",
-        f"subtests failing with this branch: {also + len(only) + unseen}"
+        f"subtests failing with this branch: {also + len(only) + unseen or 'none'}"
         + (f" ({failing})" if failing else "")
-        + f", of which {also} fail on stock too"
+        + (f", of which {also} fail on stock too" if also + len(only) + unseen else "")
         + ("" if not only else f"; only here: {'; '.join(only)}")
         + (f"; not compared, their method not run to the end on stock: {unseen}" if unseen else ""),
     ]
+    if methods:  # a PR's own few: each one's verdict in both arms, readable at a glance
+        lines.insert(1, "each, with this branch / with stock: " + "; ".join(
+            f"{m} {TEST_VERDICTS[r['verdict']]} / "
+            f"{TEST_VERDICTS[arms['stock'][m]['verdict']] if m in arms['stock'] else 'not run'}"
+            for m, r in sorted(arms["pr"].items())))  # fmt: skip
     for arm, who in (("pr", "this branch"), ("stock", "stock")):
         if left := sorted(m for m, r in arms[arm].items() if r["verdict"] == "UNFINISHED"):
             lines.append(f"not run to the end with {who}: {', '.join(left)}")
