@@ -1598,3 +1598,16 @@ def test_the_cuda_benchmark_command_times_the_quoted_speed_pages_layers() -> Non
     page = {"runs": [{"rows": [{"K": 4096, "N": 1024}, {"K": 8192, "N": 28672},
                                {"K": 4096, "N": 1024}]}]}  # fmt: skip
     assert export_pr.speed_layers(page) == ["4096x1024", "8192x28672"]
+
+
+def test_the_speed_fact_says_stocks_release_holds_the_pins_touched_files() -> None:
+    """Stock's arm is a release, not the pin: where ``pin.toml`` names that release as the
+    one whose touched files are the pin's, the setup line says so; a stock of another
+    version (the control) and a pin naming no release get no such words."""
+    row = {"K": 4096, "N": 4096, "bits": 4, "M": 1, "stock_us": 10.0, "pr_us": 5.0}
+    run = {"dtype": "bfloat16", "group_size": 64, "mlx": {"stock": "0.32.1"}, "rounds": 3,
+           "hardware": {"gpu": "NVIDIA H100"}, "repeats": 200, "rows": [row]}  # fmt: skip
+    fact = "0.32.1's copies of the files this change touches are the pinned commit's"
+    assert fact in export_pr.speed_fact({"runs": [run]}, "0.32.1")[0]
+    assert "copies of the files" not in export_pr.speed_fact({"runs": [run]}, "0.32.2")[0]
+    assert "copies of the files" not in export_pr.speed_fact({"runs": [run]})[0]

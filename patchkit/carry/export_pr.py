@@ -1161,7 +1161,7 @@ def route_line(data: dict) -> str | None:
             f"fastest round slower than `qmm`'s slowest){where}")  # fmt: skip
 
 
-def speed_fact(data: dict) -> list[str]:
+def speed_fact(data: dict, release: str = "") -> list[str]:
     """Lines for the speed page through ``mx.quantized_matmul`` (``bench/mlx_qmv.py page``):
     the patched build's time over stock's per band of M (M = 1 per bits), how it was timed,
     and the page's notes on its runs."""
@@ -1203,7 +1203,8 @@ def speed_fact(data: dict) -> list[str]:
     link = _link_text(data) if speed_calls(data) == "chained" else ""
     return [
         f"{SPEED_SETUP_HEAD}{first['hardware']['gpu'].split(',')[0]}: stock MLX "
-        f"{first['mlx']['stock']} (release wheels) and MLX built from the pinned commit with "
+        f"{first['mlx']['stock']} (release wheels{_release_text(first['mlx']['stock'], release)}) "
+        "and MLX built from the pinned commit with "
         f"this change and {SERIES_BUILT} (compiler and build flags may differ between the "
         f"two besides the changes: main built the same way is owed below), taking turns; "
         f"{len(layers)} layers (K x N: {', '.join(f'{k}x{n}' for k, n in layers)}) "
@@ -1221,6 +1222,15 @@ def speed_fact(data: dict) -> list[str]:
         *slow,
         *(f"note: {n}" for n in data.get("notes") or []),
     ]
+
+
+def _release_text(stock: str, release: str) -> str:
+    """Where stock's version is the pin's release (``pin.toml``: the release whose copies of
+    the files this change touches are the pinned commit's), that fact, so the reviewer
+    knows the arms differ there by this change alone."""
+    if not release or stock != release:
+        return ""
+    return f"; {release}'s copies of the files this change touches are the pinned commit's"
 
 
 def _worst_text(slower: list[SpeedCell]) -> str:
@@ -1456,6 +1466,8 @@ def measured_results(
     found, notes = [], []
     results = read_results(root, entries)
     inputs = current_build_inputs(root)
+    # The release whose copies of the touched files are the pin's (stock's arm on a speed page).
+    release = pin.load(root / pin.PIN_FILE).release if (root / pin.PIN_FILE).is_file() else ""
     for entry in entries:
         own: dict[str, str] = {}
         fixed: dict[str, str] = {}
@@ -1478,7 +1490,7 @@ def measured_results(
             elif kind == "tests":
                 lines = tests_fact(data, [*FIXED_TESTS.get(backend, ()), *own_tests])
             elif kind == "speed":
-                lines = speed_fact(data)
+                lines = speed_fact(data, release)
             elif kind == "sanitizer":
                 lines = sanitizer_fact(data)
             else:
