@@ -971,7 +971,7 @@ def qmv_band_slower(data: dict, where: str = "the table below") -> list[str]:
     """A line counting the cells at M = 1..7 (stock's ``qmv``) where this change is slower,
     by layer and bits and by the rounds' spread: a ratio over 1 there is either a cost of
     the new kernel or noise, and the spread is what tells them apart. The cells themselves
-    are :func:`speed_tables`'."""
+    go in :func:`speed_tables`."""
     cells, slower = band_cells(data, 1, 7)
     if not slower:
         return []
@@ -1528,7 +1528,7 @@ def measured_results(
                 "route": route_line(data) if kind == "speed" else None,
                 # The cells those lines count, as tables under the result's lines.
                 "tables": speed_tables(data) if kind == "speed" else [],
-                # The M of 2..16 a speed page did not time (the bench samples 9..16).
+                # The M of 2..16 a speed page did not time, owed in "Still to measure".
                 "untimed_ms": untimed_ms(data) if kind == "speed" else None,
                 "untimed_layers": untimed_layers(data) if kind == "speed" else None,
                 # The layers (K x N) a speed page timed: the benchmark command takes them.
