@@ -891,6 +891,7 @@ def tests_fact(data: dict, methods: Sequence[str] = ()) -> list[str]:
 
     also, only = data["pr_failing_also_on_stock"], data["pr_failing_only_on_pr"]
     unseen = data.get("pr_failing_not_compared", 0)  # pages from before it was counted
+    total = also + len(only) + unseen
     fixed = sorted(fail_on_stock_only(data, list(arms["pr"])))
     failing = ", ".join(
         f"{m} ({len(r['problems'])})" for m, r in sorted(arms["pr"].items()) if r["problems"]
@@ -913,9 +914,9 @@ def tests_fact(data: dict, methods: Sequence[str] = ()) -> list[str]:
         f"{data['hardware']['gpu']}, one process "
         f"per test method{compared}{quoted}: with this branch {verdicts('pr')}; with stock MLX "
         f"({data['mlx']['stock']}) {verdicts('stock')}",
-        f"subtests failing with this branch: {also + len(only) + unseen or 'none'}"
+        f"subtests failing with this branch: {total or 'none'}"
         + (f" ({failing})" if failing else "")
-        + (f", of which {also} fail on stock too" if also + len(only) + unseen else "")
+        + (f", of which {also} fail on stock too" if total else "")
         + ("" if not only else f"; only here: {'; '.join(only)}")
         + (f"; not compared, their method not run to the end on stock: {unseen}" if unseen else ""),
     ]
@@ -1009,11 +1010,11 @@ def _layer_counts(cells: list[SpeedCell], spread: bool = True) -> str:
     """Cells counted by layer and bits, as "4096x1024 8-bit 12 (2 beyond the spread),
     ...", the count beyond the rounds' spread only where the page kept rounds (and
     ``spread``: not for cells all beyond it)."""
-    parts = spread and _spread_parts(cells)
+    spread = spread and _kept_rounds(cells)
 
     def count(group: list[SpeedCell]) -> str:
         beyond = sum(not _rounds_overlap(c[2]) for c in group)
-        return f"{len(group)}" + (f" ({beyond} beyond the spread)" if parts and beyond else "")
+        return f"{len(group)}" + (f" ({beyond} beyond the spread)" if spread and beyond else "")
 
     layers = _by_layer(cells).items()
     return ", ".join(f"{k}x{n} {bits}-bit {count(g)}" for (k, n, bits), g in layers)
@@ -1023,10 +1024,16 @@ def _spread_parts(cells: list[SpeedCell]) -> tuple[list[SpeedCell], list[SpeedCe
     """Slower cells parted by the rounds' spread: those beyond it (this change's fastest
     round slower than stock's slowest, :func:`_rounds_overlap`) and those within it; None
     where the page kept one round a cell in both arms, which has no spread to part by."""
-    if all(len(_rounds(c[2], arm)) < 2 for c in cells for arm in ("pr", "stock")):
+    if not _kept_rounds(cells):
         return None
     return ([c for c in cells if not _rounds_overlap(c[2])],
             [c for c in cells if _rounds_overlap(c[2])])  # fmt: skip
+
+
+def _kept_rounds(cells: list[SpeedCell]) -> bool:
+    """Whether the page kept two or more rounds of some cell in some arm: without, there
+    is no spread to speak of."""
+    return any(len(_rounds(c[2], arm)) > 1 for c in cells for arm in ("pr", "stock"))
 
 
 def _slower_text(ratio: float) -> str:
@@ -1056,25 +1063,27 @@ def speed_tables(data: dict) -> list[dict]:
     of; the body folds each table under a summary line (HTML there: no Markdown)."""
     how = ROUTE_CALLS[speed_calls(data)]
     tables = []
-    for lo, hi, other in ((1, 7, "stock"), (8, 16, "<code>qmm</code>")):
+    # (band, the other arm in a column, in the summary: HTML there, no Markdown)
+    for lo, hi, other, than in (
+        (1, 7, "stock", "stock"),
+        (8, 16, "`qmm`", "stock's <code>qmm</code>"),
+    ):
         slower = band_cells(data, lo, hi)[1]
         if not slower:
             continue
         cells = (sorted(slower, key=lambda c: -c[0]) if lo == 1
                  else [c for group in _by_layer(slower).values() for c in group])  # fmt: skip
-        spread = _spread_parts(slower) is not None
+        spread = _kept_rounds(slower)
         if spread:
             cells.sort(key=lambda c: _rounds_overlap(c[2]))  # stable: beyond the spread first
-        column = other.replace("<code>", "`").replace("</code>", "`")
-        header = ["K x N", "bits", "dtype", "group", "M", f"this change / {column}",
-                  "this change's rounds, µs", f"{column}'s rounds, µs"]  # fmt: skip
+        header = ["K x N", "bits", "dtype", "group", "M", f"this change / {other}",
+                  "this change's rounds, µs", f"{other}'s rounds, µs"]  # fmt: skip
         rows = []
         for ratio, run, r in cells:
             row = [f"{r['K']}x{r['N']}", str(r["bits"]), run["dtype"], str(run["group_size"]),
                    str(r["M"]), _slower_text(ratio), _rounds_text(r, "pr"),
                    _rounds_text(r, "stock")]  # fmt: skip
             rows.append(row + (["no" if _rounds_overlap(r) else "yes"] if spread else []))
-        than = "stock" if lo == 1 else f"stock's {other}"
         tables.append({
             "summary": f"The {len(slower)} cells at M = {lo}..{hi} where this change is slower "
                        f"than {than}, {how}",
