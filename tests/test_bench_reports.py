@@ -948,6 +948,43 @@ def test_qmm_sm90_probe_tells_a_wrong_kernel_from_a_right_one(tmp_path, monkeypa
     assert "rows_off=8[0, 1, 2]" in wrong and "cols_off=64[0, 1, 2]" in wrong
 
 
+def test_qmm_sm90_probe_page_puts_the_arms_side_by_side(tmp_path) -> None:
+    """The page counts each arm's wrong cases and those that compiled a ``qmm_sm90``
+    module, and marks each wrong cell; a right case is the control. Runs of other cases
+    are refused."""
+    probe = load_script("bench/qmm_sm90_probe.py")
+    case = ("float16", 8, 128, 128, 128, 4, 0, False)
+    control = ("float16", 32, 128, 256, 128, 4, 0, False)
+
+    def found(key: tuple, rows_off: list[int], jit: list[str]) -> dict:
+        return {**dict(zip(probe.FIELDS, key, strict=True)), "err_over_std": 2.0 if rows_off
+                else 1e-3, "tf32_err_over_std": 1e-3, "rows_off": rows_off, "cols_off": [],
+                "runs_disagree": 0.0, "unwritten": False, "jit": jit}  # fmt: skip
+
+    def arm(mlx: str, cases: list[dict]) -> dict:
+        return {"mlx": mlx, "device": "Device(gpu, 0)", "packages": [f"mlx=={mlx}"],
+                "gpu": "NVIDIA H100 80GB HBM3, 580, 81559 MiB", "cpu": "x86_64",
+                "off": probe.OFF, "cases": cases, "command": "python3 bench/x.py run"}  # fmt: skip
+
+    sm90, sm80 = "qmm_sm90_tn_float16_n128_b4_g128_affine", "qmm_sm80_tn_float16_m32_b4_g128"
+    stock = arm("0.32.1", [found(case, [0, 1], [sm90]), found(control, [], [sm80])])
+    build = arm("0.32.1+patchkit.abc", [found(case, [], ["qmm_sm80_tn_float16_m8_b4_g128"]),
+                                        found(control, [], [])])  # fmt: skip
+    probe.page([stock, build], tmp_path / "probe")
+    text = (tmp_path / "probe.md").read_text()
+    assert "Arm 1 (MLX 0.32.1): 1 of 2 cases wrong, 1 of them compiling a `qmm_sm90` module" in text
+    assert "Arm 2 (MLX 0.32.1+patchkit.abc): 0 of 2 cases wrong, 0 of them" in text
+    row = next(r for r in text.splitlines() if r.startswith("| float16 | 8 |"))
+    assert "2.0e+00, 1.0e-03, 2 of 8, no, yes **wrong**" in row
+    assert "1.0e-03, 1.0e-03, 0 of 8, no, no |" in row  # the build's cell: right
+    control_row = next(r for r in text.splitlines() if r.startswith("| float16 | 32 |"))
+    assert "**wrong**" not in control_row
+    assert json.loads((tmp_path / "probe.json").read_text())["runs"][1]["mlx"] == build["mlx"]
+    build["cases"].pop()
+    with pytest.raises(SystemExit, match="other cases"):
+        probe.page([stock, build], tmp_path / "torn")
+
+
 class _OffBy:
     """MLX with every quantized_matmul output scaled by ``1 + rel``: a kernel that is
     wrong by that much."""
