@@ -1,7 +1,7 @@
 """Probe stock MLX's `qmm_sm90` on an H100/H200: which calls come out wrong, and how.
 
-    python3 bench/qmm_sm90_probe.py run [--full] [--json ARM.json]  # the MLX to probe importable
-    python3 bench/qmm_sm90_probe.py page STOCK.json BUILD.json --out docs/results/qmm-sm90-probe
+    python3 bench/qmm_sm90_probe.py run [--full] > ARM.txt   # with the MLX to probe importable
+    python3 bench/qmm_sm90_probe.py page STOCK.txt BUILD.txt --out docs/results/qmm-sm90-probe
 
 MLX's own `test_qmm`, `test_qmv` and `test_qmv_wide` fail on sm90 exactly in the subtests
 that reach `qmm_sm90`; its support test takes only K == group size there (K of 64 or 128),
@@ -13,21 +13,21 @@ standard deviation, the rows and columns that are off, whether the three runs ag
 whether any output was never written, and which JIT modules the case compiled (which
 kernel it reached, where it compiled one). The K = 2 * group case is the control that
 does not reach `qmm_sm90`.
-It patches nothing: run it with stock wheels or any build. ``page`` puts the runs' JSON
-side by side (each arm a column: stock's wheels, then a build with the series' change
+It patches nothing: run it with stock wheels or any build. ``page`` puts runs' printed
+output side by side (each arm a column: stock's wheels, then a build with the series' change
 that keeps `qmm_sm90` off), with the command and the hardware.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.metadata
 import json
+import math
 import os
-import platform
-import shlex
+import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -140,32 +140,29 @@ def main() -> None:
     r = sub.add_parser("run", help="probe the importable MLX; one line per case")
     r.add_argument("--full", action="store_true",
                    help="also 8-bit, bfloat16, more shapes (minutes on a CPU)")  # fmt: skip
-    r.add_argument("--json", type=Path, help="also write the findings here")
-    pg = sub.add_parser("page", help="the runs' JSON side by side, as .md and .json")
-    pg.add_argument("runs", type=Path, nargs="+", help="run --json files, one per arm")
+    pg = sub.add_parser("page", help="runs' printed output side by side, as .md and .json")
+    pg.add_argument("runs", type=Path, nargs="+", help="what `run` printed, one file per arm")
     pg.add_argument("--out", type=Path, required=True, help="path without extension")
+    pg.add_argument("--hardware", help="the GPU, where a run's header does not name it")
     args = ap.parse_args()
     if args.cmd == "page":
         try:
-            reports = [json.loads(f.read_text()) for f in args.runs]
+            runs = [parse_run(f.read_text()) for f in args.runs]
         except (OSError, ValueError) as e:
-            raise SystemExit(f"page: cannot read a run: {e}") from None
-        page(reports, args.out)
+            raise SystemExit(f"page: {e}") from None
+        page(runs, args.out, args.hardware)
         return
     # A JIT cache of its own (removed after the run, unless MLX_PTX_CACHE_DIR names one),
     # so that "jit=" names what each case compiled.
     with tempfile.TemporaryDirectory(prefix="qmm-probe-") as own:
         cache = os.environ.setdefault("MLX_PTX_CACHE_DIR", own)
         os.makedirs(cache, exist_ok=True)
-        report = run(args.full, cache)
-    if args.json:
-        report["command"] = "python3 bench/qmm_sm90_probe.py " + shlex.join(sys.argv[1:])
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        run(args.full, cache)
 
 
-def run(full: bool, cache: str) -> dict:
-    """Print the header and one line per case, with ``cache`` as MLX's JIT cache; return
-    the findings with the MLX and the hardware they came from."""
+def run(full: bool, cache: str) -> None:
+    """Print the header and one line per case, with ``cache`` as MLX's JIT cache. The
+    printed lines are the record (``page`` reads them): a run cut off keeps its cases."""
     import mlx.core as mx
 
     packages = sorted(
@@ -173,13 +170,57 @@ def run(full: bool, cache: str) -> dict:
         for d in importlib.metadata.distributions()
         if (d.metadata["Name"] or "").lower().startswith("mlx")
     )
-    print(f"MLX {mx.__version__} on {mx.default_device()}; packages: {', '.join(packages)}")
-    found = []
+    print(f"MLX {mx.__version__} on {mx.default_device()}; packages: {', '.join(packages)}; "
+          f"GPU: {hardware()}", flush=True)  # fmt: skip
     for case in CASES + (MORE if full else []):
-        found.append(measure(mx, cache, case))
-        print(line(found[-1]), flush=True)
-    return {"mlx": mx.__version__, "device": str(mx.default_device()), "packages": packages,
-            "gpu": hardware(), "cpu": platform.machine(), "off": OFF, "cases": found}  # fmt: skip
+        print(line(measure(mx, cache, case)), flush=True)
+
+
+HEADER = re.compile(r"MLX (?P<mlx>\S+) on (?P<device>.+?); packages: (?P<packages>.*?)"
+                    r"(?:; GPU: (?P<gpu>.*))?$")  # fmt: skip
+LINE = re.compile(
+    r"\s*(?P<dtype>\w+) M=(?P<M>\d+)\s+N=(?P<N>\d+)\s+K=(?P<K>\d+)\s+group=(?P<group>\d+)\s+"
+    r"bits=(?P<bits>\d+) B=(?P<batch>\d+) batched_w=(?P<batched_w>[01]) "
+    r"err/std=(?P<err_over_std>\S+) vs_tf32=(?P<tf32_err_over_std>\S+) "
+    r"rows_off=(?P<rows_off>\d+)\[.*?\] cols_off=(?P<cols_off>\d+)\[.*?\] "
+    r"runs_disagree=(?P<runs_disagree>\S+) unwritten=(?P<unwritten>[01]) jit=(?P<jit>.*)$"
+)
+
+
+def parse_run(text: str) -> dict:
+    """A run's printed output as data: its header, then per case the fields of ``line``
+    (rows and columns off as counts). Lines of anything else are refused."""
+    lines = text.splitlines()
+    head = HEADER.match(lines[0]) if lines else None
+    if not head:
+        raise ValueError("not the output of `bench/qmm_sm90_probe.py run` (no header line)")
+    cases = []
+    for text_line in lines[1:]:
+        m = LINE.match(text_line)
+        if not m:
+            raise ValueError(f"not a case line of the probe: {text_line[:80]!r}")
+        g = m.groupdict()
+        case = (g["dtype"], *(int(g[f]) for f in FIELDS[1:7]), g["batched_w"] == "1")
+        if case not in CASES + MORE:
+            raise ValueError(f"a case this probe does not have: {case}")
+        cases.append({
+            **dict(zip(FIELDS, case, strict=True)),
+            **{f: _number(g[f]) for f in ("err_over_std", "tf32_err_over_std", "runs_disagree")},
+            "rows_off": int(g["rows_off"]), "cols_off": int(g["cols_off"]),
+            "unwritten": g["unwritten"] == "1",
+            "jit": [] if g["jit"] == "-" else ast.literal_eval(g["jit"]),
+        })  # fmt: skip
+    return {**head.groupdict(), "cases": cases}
+
+
+def _number(text: str) -> float | None:
+    """A printed error; None for nan (an output never written: no error to give)."""
+    value = float(text)
+    return None if math.isnan(value) else value
+
+
+def _e(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.1e}"
 
 
 def compiled_sm90(found: dict) -> bool:
@@ -190,68 +231,73 @@ def compiled_sm90(found: dict) -> bool:
 
 def wrong(found: dict) -> bool:
     """Off by more than ``OFF`` standard deviations somewhere, or never written."""
-    return bool(found["rows_off"]) or found["unwritten"]
+    return found["rows_off"] > 0 or found["unwritten"]
 
 
-def page(reports: list[dict], out: Path) -> None:
-    """``out``.md and .json: each arm's finding per case, side by side."""
-    keys = [tuple(c[f] for f in FIELDS) for c in reports[0]["cases"]]
-    for rep in reports[1:]:
-        if [tuple(c[f] for f in FIELDS) for c in rep["cases"]] != keys:
-            raise SystemExit("page: the runs probed other cases (run each with the same --full)")
-    gpus = sorted({rep["gpu"] for rep in reports})
+def _cell(c: dict | None) -> str:
+    if c is None:
+        return "not run"
+    return (
+        f"{_e(c['err_over_std'])}, {_e(c['tf32_err_over_std'])}, {c['rows_off']} of {c['M']}, "
+        f"{'yes' if c['unwritten'] else 'no'}, {_e(c['runs_disagree'])}, "
+        f"{'yes' if compiled_sm90(c) else 'no'}" + (" **wrong**" if wrong(c) else "")
+    )
+
+
+def page(runs: list[dict], out: Path, hardware_given: str | None = None) -> None:
+    """``out``.md and .json: each arm's finding per case, side by side, in the probe's
+    order; a case an arm's run did not reach (cut off) reads "not run"."""
+    gpus = {run["gpu"] or hardware_given or "not recorded" for run in runs}
+    everything = CASES + MORE
+    found = [{tuple(c[f] for f in FIELDS): c for c in run["cases"]} for run in runs]
+    shown = [case for case in everything if any(case in arm for arm in found)]
     lines = [
         "# `qmm_sm90` probed through MLX: which calls come out wrong",
         "",
-        f"- Hardware: {'; '.join(gpus)}.",
+        f"- Hardware: {'; '.join(sorted(gpus))}.",
         *(
-            f"- Arm {i + 1}: MLX {rep['mlx']} ({', '.join(rep['packages']) or 'no mlx package'}),"
-            f" on {rep['device']}: `{rep.get('command', 'python3 bench/qmm_sm90_probe.py run')}`"
-            for i, rep in enumerate(reports)
+            f"- Arm {i + 1}: MLX {run['mlx']} ({run['packages'] or 'no mlx package'}), on "
+            f"{run['device']}: {len(run['cases'])} of the {len(everything)} cases of `--full`"
+            + ("" if len(run["cases"]) == len(everything) else " (the run was cut off)")
+            + "."
+            for i, run in enumerate(runs)
         ),
-        f"- A value off by more than {reports[0]['off']} standard deviations of the float32 "
-        "reference (CPU) is wrong, not rounded; `unwritten`: the output kept a NaN of the "
-        "buffers filled before; `sm90`: the case compiled a `qmm_sm90` module (MLX's JIT "
-        "names its modules after the kernel; a case that reuses one an earlier case "
-        "compiled shows none, so `no` is not proof of another kernel). `vs TF32`: the "
-        "error against the reference with operands rounded to TF32, which sm90 uses for "
-        "float32. K = 2 x group is the control that does not reach `qmm_sm90`.",
-        "- Page: `python3 bench/qmm_sm90_probe.py page "
-        + " ".join(f"ARM{i + 1}.json" for i in range(len(reports)))
+        f"- A value off by more than {OFF} standard deviations of the float32 reference "
+        "(CPU) is wrong, not rounded. `vs TF32`: the error against the reference with "
+        "operands rounded to TF32, which sm90 uses for float32. `unwritten`: the output "
+        "kept a NaN of the buffers filled before, so part of it was never written (its "
+        "error then reads nan). `runs differ`: the largest difference between the three "
+        "calls' outputs (nan where one holds a NaN). `sm90`: the case compiled a "
+        "`qmm_sm90` module (MLX's JIT names its modules after the kernel; a case that "
+        "reuses one an earlier case compiled shows none, so `no` is not proof of another "
+        "kernel). K = 2 x group is the control that does not reach `qmm_sm90`.",
+        "- Commands: `python3 bench/qmm_sm90_probe.py run --full > ARM.txt` with each arm's "
+        "MLX importable, then `python3 bench/qmm_sm90_probe.py page "
+        + " ".join(f"ARM{i + 1}.txt" for i in range(len(runs)))
         + f" --out docs/results/{out.name}`.",
         "",
     ]
-    for i, rep in enumerate(reports):
-        bad = [c for c in rep["cases"] if wrong(c)]
+    for i, run in enumerate(runs):
+        bad = [c for c in run["cases"] if wrong(c)]
         lines.append(
-            f"Arm {i + 1} (MLX {rep['mlx']}): {len(bad)} of {len(rep['cases'])} cases wrong, "
-            f"{sum(map(compiled_sm90, bad))} of them compiling a `qmm_sm90` module; "
-            f"{sum(map(compiled_sm90, rep['cases']))} cases compile one in all."
+            f"- Arm {i + 1} (MLX {run['mlx']}): {len(bad)} of the {len(run['cases'])} cases "
+            f"run wrong ({sum(c['unwritten'] for c in bad)} with output never written); "
+            f"{sum(map(compiled_sm90, run['cases']))} cases compiled a `qmm_sm90` module, "
+            f"{sum(map(compiled_sm90, bad))} of them wrong."
         )
-    lines += [
-        "",
-        "| dtype | M | N | K | group | bits | B | batched w | "
-        + " | ".join(
-            f"arm {i + 1}: err/std, vs TF32, rows off, unwritten, sm90" for i in range(len(reports))
-        )
-        + " |",
-        "|" + "---|" * (8 + len(reports)),
-    ]
-    for n, key in enumerate(keys):
-        cells = []
-        for rep in reports:
-            c = rep["cases"][n]
-            cells.append(
-                f"{c['err_over_std']:.1e}, {c['tf32_err_over_std']:.1e}, "
-                f"{len(c['rows_off'])} of {c['M']}, {'yes' if c['unwritten'] else 'no'}, "
-                f"{'yes' if compiled_sm90(c) else 'no'}" + (" **wrong**" if wrong(c) else "")
-            )
-        dtype, m, nn, k, group, bits, batch, batched_w = key
-        lines.append(f"| {dtype} | {m} | {nn} | {k} | {group} | {bits} | {batch} | "
-                     f"{'yes' if batched_w else 'no'} | " + " | ".join(cells) + " |")  # fmt: skip
+    heads = " | ".join(f"arm {i + 1}: err/std, vs TF32, rows off, unwritten, runs differ, sm90"
+                       for i in range(len(runs)))  # fmt: skip
+    lines += ["", f"| dtype | M | N | K | group | bits | B | batched w | {heads} |",
+              "|" + "---|" * (8 + len(runs))]  # fmt: skip
+    for case in shown:
+        dtype, m, n, k, group, bits, batch, batched_w = case
+        cells = " | ".join(_cell(arm.get(case)) for arm in found)
+        lines.append(f"| {dtype} | {m} | {n} | {k} | {group} | {bits} | {batch} | "
+                     f"{'yes' if batched_w else 'no'} | {cells} |")  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"runs": reports}, indent=1) + "\n")
+    record = {"hardware": sorted(gpus), "off": OFF, "runs": runs}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -949,40 +949,60 @@ def test_qmm_sm90_probe_tells_a_wrong_kernel_from_a_right_one(tmp_path, monkeypa
 
 
 def test_qmm_sm90_probe_page_puts_the_arms_side_by_side(tmp_path) -> None:
-    """The page counts each arm's wrong cases and those that compiled a ``qmm_sm90``
-    module, and marks each wrong cell; a right case is the control. Runs of other cases
-    are refused."""
+    """The page reads what ``run`` printed (a run cut off keeps its cases), counts each
+    arm's wrong cases and those that compiled a ``qmm_sm90`` module, and marks each wrong
+    cell; a right case is the control. Output of anything else is refused."""
     probe = load_script("bench/qmm_sm90_probe.py")
-    case = ("float16", 8, 128, 128, 128, 4, 0, False)
-    control = ("float16", 32, 128, 256, 128, 4, 0, False)
+    case, control = probe.CASES[0], next(c for c in probe.CASES if c[3] == 2 * c[4])
 
-    def found(key: tuple, rows_off: list[int], jit: list[str]) -> dict:
-        return {**dict(zip(probe.FIELDS, key, strict=True)), "err_over_std": 2.0 if rows_off
-                else 1e-3, "tf32_err_over_std": 1e-3, "rows_off": rows_off, "cols_off": [],
-                "runs_disagree": 0.0, "unwritten": False, "jit": jit}  # fmt: skip
+    def found(key: tuple, rows_off: list[int], jit: list[str], unwritten: bool = False) -> str:
+        err = float("nan") if unwritten else 2.0 if rows_off else 1e-3
+        return probe.line({**dict(zip(probe.FIELDS, key, strict=True)), "err_over_std": err,
+                           "tf32_err_over_std": err, "rows_off": rows_off, "cols_off": [],
+                           "runs_disagree": 0.0, "unwritten": unwritten, "jit": jit})  # fmt: skip
 
-    def arm(mlx: str, cases: list[dict]) -> dict:
-        return {"mlx": mlx, "device": "Device(gpu, 0)", "packages": [f"mlx=={mlx}"],
-                "gpu": "NVIDIA H100 80GB HBM3, 580, 81559 MiB", "cpu": "x86_64",
-                "off": probe.OFF, "cases": cases, "command": "python3 bench/x.py run"}  # fmt: skip
+    def arm(mlx: str, *lines: str) -> Path:
+        head = f"MLX {mlx} on Device(gpu, 0); packages: mlx=={mlx}; GPU: NVIDIA H100 80GB HBM3"
+        path = tmp_path / f"{mlx}.txt"
+        path.write_text("\n".join([head, *lines]) + "\n")
+        return path
 
     sm90, sm80 = "qmm_sm90_tn_float16_n128_b4_g128_affine", "qmm_sm80_tn_float16_m32_b4_g128"
-    stock = arm("0.32.1", [found(case, [0, 1], [sm90]), found(control, [], [sm80])])
-    build = arm("0.32.1+patchkit.abc", [found(case, [], ["qmm_sm80_tn_float16_m8_b4_g128"]),
-                                        found(control, [], [])])  # fmt: skip
-    probe.page([stock, build], tmp_path / "probe")
+    stock = arm("0.32.1", found(case, [], [sm90], unwritten=True), found(control, [], [sm80]),
+                found(probe.CASES[1], [0, 1, 2, 5], []))  # fmt: skip
+    build = arm("0.32.1+patchkit.abc", found(case, [], [sm80]))  # cut off after one case
+    runs = [probe.parse_run(stock.read_text()), probe.parse_run(build.read_text())]
+    probe.page(runs, tmp_path / "probe")
     text = (tmp_path / "probe.md").read_text()
-    assert "Arm 1 (MLX 0.32.1): 1 of 2 cases wrong, 1 of them compiling a `qmm_sm90` module" in text
-    assert "Arm 2 (MLX 0.32.1+patchkit.abc): 0 of 2 cases wrong, 0 of them" in text
-    row = next(r for r in text.splitlines() if r.startswith("| float16 | 8 |"))
-    assert "2.0e+00, 1.0e-03, 2 of 8, no, yes **wrong**" in row
-    assert "1.0e-03, 1.0e-03, 0 of 8, no, no |" in row  # the build's cell: right
-    control_row = next(r for r in text.splitlines() if r.startswith("| float16 | 32 |"))
-    assert "**wrong**" not in control_row
-    assert json.loads((tmp_path / "probe.json").read_text())["runs"][1]["mlx"] == build["mlx"]
-    build["cases"].pop()
-    with pytest.raises(SystemExit, match="other cases"):
-        probe.page([stock, build], tmp_path / "torn")
+    assert "- Hardware: NVIDIA H100 80GB HBM3." in text
+    assert "Arm 1 (MLX 0.32.1): 2 of the 3 cases run wrong (1 with output never written); " in text
+    assert "1 cases compiled a `qmm_sm90` module, 1 of them wrong." in text
+    assert "1 of the 19 cases of `--full` (the run was cut off)" in text
+    assert "Arm 2 (MLX 0.32.1+patchkit.abc): 0 of the 1 cases run wrong" in text
+    row = next(r for r in text.splitlines() if r.startswith(f"| float16 | {case[1]} | 128 |"))
+    assert "| nan, nan, 0 of 8, yes, 0.0e+00, yes **wrong** | 1.0e-03, 1.0e-03, 0 of 8, no," in row
+    assert "4 of 32, no, 0.0e+00, no **wrong** | not run |" in text
+    control_row = next(r for r in text.splitlines() if f"| {control[3]} |" in r)
+    assert "**wrong**" not in control_row and control_row.endswith("| not run |")
+    assert json.loads((tmp_path / "probe.json").read_text())["runs"][0]["cases"][0][
+        "err_over_std"] is None  # fmt: skip
+    # the control: other output is refused, with the line it could not read
+    with pytest.raises(ValueError, match="no header line"):
+        probe.parse_run("Traceback (most recent call last):\n")
+    with pytest.raises(ValueError, match="not a case line"):
+        probe.parse_run(stock.read_text() + "Killed\n")
+
+
+def test_qmm_sm90_probe_page_is_what_its_json_gives(tmp_path) -> None:
+    """The committed probe page is ``page`` of the runs its JSON keeps: nothing on it was
+    edited by hand, and an edit of the renderer that changes it shows here."""
+    probe = load_script("bench/qmm_sm90_probe.py")
+    committed = ROOT / "docs" / "results" / "qmm-sm90-probe"
+    record = json.loads(committed.with_suffix(".json").read_text())
+    probe.page(record["runs"], tmp_path / committed.name, "; ".join(record["hardware"]))
+    assert (tmp_path / f"{committed.name}.md").read_text() == committed.with_suffix(
+        ".md"
+    ).read_text()
 
 
 class _OffBy:

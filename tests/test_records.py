@@ -194,3 +194,20 @@ def test_controls_page_is_of_the_recorded_cuda_build_and_control() -> None:
         ("none", "memcheck"), ("none", "racecheck"), ("none", "synccheck"),
         ("none", "initcheck"), ("no-barrier", "racecheck"), ("uninit-read", "initcheck"),
     }, "cuda-controls.json has no compute-sanitizer runs: rerun ci/cuda_controls.py"  # fmt: skip
+
+
+def test_qmm_sm90_probe_page_probed_the_committed_cuda_build() -> None:
+    """``docs/results/qmm-sm90-probe.json`` (bench/qmm_sm90_probe.py page) puts stock's
+    wheels beside a build of the series: that build is the one ``build-cuda.json``
+    records, so a CUDA edit leaves the page's build arm stale, as it does every CUDA page."""
+    probe, build = RESULTS / "qmm-sm90-probe.json", RESULTS / "build-cuda.json"
+    if not probe.exists() or not build.exists():
+        pytest.skip("no qmm_sm90 probe page or CUDA build record committed")
+    versions = [run["mlx"] for run in json.loads(probe.read_text())["runs"]]
+    built = json.loads(build.read_text())
+    assert built["patch"]["build_inputs_sha256"] == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
+    assert [v for v in versions if "+patchkit." in v] == [built["wheel_version"]], (
+        "qmm-sm90-probe.json probed another build than build-cuda.json records: rerun "
+        "bench/qmm_sm90_probe.py on the new build"
+    )
+    assert [v for v in versions if "+" not in v], "qmm-sm90-probe.json has no stock arm"
