@@ -223,6 +223,11 @@ def _e(value: float | None) -> str:
     return "nan" if value is None else f"{value:.1e}"
 
 
+def _rows(c: dict) -> str:
+    """Rows off, of M; none to count where the output holds a NaN (a NaN compares false)."""
+    return "n/a" if c["err_over_std"] is None else f"{c['rows_off']} of {c['M']}"
+
+
 def compiled_sm90(found: dict) -> bool:
     """Whether the case compiled a `qmm_sm90` module (MLX names its JIT modules after the
     kernel). A case that reuses a module an earlier case compiled compiles none."""
@@ -238,7 +243,7 @@ def _cell(c: dict | None) -> str:
     if c is None:
         return "not run"
     return (
-        f"{_e(c['err_over_std'])}, {_e(c['tf32_err_over_std'])}, {c['rows_off']} of {c['M']}, "
+        f"{_e(c['err_over_std'])}, {_e(c['tf32_err_over_std'])}, {_rows(c)}, "
         f"{'yes' if c['unwritten'] else 'no'}, {_e(c['runs_disagree'])}, "
         f"{'yes' if compiled_sm90(c) else 'no'}" + (" **wrong**" if wrong(c) else "")
     )
@@ -264,9 +269,10 @@ def page(runs: list[dict], out: Path, hardware_given: str | None = None) -> None
         ),
         f"- A value off by more than {OFF} standard deviations of the float32 reference "
         "(CPU) is wrong, not rounded. `vs TF32`: the error against the reference with "
-        "operands rounded to TF32, which sm90 uses for float32. `unwritten`: the output "
-        "kept a NaN of the buffers filled before, so part of it was never written (its "
-        "error then reads nan). `runs differ`: the largest difference between the three "
+        "operands rounded to TF32, which sm90 uses for float32. `unwritten`: the first "
+        "call's output kept a NaN of the buffers filled before, so part of it was never "
+        "written (its error then reads nan, its rows off n/a). `runs differ`: the largest "
+        "difference between the three "
         "calls' outputs (nan where one holds a NaN). `sm90`: the case compiled a "
         "`qmm_sm90` module (MLX's JIT names its modules after the kernel; a case that "
         "reuses one an earlier case compiled shows none, so `no` is not proof of another "
