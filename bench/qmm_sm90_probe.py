@@ -223,6 +223,11 @@ def _e(value: float | None) -> str:
     return "nan" if value is None else f"{value:.1e}"
 
 
+def _arm_name(run: dict) -> str:
+    """What an arm is, from its MLX version: patchkit's builds carry ``+patchkit.``."""
+    return "a patchkit build" if "+patchkit." in run["mlx"] else "stock MLX"
+
+
 def _rows(c: dict) -> str:
     """Rows off, of M; none to count where the output holds a NaN (a NaN compares false)."""
     return "n/a" if c["err_over_std"] is None else f"{c['rows_off']} of {c['M']}"
@@ -261,7 +266,8 @@ def page(runs: list[dict], out: Path, hardware_given: str | None = None) -> None
         "",
         f"- Hardware: {'; '.join(sorted(gpus))}.",
         *(
-            f"- Arm {i + 1}: MLX {run['mlx']} ({run['packages'] or 'no mlx package'}), on "
+            f"- Arm {i + 1}, {_arm_name(run)}: MLX {run['mlx']} "
+            f"({run['packages'] or 'no mlx package'}), on "
             f"{run['device']}: {len(run['cases'])} of the {len(everything)} cases of `--full`"
             + ("" if len(run["cases"]) == len(everything) else " (the run was cut off)")
             + "."
@@ -280,14 +286,20 @@ def page(runs: list[dict], out: Path, hardware_given: str | None = None) -> None
         "- Commands: `python3 bench/qmm_sm90_probe.py run --full > ARM.txt` with each arm's "
         "MLX importable, then `python3 bench/qmm_sm90_probe.py page "
         + " ".join(f"ARM{i + 1}.txt" for i in range(len(runs)))
-        + f" --out docs/results/{out.name}`.",
+        + f" --out docs/results/{out.name}"
+        + (
+            " --hardware GPU` (the GPU the runs ran on, which a run's header did not name)."
+            if any(not run["gpu"] for run in runs)
+            else "`."
+        ),
         "",
     ]
     for i, run in enumerate(runs):
         bad = [c for c in run["cases"] if wrong(c)]
         lines.append(
             f"- Arm {i + 1} (MLX {run['mlx']}): {len(bad)} of the {len(run['cases'])} cases "
-            f"run wrong ({sum(c['unwritten'] for c in bad)} with output never written); "
+            f"run wrong ({sum(c['unwritten'] for c in bad)} with the first call's output partly "
+            "unwritten); "
             f"{sum(map(compiled_sm90, run['cases']))} cases compiled a `qmm_sm90` module, "
             f"{sum(map(compiled_sm90, bad))} of them wrong."
         )

@@ -975,7 +975,9 @@ def test_qmm_sm90_probe_page_puts_the_arms_side_by_side(tmp_path) -> None:
     probe.page(runs, tmp_path / "probe")
     text = (tmp_path / "probe.md").read_text()
     assert "- Hardware: NVIDIA H100 80GB HBM3." in text
-    assert "Arm 1 (MLX 0.32.1): 2 of the 3 cases run wrong (1 with output never written); " in text
+    assert "--out docs/results/probe`." in text  # every header named its GPU: no --hardware
+    assert "Arm 1 (MLX 0.32.1): 2 of the 3 cases run wrong (1 with the first call's" in text
+    assert "- Arm 1, stock MLX: MLX 0.32.1 " in text and "- Arm 2, a patchkit build: " in text
     assert "1 cases compiled a `qmm_sm90` module, 1 of them wrong." in text
     assert "1 of the 19 cases of `--full` (the run was cut off)" in text
     assert "Arm 2 (MLX 0.32.1+patchkit.abc): 0 of the 1 cases run wrong" in text
