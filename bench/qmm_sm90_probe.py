@@ -214,7 +214,7 @@ def parse_run(text: str) -> dict:
 
 
 def _number(text: str) -> float | None:
-    """A printed error; None for nan (an output never written: no error to give)."""
+    """A printed number; None for nan (a NaN in an output: no error to give)."""
     value = float(text)
     return None if math.isnan(value) else value
 
@@ -278,11 +278,11 @@ def page(runs: list[dict], out: Path, hardware_given: str | None = None) -> None
         "operands rounded to TF32, which sm90 uses for float32. `unwritten`: the first "
         "call's output kept a NaN of the buffers filled before, so part of it was never "
         "written (its error then reads nan, its rows off n/a). `runs differ`: the largest "
-        "difference between the three "
-        "calls' outputs (nan where one holds a NaN). `sm90`: the case compiled a "
-        "`qmm_sm90` module (MLX's JIT names its modules after the kernel; a case that "
-        "reuses one an earlier case compiled shows none, so `no` is not proof of another "
-        "kernel). K = 2 x group is the control that does not reach `qmm_sm90`.",
+        "difference between the three calls' outputs (nan where one holds a NaN). `sm90`: "
+        "the case compiled a `qmm_sm90` module (MLX's JIT names its modules after the "
+        "kernel; a case that reuses one an earlier case compiled shows none, so `no` is "
+        "not proof of another kernel). K = 2 x group is the control that does not reach "
+        "`qmm_sm90`.",
         "- Commands: `python3 bench/qmm_sm90_probe.py run --full > ARM.txt` with each arm's "
         "MLX importable, then `python3 bench/qmm_sm90_probe.py page "
         + " ".join(f"ARM{i + 1}.txt" for i in range(len(runs)))
