@@ -1413,14 +1413,19 @@ def read_results(root: Path, entries: Sequence[dict]) -> dict[str, dict | Except
 PR_TESTS = "pr tests"
 
 
+def checkout_pin(root: Path) -> pin.Pin | None:
+    """The checkout's pin (``pin.toml``); None where it has none, as a bare template tree
+    in the tests: what the records are compared against and stock's release come from it."""
+    return pin.load(root / pin.PIN_FILE) if (root / pin.PIN_FILE).is_file() else None
+
+
 def current_build_inputs(root: Path) -> dict[str, str] | None:
     """``{backend: mlx_build.build_inputs_id}`` of what ``patches/`` holds now, once per
     backend, and the PR tests' id (``PR_TESTS``); None where the checkout has no pin file
     (nothing to compare against)."""
-    if not (root / pin.PIN_FILE).is_file():
+    if (pinned := checkout_pin(root)) is None:
         return None
-    short = pin.load(root / pin.PIN_FILE).short
-    ids = {b: mlx_build.build_inputs_id(root, short, b) for b in mlx_build.BACKENDS}
+    ids = {b: mlx_build.build_inputs_id(root, pinned.short, b) for b in mlx_build.BACKENDS}
     return {**ids, PR_TESTS: mlx_build.pr_files_id(root)}
 
 
@@ -1476,7 +1481,7 @@ def measured_results(
     results = read_results(root, entries)
     inputs = current_build_inputs(root)
     # The release whose copies of the touched files are the pin's (stock's arm on a speed page).
-    release = pin.load(root / pin.PIN_FILE).release if (root / pin.PIN_FILE).is_file() else ""
+    release = pinned.release if (pinned := checkout_pin(root)) else ""
     for entry in entries:
         own: dict[str, str] = {}
         fixed: dict[str, str] = {}
@@ -1801,7 +1806,7 @@ def export_pr(
         req.backend, base, req.branch, read(PR_TEMPLATE) or "", facts, results, carries,
         upstream, change_facts(templates_dir, req.backend),
         git.blob_id(clone, head, BENCH_FILE) is not None, stacked_commits(clone, base, upstream),
-        pin.load(root / pin.PIN_FILE).commit if (root / pin.PIN_FILE).is_file() else "",
+        pinned.commit if (pinned := checkout_pin(root)) else "",
     )  # fmt: skip
     out = req.out or fresh_out_dir(root / "build" / "pr", f"{req.backend}-{base[:8]}")
     out.parent.mkdir(parents=True, exist_ok=True)
