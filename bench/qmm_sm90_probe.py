@@ -118,11 +118,6 @@ def line(found: dict) -> str:
     )
 
 
-def probe(mx, cache: str, case: tuple) -> str:
-    """One case's line."""
-    return line(measure(mx, cache, case))
-
-
 def hardware() -> str:
     """The GPU as nvidia-smi names it, its driver and memory ("unknown" without one)."""
     query = "--query-gpu=name,driver_version,memory.total"

@@ -940,11 +940,11 @@ def test_qmm_sm90_probe_tells_a_wrong_kernel_from_a_right_one(tmp_path, monkeypa
     controls = [c for c in probe.CASES + probe.MORE if c[3] != c[4]]
     assert controls and all(c[3] == 2 * c[4] for c in controls)
     case = ("float16", 8, 64, 128, 128, 4, 0, False)
-    right = probe.probe(mx, str(tmp_path), case)
+    right = probe.line(probe.measure(mx, str(tmp_path), case))
     assert "rows_off=0[]" in right and "unwritten=0" in right and "runs_disagree=0e+00" in right
     assert float(right.split("err/std=")[1].split()[0]) < probe.OFF
     monkeypatch.setattr(mx, "quantized_matmul", lambda x, *a: mx.zeros((*x.shape[:-1], 64)))
-    wrong = probe.probe(mx, str(tmp_path), case)
+    wrong = probe.line(probe.measure(mx, str(tmp_path), case))
     assert "rows_off=8[0, 1, 2]" in wrong and "cols_off=64[0, 1, 2]" in wrong
 
 
