@@ -25,7 +25,6 @@ cp.async) and sm_90a (the H200); ``--wide`` adds the rest.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,9 +34,10 @@ from support_git import PIN_SHA, mlx_clone
 
 from patchkit.carry import mlx_deps, render, source
 from patchkit.util import git
+from patchkit.verify.harness import cuda, cuda_compile
+from patchkit.verify.harness.cuda_compile import wheel_archs
 
-QMV = "mlx/backend/cuda/quantized/qmm/qmv.cu"
-CUDA_CMAKE = "mlx/backend/cuda/CMakeLists.txt"
+QMV = cuda.QMV_PATH
 NVCC = shutil.which("nvcc")
 # The default run's architectures; the rest of setup.py's list runs with --wide.
 DEFAULT_ARCHS = ("75-real", "90a-real")
@@ -61,23 +61,6 @@ def deps_root() -> Path:
     return Path(user) if user else mlx_deps.deps_root()
 
 
-def wheel_archs(setup_py: str) -> list[str]:
-    """``MLX_CUDA_ARCHITECTURES`` entries of the pinned setup.py, in order."""
-    block = setup_py[setup_py.index("cuda_archs = [") : setup_py.index("MLX_CUDA_ARCHITECTURES")]
-    return re.findall(r'"(\d+a?-(?:real|virtual))"', block)
-
-
-def gencode(arch: str) -> str:
-    """nvcc's -gencode for one CMake architecture; a virtual one is also run through ptxas."""
-    num = arch.split("-")[0]
-    return f"arch=compute_{num},code=sm_{num}"
-
-
-def cuda_flags(cmake: str) -> list[str]:
-    """Every CUDA-only compile option of the mlx target in the pinned CMakeLists.txt."""
-    return re.findall(r"\$<\$<COMPILE_LANGUAGE:CUDA>:(.*?)>(?=[\"\s)])", cmake)
-
-
 def test_wheel_archs_and_flags_parse() -> None:
     """The parsers on text shaped like the pin's (no clone needed)."""
     setup = """
@@ -90,14 +73,14 @@ def test_wheel_archs_and_flags_parse() -> None:
             cmake_args += [f"-DMLX_CUDA_ARCHITECTURES={';'.join(cuda_archs)}"]
     """
     assert wheel_archs(setup) == ["75-real", "120-virtual", "90a-real"]
-    assert gencode("90a-real") == "arch=compute_90a,code=sm_90a"
-    assert gencode("120-virtual") == "arch=compute_120,code=sm_120"
+    assert cuda_compile.gencode("90a-real") == "arch=compute_90a,code=sm_90a"
+    assert cuda_compile.gencode("120-virtual") == "arch=compute_120,code=sm_120"
     cmake = (
         'target_compile_options(mlx\n  PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda>")\n'
         "target_compile_options(\n  mlx\n"
         '  PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcudafe="--diag_suppress=186,2908">)\n'
     )
-    assert cuda_flags(cmake) == ["--extended-lambda", '-Xcudafe="--diag_suppress=186,2908"']
+    assert cuda.cuda_flags(cmake) == ["--extended-lambda", '-Xcudafe="--diag_suppress=186,2908"']
 
 
 needs_clone = pytest.mark.skipif(
@@ -120,49 +103,20 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"root": root, "read": read}
 
 
-def _includes(root: Path) -> list[str]:
-    """MLX's include directories for the mlx target; skips naming a missing download."""
-    deps = deps_root()
-    missing = [
-        f"{name} ({deps / name / sub})"
-        for name, sub in (("cutlass", "include/cute"), ("fmt", "include/fmt"))
-        if not (deps / name / sub).is_dir()
-    ]
-    if missing:
+def _nvcc(tree: dict[str, object], arch: str, name: str, tmp_path: Path) -> None:
+    """nvcc -c of ``name`` (beside qmv.cu in the pinned tree) for one architecture, as
+    ``bench/cuda_compile_cost.py`` compiles it; skips naming a missing download."""
+    root: Path = tree["root"]  # type: ignore[assignment]
+    read = tree["read"]
+    if missing := cuda.missing_deps(deps_root()):
         pytest.skip(
             f"MLX's configure-time sources missing: {', '.join(missing)}; export cutlass "
             "v4.4.2's include/ and fmt 12.1.0 there (`patchkit deps --from DIR --backend cuda`)"
         )
-    cccl = deps / "cccl" / "include"
-    return [
-        *([f"-I{cccl}"] if cccl.is_dir() else []),  # MLX puts its CCCL BEFORE the toolkit's
-        f"-I{root}",
-        "-isystem",
-        str(deps / "cutlass" / "include"),  # SYSTEM, as MLX includes it
-        f"-I{deps / 'fmt' / 'include'}",
-    ]
-
-
-def _nvcc(tree: dict[str, object], arch: str, name: str, tmp_path: Path) -> None:
-    """nvcc -c of ``name`` (beside qmv.cu in the pinned tree) for one architecture."""
-    root: Path = tree["root"]  # type: ignore[assignment]
-    read = tree["read"]
-    flags = cuda_flags(read(CUDA_CMAKE))  # type: ignore[operator]
-    cmd = [
-        str(NVCC),
-        "-std=c++20",  # CMAKE_CXX_STANDARD 20
-        "-DMLX_USE_CUDA",  # target_compile_definitions(mlx PRIVATE MLX_USE_CUDA)
-        "-DFMT_HEADER_ONLY=1",  # fmt::fmt-header-only
-        *flags,
-        *_includes(root),
-        "-gencode",
-        gencode(arch),
-        "-c",
-        str((root / QMV).with_name(name)),
-        "-o",
-        str(tmp_path / f"{name}.{arch}.o"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    flags = cuda.mlx_flags(read(cuda_compile.CUDA_CMAKE), root, deps_root())  # type: ignore[operator]
+    source = (root / QMV).with_name(name)
+    cmd = cuda_compile.object_command(flags, source, arch, tmp_path / f"{name}.{arch}.o")
+    proc = subprocess.run([str(NVCC), *cmd[1:]], capture_output=True, text=True)
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert proc.returncode == 0, f"{arch}: {len(errors)} error lines, e.g.\n" + "\n".join(
         errors[:20] or proc.stderr.splitlines()[-40:]
@@ -175,7 +129,8 @@ def test_wheel_archs_are_the_pins(tree: dict[str, object]) -> None:
     """WHEEL_ARCHS is what the pinned setup.py builds; MLX's flags are found."""
     read = tree["read"]
     assert tuple(wheel_archs(read("setup.py"))) == WHEEL_ARCHS  # type: ignore[operator]
-    assert "--expt-relaxed-constexpr" in cuda_flags(read(CUDA_CMAKE))  # type: ignore[operator]
+    cmake = read(cuda_compile.CUDA_CMAKE)  # type: ignore[operator]
+    assert "--expt-relaxed-constexpr" in cuda.cuda_flags(cmake)
 
 
 @needs_clone
