@@ -8,7 +8,7 @@ the two arms of an architecture run at once, so both see the same load on the ma
 
 Proxies, said on the page: one file's object, not the linked library (the other patched
 CUDA files are host code: ``qmm.h``'s declarations, ``quantized.cpp``'s route and
-``qmm.cu``'s guard), and wall time on whatever machine runs it, with nvcc's own defaults.
+``qmm.cu``'s guard), and wall time on whatever machine runs it.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import platform
 import re
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from patchkit.carry import mlx_build
 from patchkit.verify.harness import cuda
 
 ARMS = ("stock", "patched")
@@ -63,12 +64,10 @@ def fatbin_bytes(obj: Path) -> int | None:
     return section_bytes(proc.stdout) if proc.returncode == 0 else None
 
 
-def compile_pair(
-    commands: dict[str, list[str]], run: Callable[..., subprocess.Popen] = subprocess.Popen
-) -> dict[str, dict[str, Any]]:
+def compile_pair(commands: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """Start each arm's compile at once; {arm: {seconds, returncode, log}} as each ends."""
     started = time.perf_counter()
-    procs = {arm: run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    procs = {arm: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for arm, cmd in commands.items()}  # fmt: skip
     done = {}
     for arm, proc in procs.items():
@@ -157,7 +156,7 @@ def page(data: dict[str, Any]) -> str:
         "architecture MLX's CUDA wheels ship (`setup.py`'s `cuda_archs`), with MLX's nvcc "
         "flags and includes; the two arms of an architecture at once, architectures one "
         "after another.",
-        mlx_valid(data),
+        mlx_build.valid_while("cuda", data["build_inputs_sha256"]),
         f"- Machine: {data['host']['cpu']}, {data['host']['cpus']} CPUs; {data['host']['nvcc']}.",
         "- Device code: the object's `.nv_fatbin` section (compressed as MLX's flags ask), "
         "what `libmlx.so` carries of the file for that architecture. A proxy for the "
@@ -183,13 +182,6 @@ def page(data: dict[str, Any]) -> str:
         "[its JSON](" + data["name"] + ".json).",
     ]
     return "\n".join([*head, *body, *tail]) + "\n"
-
-
-def mlx_valid(data: dict[str, Any]) -> str:
-    """The line saying which patch the page measured (decision 0008's build inputs)."""
-    from patchkit.carry import mlx_build
-
-    return mlx_build.valid_while("cuda", data["build_inputs_sha256"])
 
 
 def write(data: dict[str, Any], out: Path) -> None:
