@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -211,3 +212,20 @@ def test_qmm_sm90_probe_page_probed_the_committed_cuda_build() -> None:
         "bench/qmm_sm90_probe.py on the new build"
     )
     assert [v for v in versions if "+" not in v], "qmm-sm90-probe.json has no stock arm"
+
+
+def test_sanitizer_tests_page_ran_the_committed_cuda_build() -> None:
+    """``docs/results/cuda-sanitizer-runs.json`` (bench/sanitizer_logs.py) names in each
+    run's label the MLX it imported: a build's must be the one ``build-cuda.json`` records,
+    so a CUDA edit leaves the page stale, as it does every CUDA page."""
+    page, build = RESULTS / "cuda-sanitizer-runs.json", RESULTS / "build-cuda.json"
+    if not page.exists() or not build.exists():
+        pytest.skip("no sanitizer page or CUDA build record committed")
+    built = json.loads(build.read_text())
+    assert built["patch"]["build_inputs_sha256"] == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
+    labels = [run["label"] for run in json.loads(page.read_text())["runs"]]
+    named = {v for label in labels for v in re.findall(r"\d[\w.]*\+patchkit\.\w+", label)}
+    assert named == {built["wheel_version"]}, (
+        "cuda-sanitizer-runs.json ran another build than build-cuda.json records: rerun "
+        "its commands on the new build"
+    )
