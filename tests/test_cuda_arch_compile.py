@@ -115,8 +115,9 @@ def _nvcc(tree: dict[str, object], arch: str, name: str, tmp_path: Path) -> None
         )
     flags = cuda.mlx_flags(read(cuda_compile.CUDA_CMAKE), root, deps_root())  # type: ignore[operator]
     source = (root / QMV).with_name(name)
-    cmd = cuda_compile.object_command(flags, source, arch, tmp_path / f"{name}.{arch}.o")
-    proc = subprocess.run([str(NVCC), *cmd[1:]], capture_output=True, text=True)
+    out = tmp_path / f"{name}.{arch}.o"
+    cmd = cuda_compile.object_command(flags, source, arch, out, nvcc=str(NVCC))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert proc.returncode == 0, f"{arch}: {len(errors)} error lines, e.g.\n" + "\n".join(
         errors[:20] or proc.stderr.splitlines()[-40:]

@@ -11,6 +11,7 @@ in an overlay file gives another id; a Metal edit changes Metal's id and not CUD
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -116,6 +117,20 @@ def test_a_changed_pr_test_has_another_id(tmp_path: Path) -> None:
     assert mlx_build.pr_files_id(tmp_path) != before
 
 
+def page_and_current_cuda_build(name: str) -> tuple[dict, dict]:
+    """A committed CUDA results page (``docs/results/<name>.json``) and the CUDA build
+    record, which must be of what a CUDA build compiles of ``patches/`` now; skips where
+    either is not committed. Each page's test then holds the page to that build."""
+    page, build = RESULTS / f"{name}.json", RESULTS / "build-cuda.json"
+    if not page.exists() or not build.exists():
+        pytest.skip(f"no {page.name} or CUDA build record committed")
+    built = json.loads(build.read_text())
+    assert built["patch"]["build_inputs_sha256"] == mlx_build.build_inputs_id(
+        ROOT, SHORT, "cuda"
+    ), "build-cuda.json is of other CUDA inputs: rebuild with `patchkit build --backend cuda`"
+    return json.loads(page.read_text()), built
+
+
 @pytest.mark.parametrize(
     ("name", "calls"), [("cuda", "chained"), ("cuda-independent", "independent")]
 )
@@ -125,34 +140,24 @@ def test_speed_page_is_of_what_the_cuda_build_compiles_now(name: str, calls: str
     run, a build of what a CUDA build compiles of ``patches/`` now, the same inputs as the
     CUDA build record's: a CUDA edit leaves the old speeds stale, a Metal one does not
     (decision 0008)."""
-    speed, build = RESULTS / f"{name}.json", RESULTS / "build-cuda.json"
-    if not speed.exists() or not build.exists():
-        pytest.skip(f"no CUDA speed page {speed.name} or build record committed")
-    page = json.loads(speed.read_text())
+    page, built = page_and_current_cuda_build(name)
     timed = page["build"]
     assert page["runs"] and {r["mlx"]["pr"] for r in page["runs"]} == {timed["wheel_version"]}
     assert {r.get("calls") for r in page["runs"]} == {calls}
-    assert (
-        timed["build_inputs_sha256"]
-        == json.loads(build.read_text())["patch"]["build_inputs_sha256"]
-        == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
-    ), "cuda.json timed a build of other CUDA inputs: rerun bench/mlx_qmv.py on a new build"
+    assert timed["build_inputs_sha256"] == built["patch"]["build_inputs_sha256"], (
+        "cuda.json timed a build of other CUDA inputs: rerun bench/mlx_qmv.py on a new build"
+    )
 
 
 def test_ncu_page_is_of_what_the_cuda_build_compiles_now() -> None:
     """``docs/results/cuda-ncu.json`` (bench/mlx_ncu.py page) profiled a build of what a
     CUDA build compiles of ``patches/`` now, as the speed page timed one."""
-    ncu, build = RESULTS / "cuda-ncu.json", RESULTS / "build-cuda.json"
-    if not ncu.exists() or not build.exists():
-        pytest.skip("no Nsight Compute page or CUDA build record committed")
-    page = json.loads(ncu.read_text())
+    page, built = page_and_current_cuda_build("cuda-ncu")
     assert page["mlx"]["pr"] == page["build"]["wheel_version"]
     assert not [row for row in page["rows"] if "error" in row]
-    assert (
-        page["build"]["build_inputs_sha256"]
-        == json.loads(build.read_text())["patch"]["build_inputs_sha256"]
-        == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
-    ), "cuda-ncu.json profiled a build of other CUDA inputs: rerun bench/mlx_ncu.py"
+    assert page["build"]["build_inputs_sha256"] == built["patch"]["build_inputs_sha256"], (
+        "cuda-ncu.json profiled a build of other CUDA inputs: rerun bench/mlx_ncu.py"
+    )
 
 
 def test_kernel_stock_page_is_of_what_the_cuda_build_compiles_now() -> None:
@@ -170,21 +175,17 @@ def test_controls_page_is_of_the_recorded_cuda_build_and_control() -> None:
     """``docs/results/cuda-controls.json`` (ci/cuda_controls.py) switched its defects into
     the patch the CUDA build record is of, with the control diff as it is now, and every
     control came out as it must."""
-    controls, build = RESULTS / "cuda-controls.json", RESULTS / "build-cuda.json"
-    if not controls.exists() or not build.exists():
-        pytest.skip("no CUDA controls page or build record committed")
-    rec, built = json.loads(controls.read_text()), json.loads(build.read_text())
-    assert (
-        rec.get("build_inputs_sha256")
-        == built["patch"]["build_inputs_sha256"]
-        == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
-    ), "cuda-controls.json is of another patch: rerun ci/cuda_controls.py"
+    rec, built = page_and_current_cuda_build("cuda-controls")
+    assert rec.get("build_inputs_sha256") == built["patch"]["build_inputs_sha256"], (
+        "cuda-controls.json is of another patch: rerun ci/cuda_controls.py"
+    )
     diff = ROOT / "ci" / "controls" / "cuda-qmv.diff"
     assert rec["control_sha256"] == hashlib.sha256(diff.read_bytes()).hexdigest(), (
         "the control diff changed since cuda-controls.json: rerun ci/cuda_controls.py"
     )
-    # The page's verdicts, and those the script's rules give its counts today.
-    judged = load_script("ci/cuda_controls.py").judge(json.loads(controls.read_text()))
+    # The page's verdicts, and those the script's rules give its counts today (judge
+    # rewrites verdicts in place, so it gets a copy).
+    judged = load_script("ci/cuda_controls.py").judge(copy.deepcopy(rec))
     assert rec["ok"] and judged["ok"], "cuda-controls.json: not every control as it must be"
     assert {r["switch"] for r in rec["results"]} == {
         "none", "split-launch", "order-by-m",
@@ -201,12 +202,8 @@ def test_qmm_sm90_probe_page_probed_the_committed_cuda_build() -> None:
     """``docs/results/qmm-sm90-probe.json`` (bench/qmm_sm90_probe.py page) puts stock's
     wheels beside a build of the series: that build is the one ``build-cuda.json``
     records, so a CUDA edit leaves the page's build arm stale, as it does every CUDA page."""
-    probe, build = RESULTS / "qmm-sm90-probe.json", RESULTS / "build-cuda.json"
-    if not probe.exists() or not build.exists():
-        pytest.skip("no qmm_sm90 probe page or CUDA build record committed")
-    versions = [run["mlx"] for run in json.loads(probe.read_text())["runs"]]
-    built = json.loads(build.read_text())
-    assert built["patch"]["build_inputs_sha256"] == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
+    probe, built = page_and_current_cuda_build("qmm-sm90-probe")
+    versions = [run["mlx"] for run in probe["runs"]]
     assert [v for v in versions if "+patchkit." in v] == [built["wheel_version"]], (
         "qmm-sm90-probe.json probed another build than build-cuda.json records: rerun "
         "bench/qmm_sm90_probe.py on the new build"
@@ -218,12 +215,8 @@ def test_sanitizer_tests_page_ran_the_committed_cuda_build() -> None:
     """``docs/results/cuda-sanitizer-runs.json`` (bench/sanitizer_logs.py) names in each
     run's label the MLX it imported: a build's must be the one ``build-cuda.json`` records,
     so a CUDA edit leaves the page stale, as it does every CUDA page."""
-    page, build = RESULTS / "cuda-sanitizer-runs.json", RESULTS / "build-cuda.json"
-    if not page.exists() or not build.exists():
-        pytest.skip("no sanitizer page or CUDA build record committed")
-    built = json.loads(build.read_text())
-    assert built["patch"]["build_inputs_sha256"] == mlx_build.build_inputs_id(ROOT, SHORT, "cuda")
-    labels = [run["label"] for run in json.loads(page.read_text())["runs"]]
+    page, built = page_and_current_cuda_build("cuda-sanitizer-runs")
+    labels = [run["label"] for run in page["runs"]]
     named = {v for label in labels for v in re.findall(r"\d[\w.]*\+patchkit\.\w+", label)}
     assert named == {built["wheel_version"]}, (
         "cuda-sanitizer-runs.json ran another build than build-cuda.json records: rerun "

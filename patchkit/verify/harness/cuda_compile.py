@@ -47,9 +47,11 @@ def gencode(arch: str) -> str:
     return f"arch=compute_{num},code=sm_{num}"
 
 
-def object_command(flags: Sequence[str], source: Path, arch: str, out: Path) -> list[str]:
+def object_command(
+    flags: Sequence[str], source: Path, arch: str, out: Path, nvcc: str = "nvcc"
+) -> list[str]:
     """nvcc -c of one MLX .cu file for one architecture, with MLX's flags and includes."""
-    return ["nvcc", *flags, "-gencode", gencode(arch), "-c", str(source), "-o", str(out)]
+    return [nvcc, *flags, "-gencode", gencode(arch), "-c", str(source), "-o", str(out)]
 
 
 def section_bytes(readelf_sections: str, name: str = FATBIN) -> int | None:
