@@ -1,7 +1,17 @@
-"""compute-sanitizer logs of MLX's own tests, made into one results page.
+"""compute-sanitizer on MLX's own tests, its logs made into one results page.
 
+    python3 bench/sanitizer_logs.py run --arm pr=PYTHON[:SITE] --arm stock=PYTHON[:SITE] \
+        --tests DIR --logs DIR --out docs/results/cuda-sanitizer-runs [--limit-s 1200]
     python3 bench/sanitizer_logs.py page --out docs/results/cuda-sanitizer-runs \
         --hardware GPU --run LABEL LOG [TEST_OUTPUT] --run ...
+
+``run`` makes the page's runs (:data:`RUNS`) at once, each a compute-sanitizer process over
+one unittest command in DIR (MLX's ``python/tests`` with the PR's tests: ``bench/mlx_tests.py
+pr-tests``), checking only the kernels the run names (``--kernel-name``), with its own JIT
+cache and a time limit; then the page. It exits 1 where a run of the PR's arm reported an
+error or a hazard or did not end on its own (the page says which), 0 where none did: stock's
+arm runs to show what main does, so its reports are findings, not failures. ``page`` makes
+the page from logs made otherwise.
 
 Each run is one compute-sanitizer process over a test command, as its ``--log-file``
 wrote it (LOG) and, optionally, what the test command printed (TEST_OUTPUT: unittest's
@@ -24,11 +34,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shlex
+import signal
+import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # patchkit, from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mlx_qmv import hardware, mlx_of, timed_build
+
+from patchkit.carry import render
+from patchkit.util import proc
 
 HEAD = re.compile(r"^========= (\S.*)$")
 KERNEL = re.compile(r"^=========\s+at (?:void )?(\S+?<.*?>)\(")
@@ -44,6 +67,34 @@ FAILED = "Error: process didn't terminate successfully"
 RAN = re.compile(r"^Ran (\d+) tests? in ([\d.]+)s$")
 VERDICT = re.compile(r"^(OK|FAILED)\b.*$")
 RC = re.compile(r"rc (\d+) \d+ s$")  # the run's own last line, "rc EXIT SECONDS s"
+TEST_FILE = "test_quantized.py"
+PRINT_LIMIT = 50  # reports printed per run; the summary counts every one
+STOPPED = 124  # a run's exit where its time limit stopped it (as timeout(1) says)
+
+
+class Run(NamedTuple):
+    """One compute-sanitizer process of ``run``: its tool, the kernels it checks (a
+    substring of their names), the test methods, the arm, and what they are for."""
+
+    name: str
+    tool: str
+    kernels: str
+    methods: tuple[str, ...]  # empty: the series' new test methods
+    arm: str
+
+
+# The PR's new tests with its new kernel checked: every vector count and mode they cover.
+# MLX's test_qmm with qmm_sm80 checked: calls with K under three of its tiles, whose first
+# fetches main does not bound, and whose epilogue main lets overlap the last fetch; stock's
+# arm shows main, the PR's arm the qmm_sm90 PR's bound.
+RUNS = (
+    Run("memcheck-new", "memcheck", "qmv_mma_kernel", (), "pr"),
+    Run("racecheck-new", "racecheck", "qmv_mma_kernel", (), "pr"),
+    Run("memcheck-qmm-pr", "memcheck", "qmm_sm80", ("test_qmm",), "pr"),
+    Run("memcheck-qmm-stock", "memcheck", "qmm_sm80", ("test_qmm",), "stock"),
+    Run("racecheck-qmm-pr", "racecheck", "qmm_sm80", ("test_qmm",), "pr"),
+    Run("racecheck-qmm-stock", "racecheck", "qmm_sm80", ("test_qmm",), "stock"),
+)
 
 
 def parse_log(text: str) -> dict[str, Any]:
@@ -147,6 +198,14 @@ def page(data: dict[str, Any]) -> str:
         "defects.",
         f"- Page: `{data['command']}`",
         *(
+            [
+                f"- The build: MLX {data['build']['wheel_version']}, build inputs "
+                f"`{data['build']['build_inputs_sha256'][:16]}`."
+            ]
+            if data.get("build")
+            else []
+        ),
+        *(
             ["- Commands run (in MLX's `python/tests`, each log given to `--log-file`):"]
             + [f"  - `{c}`" for c in data["ran"]]
             if data["ran"]
@@ -182,6 +241,155 @@ def record(
             "runs": parsed}  # fmt: skip
 
 
+def sanitizer_argv(sanitizer: str, run: Run, log: Path, python: str, methods: list[str]
+                   ) -> list[str]:  # fmt: skip
+    """One run's command, run in the tests' folder: the tool over unittest's methods."""
+    return [sanitizer, "--tool", run.tool, "--kernel-name", f"kns={run.kernels}",
+            "--print-limit", str(PRINT_LIMIT), "--log-file", str(log),
+            python, TEST_FILE, "-v", *(f"TestQuantized.{m}" for m in methods)]  # fmt: skip
+
+
+def shown(argv: list[str]) -> str:
+    """A run's command as the page shows it: no host's paths (the log, the interpreter)."""
+    generic = [*argv]
+    generic[0] = "compute-sanitizer"
+    at = generic.index("--log-file")
+    generic[at + 1], generic[at + 2] = "LOG", "python"
+    return shlex.join(generic)
+
+
+def label(run: Run, version: str) -> str:
+    """What a run ran, as the page's rows name it: tool, kernels, tests and the MLX."""
+    tests = ", ".join(f"MLX's {m}" for m in run.methods) or "the series' new tests"
+    mlx = f"this build ({version})" if run.arm == "pr" else f"stock MLX ({version})"
+    return f"{run.tool}, {run.kernels} alone, {tests}, {mlx}"
+
+
+def stop(child: subprocess.Popen) -> int:
+    """End a run's process group (the tool and the Python under it); its exit status."""
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            child.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    return STOPPED
+
+
+def run_all(
+    arms: dict[str, str],
+    tests: Path,
+    logs: Path,
+    limit_s: float,
+    sanitizer: str,
+    runs: tuple[Run, ...] = RUNS,
+) -> list[tuple[Run, list[str], Path, Path]]:
+    """Every run at once, each stopped at ``limit_s``; per run its command, log and output
+    (the test command's, with a last line ``rc EXIT SECONDS s``)."""
+    new = render.pr_test_methods()
+    started = []
+    for run in runs:
+        python, site = proc.interpreter(arms[run.arm])
+        log, out = logs / f"{run.name}.log", logs / f"{run.name}.out"
+        argv = sanitizer_argv(sanitizer, run, log, python, list(run.methods) or new)
+        # Its own JIT cache: no run reads a kernel another compiled, or one left from before.
+        env = {**os.environ, "MLX_PTX_CACHE_DIR": str(logs / f"{run.name}-jit")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH", "")]))
+        with out.open("w") as output:
+            child = subprocess.Popen(argv, cwd=tests, env=env, stdout=output,
+                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        started.append((run, argv, log, out, child, time.monotonic()))
+    deadline = time.monotonic() + limit_s
+    done = []
+    try:
+        for run, argv, log, out, child, t0 in started:
+            try:
+                code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = stop(child)
+            with out.open("a") as output:
+                output.write(f"\nrc {code} {time.monotonic() - t0:.0f} s\n")
+            done.append((run, argv, log, out))
+    finally:  # interrupted: nothing of the runs keeps running
+        for *_, child, _t0 in started:
+            if child.poll() is None:
+                stop(child)
+    return done
+
+
+def sanitizer_version(sanitizer: str) -> str:
+    """compute-sanitizer's version line, for the page's hardware."""
+    got = subprocess.run([sanitizer, "--version"], capture_output=True, text=True, check=False)
+    lines = [ln.strip() for ln in got.stdout.splitlines() if ln.strip()]
+    return lines[-1] if lines else "compute-sanitizer (version not reported)"
+
+
+def failed_runs(data: dict[str, Any], runs: tuple[Run, ...] = RUNS) -> list[str]:
+    """The PR's arm's runs that reported something or did not end on their own."""
+    bad = []
+    for run, got in zip(runs, data["runs"], strict=True):
+        summary = got["summary"] or {}
+        rc = (got["output"] or {}).get("rc")
+        if run.arm == "pr" and (not got["ended"] or rc != 0 or summary.get("errors")
+                                or summary.get("hazards") or got["invalid"]):  # fmt: skip
+            bad.append(run.name)
+    return bad
+
+
+def write_page(out: Path, data: dict[str, Any]) -> None:
+    """The page's JSON and Markdown, side by side."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.with_suffix(".md").write_text(page(data))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``run``: the runs, then their page; 1 where the PR's arm reported anything."""
+    arms = dict(a.split("=", 1) for a in args.arm)
+    if missing := {r.arm for r in RUNS} - set(arms):
+        raise SystemExit(f"run: give --arm {' and --arm '.join(sorted(missing))}=PYTHON[:SITE]")
+    sanitizer = proc.cuda_tool("compute-sanitizer", args.sanitizer)
+    if sanitizer is None:
+        raise SystemExit("run: no compute-sanitizer (beside nvcc or on PATH); give --sanitizer")
+    if not (args.tests / TEST_FILE).is_file():
+        raise SystemExit(f"run: {args.tests} has no {TEST_FILE} (bench/mlx_tests.py pr-tests)")
+    build_record = json.loads(_read(args.build_record)) if args.build_record else None
+    args.logs.mkdir(parents=True, exist_ok=True)
+    if any(args.logs.iterdir()):
+        raise SystemExit(f"run: --logs {args.logs} is not empty; give a new folder")
+    versions = {}
+    for name, spec in arms.items():
+        try:
+            versions[name] = mlx_of(*proc.interpreter(spec))
+        except (OSError, subprocess.CalledProcessError):
+            raise SystemExit(f"run: --arm {name}={spec} does not import mlx") from None
+    done = run_all(arms, args.tests, args.logs, args.limit_s, sanitizer)
+    command = ("python3 bench/sanitizer_logs.py run --arm pr=PR_PYTHON[:SITE] --arm "
+               f"stock=STOCK_PYTHON[:SITE] --tests MLX/python/tests --logs LOGS --out "
+               f"{args.out.as_posix()} --limit-s {args.limit_s:g}")  # fmt: skip
+    gpu = hardware()["gpu"]
+    data = record(
+        "compute-sanitizer on MLX's tests: this build and stock MLX",
+        f"{gpu}; {sanitizer_version(sanitizer)}",
+        [[label(run, versions[run.arm]), str(log), str(out)] for run, _, log, out in done],
+        command,
+        list(dict.fromkeys(shown(argv) for _, argv, _, _ in done)),
+    )
+    if args.build_record:  # the build the PR's arm ran, as the other CUDA pages name it
+        data["build"] = timed_build([{"mlx": {"pr": versions["pr"]}}], build_record)
+    write_page(args.out, data)
+    sys.stdout.write(page(data))
+    if bad := failed_runs(data):
+        print(f"sanitizer_logs: the build's runs that reported something or did not end: "
+              f"{', '.join(bad)}", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -192,6 +400,17 @@ def _read(path: Path) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="the runs on a GPU host, then the page")
+    r.add_argument("--arm", action="append", default=[], metavar="NAME=PYTHON[:SITE]",
+                   help="pr=... (the build) and stock=... (stock MLX)")  # fmt: skip
+    r.add_argument("--tests", type=Path, required=True, help="MLX's python/tests with the PR's")
+    r.add_argument("--logs", type=Path, required=True, help="a new or empty folder for the logs")
+    r.add_argument("--out", type=Path, required=True, help="the page, path without extension")
+    r.add_argument("--limit-s", type=float, default=1200.0,
+                   help="each run's time limit, in seconds (the runs go at once)")  # fmt: skip
+    r.add_argument("--sanitizer", help="compute-sanitizer (default: beside nvcc, or on PATH)")
+    r.add_argument("--build-record", type=Path,
+                   help="the pr arm's patchkit build record, named by the page")  # fmt: skip
     p = sub.add_parser("page")
     p.add_argument("--out", type=Path, required=True, help="path without extension")
     p.add_argument("--title", required=True)
@@ -201,13 +420,15 @@ def main() -> int:
     p.add_argument("--ran", action="append", default=[], metavar="COMMAND",
                    help="a command the runs ran, for the page (repeat)")  # fmt: skip
     args = ap.parse_args()
+    if args.cmd == "run":
+        if bad := [a for a in args.arm if "=" not in a]:
+            raise SystemExit(f"run: --arm {bad[0]}: give NAME=PYTHON[:SITE]")
+        return run_command(args)
     if bad := [r for r in args.run if len(r) not in (2, 3)]:
         raise SystemExit(f"--run takes LABEL LOG [TEST_OUTPUT], not {bad[0]}")
     command = "python3 bench/sanitizer_logs.py page --out " + args.out.as_posix() + " ..."
     data = record(args.title, args.hardware, args.run, command, args.ran)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(page(data))
+    write_page(args.out, data)
     sys.stdout.write(page(data))
     return 0
 

@@ -19,7 +19,9 @@ to the CUDA templates needs all of them again, made in this order on one machine
    page, then the page (``cuda``: each call waiting for the one before); the same with
    calls MLX's graph may overlap (``cuda-independent``); then ``bench/mlx_ncu.py`` on the
    same two arms, one Nsight Compute process a call (``cuda-ncu``: registers, occupancy,
-   DRAM bytes and bandwidth of each kernel);
+   DRAM bytes and bandwidth of each kernel); then ``bench/sanitizer_logs.py run`` on the
+   same two arms (``cuda-sanitizer-runs``: compute-sanitizer's memcheck and racecheck over
+   the series' new tests and MLX's ``test_qmm``, on a copy of the applied branch's tests);
 3. ``bench/mlx_tests.py run --only-failed-in`` the build's record: the methods its test
    run failed, those of MLX's the series fixes (``export_pr.FIXED_TESTS``) and the series'
    new ones (``render.pr_test_methods``), on stock, beside the build's own run of them
@@ -39,7 +41,8 @@ copied into ``docs/results`` together at the end, also when a step recorded fail
 (failed MLX tests, differing rows, a control not as it must), which the exit status (1)
 and the last lines report.
 
-``--skip speed``, ``--skip independent``, ``--skip ncu`` or ``--skip controls``
+``--skip speed``, ``--skip independent``, ``--skip ncu``, ``--skip sanitizer`` or
+``--skip controls``
 (repeatable) leaves out the steps of a page that is already of this checkout's build
 inputs (a run cut off after it, say): the page stays as it is, and the run refuses (2)
 where it is missing or of other inputs. The build and the tests beside stock always run:
@@ -59,12 +62,12 @@ MLX's test file run on a build again. The tests beside stock then need no build 
 run (their folder is the applied branch's, ``bench/mlx_tests.py pr-tests``), so ``--only
 tests`` alone builds nothing.
 
-``--patched PYTHON[:SITE]`` with ``--only speed``, ``independent`` or ``ncu`` times a
-build made by an earlier run instead of building again: the wheel of the committed
-``build-cuda`` record (its ``wheel`` field, in patchkit's cache on the host that built
-it), installed beside the stock MLX on a host whose GPU has the architecture it was
-compiled for (``nvcc`` builds MLX for the build host's GPU alone). The record must be of
-this checkout's build inputs, and that MLX must be its ``wheel_version`` and run on the
+``--patched PYTHON[:SITE]`` with ``--only speed``, ``independent``, ``ncu`` or
+``sanitizer`` runs a build made by an earlier run instead of building again: the wheel of
+the committed ``build-cuda`` record (its ``wheel`` field, in patchkit's cache on the host
+that built it), installed beside the stock MLX on a host whose GPU has the architecture it
+was compiled for (``nvcc`` builds MLX for the build host's GPU alone). The record must be
+of this checkout's build inputs, and that MLX must be its ``wheel_version`` and run on the
 GPU; the pages then name that record. So once one host has made every record, a host
 with less time to give than a build takes times that build again.
 """
@@ -103,7 +106,8 @@ STOCK_SHARDS = 8
 # Steps a run may leave out (by the first word of their names), each with the page that
 # must then already be of this checkout's build inputs.
 SKIPPABLE = {"speed": "cuda.json", "independent": "cuda-independent.json",
-             "ncu": "cuda-ncu.json", "controls": "cuda-controls.json"}  # fmt: skip
+             "ncu": "cuda-ncu.json", "sanitizer": "cuda-sanitizer-runs.json",
+             "controls": "cuda-controls.json"}  # fmt: skip
 # The speed pages: their steps' kind, how their timed calls relate (bench/mlx_qmv.py
 # --calls) and their page. Chained calls time what a layer that needs the one before
 # waits; independent ones what MLX's graph makes of calls it may overlap (a layer's q, k
@@ -112,7 +116,7 @@ SPEED_PAGES = (("speed", "chained", "cuda"), ("independent", "independent", "cud
 # What --only may name: those, and the tests beside stock against the committed build record.
 ONLY = (*SKIPPABLE, "tests")
 # The steps that may time a build made by an earlier run (--patched): the pages of a build.
-PREBUILT = ("speed", "independent", "ncu")
+PREBUILT = ("speed", "independent", "ncu", "sanitizer")
 BUILD_RECORD = "build-cuda.json"
 
 
@@ -188,6 +192,19 @@ def steps(
     ncu_page = [python, "bench/mlx_ncu.py", "page", str(ncu_run), "--out", str(pages / "cuda-ncu"),
                 "--build-record", str(timed)]  # fmt: skip
     plan.append(Step("ncu page", ncu_page, (pages / "cuda-ncu.json", pages / "cuda-ncu.md")))
+    # compute-sanitizer on MLX's tests, the same two arms (bench/sanitizer_logs.py): after the
+    # timed steps, which it would slow, and before the controls, which replace the build it
+    # runs. Its own copy of the PR's tests folder, from the applied branch.
+    san_tests = bench / "sanitizer-tests"
+    pr_tests_argv = [python, "bench/mlx_tests.py", "pr-tests", "--out", str(san_tests)]
+    plan.append(Step("sanitizer tests", pr_tests_argv, (san_tests / f"{mlx_build.TEST_FILE}.py",)))
+    san_argv = [python, "bench/sanitizer_logs.py", "run", "--arm", f"pr={arm}",
+                "--arm", f"stock={stock}", "--tests", str(san_tests),
+                "--logs", str(bench / "sanitizer"), "--out", str(pages / "cuda-sanitizer-runs"),
+                "--build-record", str(timed)]  # fmt: skip
+    san_page = (pages / "cuda-sanitizer-runs.json", pages / "cuda-sanitizer-runs.md")
+    # Exit 1: a run of the build reported something or did not end; the page says which.
+    plan.append(Step("sanitizer", san_argv, san_page, (1,)))
     # The methods the build's own test run failed, on stock, beside that run's output:
     # whose failures they are (none failed: the page says nothing ran). Stock starts with
     # no JIT kernels compiled and only a few methods run, so each gets more processes
@@ -374,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[], choices=sorted(ONLY),
                     help="the build without tests, then only these pages' steps")  # fmt: skip
     ap.add_argument("--patched", metavar="PYTHON[:SITE]",
-                    help="with --only speed/independent/ncu: the committed build record's "
-                    "wheel, timed instead of a new build")  # fmt: skip
+                    help="with --only speed/independent/ncu/sanitizer: the committed build "
+                    "record's wheel, run instead of a new build")  # fmt: skip
     ap.add_argument("--rounds", type=int, metavar="N",
                     help="the speed runs' rounds of each arm (bench/mlx_qmv.py --rounds; "
                     "default its own): fewer for a host lent for less time")  # fmt: skip
@@ -421,24 +438,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:  # the build's record only names what the pages timed: not copied
         # The tests and a build made elsewhere need none here (a committed record).
         built = set(args.only) != {"tests"} and not args.patched
-        applied = built or "tests" in args.only  # the branch a build or the PR tests read
+        # the branch a build or the PR tests read
+        applied = built or bool({"tests", "sanitizer"} & set(args.only))
         # The PR's test folder is the tests' alone: --patched makes no branch to read it from.
         plan = [s._replace(argv=[*s.argv, "--no-test"], keep=()) if s.name == "build" else s
                 for s in plan if (s.name == "apply" and applied)
                 or (s.name == "pr tests" and "tests" in args.only)
                 or s.name.split()[0] in args.only or (s.name == "build" and built)]  # fmt: skip
-    records = [p for s in plan for p in s.produces if p.parent != out / "bench"
+    records = [p for s in plan for p in s.produces if out / "bench" not in p.parents
                and s.name != "pr tests" and not (args.only and s.name == "build")]  # fmt: skip
     # Found before the build, not after it and the speed runs: a missing profiler, and a
     # stock that does not run on the GPU (the mlx wheel without mlx-cuda), whose pages
     # would compare the PR's CUDA build with MLX on the CPU.
-    stocked = any(s.name.split()[0] in ("speed", "independent", "ncu", "tests") for s in plan)
+    stocked = any(s.name.split()[0] in (*PREBUILT, "tests") for s in plan)
     why = None
     if stocked and not args.stock:
-        why = "--stock PYTHON[:SITE] is needed for the speed, independent, ncu and tests steps"
+        why = ("--stock PYTHON[:SITE] is needed for the speed, independent, ncu, sanitizer "
+               "and tests steps")  # fmt: skip
     elif not args.plan and any(s.name == "ncu" for s in plan) and not proc.cuda_tool("ncu"):
         why = ("no Nsight Compute (ncu beside nvcc or on PATH) for the ncu step: put the "
                "CUDA toolkit's ncu on PATH")  # fmt: skip
+    elif (not args.plan and any(s.name == "sanitizer" for s in plan)
+          and not proc.cuda_tool("compute-sanitizer")):  # fmt: skip
+        why = ("no compute-sanitizer (beside nvcc or on PATH) for the sanitizer step: put "
+               "the CUDA toolkit's on PATH")  # fmt: skip
     elif not args.plan and stocked and (stock_why := mlx_not_on_gpu(args.stock)):
         why = f"--stock {args.stock}: {stock_why}"
     elif (

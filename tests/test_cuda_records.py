@@ -33,8 +33,8 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     plan = records.steps("python3:/opt/stock", Path("/tmp/cr"), ["--offline", "-j", "16"],
                          sys.executable)  # fmt: skip
     n = len(records.SPEED_RUNS)
-    assert len(lines) == len(plan) == 8 + 2 * n
-    apply, build, *timed, ncu, ncu_page, tests, controls = plan
+    assert len(lines) == len(plan) == 10 + 2 * n
+    apply, build, *timed, ncu, ncu_page, san_tests, sanitizer, tests, controls = plan
     speed, page, overlapped, overlapped_page = timed[:n], timed[n], timed[n + 1 : -1], timed[-1]
     # The build checks out the patch branch that apply makes in the cached clone.
     assert apply.argv[1:4] == ["-m", "patchkit", "apply"] and apply.produces == ()
@@ -78,6 +78,17 @@ def test_plan_builds_first_times_that_build_and_runs_the_controls_last(capsys) -
     assert ncu_page.argv[2] == "page" and str(ncu.produces[0]) in ncu_page.argv
     assert ncu_page.argv[ncu_page.argv.index("--build-record") + 1] == str(build.produces[0])
     assert {p.name for p in ncu_page.produces} == {"cuda-ncu.json", "cuda-ncu.md"}
+    # compute-sanitizer on MLX's tests, the same two arms, before the controls replace the
+    # build: its tests folder is the applied branch's, its page names the build's record.
+    assert san_tests.argv[1:3] == ["bench/mlx_tests.py", "pr-tests"] and not san_tests.alongside
+    folder = san_tests.argv[san_tests.argv.index("--out") + 1]
+    assert sanitizer.argv[1:3] == ["bench/sanitizer_logs.py", "run"]
+    assert [b for a, b in itertools.pairwise(sanitizer.argv) if a == "--arm"] == arms
+    assert sanitizer.argv[sanitizer.argv.index("--tests") + 1] == folder
+    assert sanitizer.argv[sanitizer.argv.index("--build-record") + 1] == str(build.produces[0])
+    assert {p.name for p in sanitizer.produces} == {
+        "cuda-sanitizer-runs.json", "cuda-sanitizer-runs.md",
+    } and sanitizer.recorded_failure == (1,)  # fmt: skip
     # What the build's test run failed, on the stock given, beside that run's own output
     # (the build's log) and with the test file it ran, both kept before the controls
     # rebuild: it runs beside them.
@@ -162,8 +173,8 @@ def test_a_whole_run_copies_every_record_and_no_run_file(results, tmp_path: Path
     assert sorted(p.name for p in dest.iterdir()) == [
         "build-cuda.json", "build-cuda.md", "cuda-controls.json", "cuda-controls.md",
         "cuda-independent.json", "cuda-independent.md", "cuda-independent.png",
-        "cuda-ncu.json", "cuda-ncu.md", "cuda-tests.json", "cuda-tests.md", "cuda.json",
-        "cuda.md", "cuda.png",
+        "cuda-ncu.json", "cuda-ncu.md", "cuda-sanitizer-runs.json", "cuda-sanitizer-runs.md",
+        "cuda-tests.json", "cuda-tests.md", "cuda.json", "cuda.md", "cuda.png",
     ]  # fmt: skip
     assert (dest / "build-cuda.json").read_text() == "new build"
 
@@ -455,7 +466,7 @@ def test_patched_times_the_committed_build_records_wheel_without_a_build(
     spec = "/opt/pr/python:/opt/pr/site"
     argv = ["--only", "speed", "--only", "ncu", "--stock", "python3", "--patched", spec]
     (dest / "build-cuda.json").write_text(json.dumps(current))
-    refusal = "cuda_records: --patched goes with --only speed, independent, ncu alone"
+    refusal = "cuda_records: --patched goes with --only speed, independent, ncu, sanitizer alone"
     for bad in (["--only", "controls"], [], ["--only", "speed", "--only", "tests"]):
         assert records.main(["--plan", *bad, "--stock", "python3", "--patched", spec]) == 2
         err = capsys.readouterr().err
@@ -493,6 +504,37 @@ def test_patched_times_the_committed_build_records_wheel_without_a_build(
     ]  # fmt: skip
     assert (dest / "build-cuda.json").read_text() == kept
     assert not (out / "build" / "build-cuda.json").exists()  # nothing was built
+
+
+def test_only_sanitizer_runs_the_tool_on_the_pr_tests_of_the_applied_branch(
+    results, capsys
+) -> None:
+    """``--only sanitizer``: the tests folder comes from the branch ``apply`` leaves, with a
+    build (without MLX's tests) or, with ``--patched``, the committed record's wheel and no
+    build; either way the page names the build its PR arm ran."""
+    records, dest = results
+    from patchkit.carry import mlx_build, pin
+
+    short = pin.load(records.ROOT / pin.PIN_FILE).short
+    inputs = mlx_build.build_inputs_id(records.ROOT, short, "cuda")
+    current = {"patch": {"build_inputs_sha256": inputs}, "wheel_version": "0.32.1+patchkit.a"}
+    (dest / "build-cuda.json").write_text(json.dumps(current))
+    spec = "/opt/pr/python:/opt/pr/site"
+    argv = ["--plan", "--only", "sanitizer", "--stock", "python3", "--out", "/tmp/cr"]
+    for patched in ([], ["--patched", spec]):
+        assert records.main([*argv, *patched]) == 0
+        plan = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+        tools = [ln.split()[1] if "bench/" in ln else " ".join(ln.split()[1:4]) for ln in plan]
+        built = ["-m patchkit build"] if not patched else []
+        assert tools == ["-m patchkit apply", *built, "bench/mlx_tests.py",
+                         "bench/sanitizer_logs.py"]  # fmt: skip
+        run = plan[-1]
+        record = dest / "build-cuda.json" if patched else Path("/tmp/cr/build/build-cuda.json")
+        assert run.endswith(f"--build-record {record}") and "--arm stock=python3 " in run
+        assert (f"--arm pr={spec} " in run) == bool(patched)
+        assert "--tests /tmp/cr/bench/sanitizer-tests " in run
+        if not patched:
+            assert plan[1].endswith("--no-test")
 
 
 def test_a_patched_mlx_of_another_wheel_is_refused_before_anything_runs(
@@ -637,6 +679,6 @@ def test_stock_is_asked_for_only_where_a_step_runs_it(results, tmp_path: Path, m
         err = capsys.readouterr().err
         assert (
             err == "cuda_records: --stock PYTHON[:SITE] is needed for the speed, independent, "
-            "ncu and tests steps\n"
+            "ncu, sanitizer and tests steps\n"
         )
     assert not list((tmp_path / "tmp").iterdir())

@@ -4,6 +4,9 @@ committed page (docs/results/cuda-sanitizer-runs) as its JSON renders it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,110 @@ def test_committed_page_is_its_json() -> None:
     assert logs.page(data) == text
     data["runs"][0]["summary"] = {"errors": 5}
     assert logs.page(data) != text  # control
+
+
+# A stand-in for compute-sanitizer: writes the log a run's tool and arm call for
+# (FAKE_REPORT names "TOOL:ARM" pairs that report, FAKE_SLEEP a Python that hangs), then
+# runs the test command under it, as the tool does.
+FAKE_SANITIZER = """\
+#!/usr/bin/env python3
+import os, subprocess, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("Copyright stand-in\\nVersion 0.0.0"); sys.exit(0)
+opts = dict(zip(args[0:8:2], args[1:8:2]))
+command = args[8:]
+arm = "pr" if command[0].endswith("pr-python") else "stock"
+report = f"{opts['--tool']}:{arm}" in os.environ.get("FAKE_REPORT", "").split(",")
+with open(opts["--log-file"], "w") as log:
+    log.write("========= COMPUTE-SANITIZER\\n")
+    if report and opts["--tool"] == "memcheck":
+        log.write("========= Invalid __global__ read of size 16 bytes\\n"
+                  "=========     at void k<1>(int)+0x10\\n"
+                  "=========     and is 1 bytes after the nearest allocation at 0x1 "
+                  "of size 64 bytes\\n========= ERROR SUMMARY: 1 error\\n")
+    elif opts["--tool"] == "memcheck":
+        log.write("========= ERROR SUMMARY: 0 errors\\n")
+    else:
+        n = 1 if report else 0
+        log.write(f"========= RACECHECK SUMMARY: {n} hazards displayed ({n} errors, 0 warnings)\\n")
+sys.exit(subprocess.run(command).returncode)
+"""
+FAKE_PYTHON = """\
+#!/bin/sh
+if [ "$1" = -c ]; then echo "{version}"; exit 0; fi
+case ",$FAKE_SLEEP," in *,{arm},*) sleep 60;; esac
+echo "Ran 2 tests in 0.100s"; echo; echo OK
+"""
+
+
+def _fake_host(tmp_path: Path) -> dict[str, Path]:
+    """Executables standing in for the tool and both arms' Pythons, and a tests folder."""
+    made = {"sanitizer": tmp_path / "compute-sanitizer", "tests": tmp_path / "tests"}
+    made["sanitizer"].write_text(FAKE_SANITIZER)
+    for arm, version in (("pr", "0.32.1+patchkit.0123456789ab"), ("stock", "0.32.1")):
+        made[arm] = tmp_path / f"{arm}-python"
+        made[arm].write_text(FAKE_PYTHON.format(version=version, arm=arm))
+    for exe in (made["sanitizer"], made["pr"], made["stock"]):
+        exe.chmod(0o755)
+    made["tests"].mkdir()
+    (made["tests"] / "test_quantized.py").write_text("")
+    return made
+
+
+def _run(
+    tmp_path: Path, fake: dict[str, Path], env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``run`` with the stand-ins, its page at ``tmp_path``/page and its logs beside it."""
+    argv = [sys.executable, str(ROOT / "bench" / "sanitizer_logs.py"), "run",
+            "--arm", f"pr={fake['pr']}", "--arm", f"stock={fake['stock']}",
+            "--tests", str(fake["tests"]), "--logs", str(tmp_path / "logs"),
+            "--out", str(tmp_path / "page"), "--sanitizer", str(fake["sanitizer"]),
+            *extra]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env})
+
+
+def test_run_checks_every_run_and_passes_only_a_clean_build(tmp_path: Path) -> None:
+    """``run`` starts each of RUNS under the tool and makes the page of their logs; stock's
+    reports are findings (exit 0), the build's make the exit 1 and are named."""
+    fake = _fake_host(tmp_path)
+    done = _run(tmp_path, fake, {"FAKE_REPORT": "memcheck:stock,racecheck:stock"})
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "page.json").read_text())
+    assert [r["label"].split(",")[0] for r in data["runs"]] == [r.tool for r in logs.RUNS]
+    by_arm = {"pr": "this build (0.32.1+patchkit.0123456789ab)", "stock": "stock MLX (0.32.1)"}
+    for run, got in zip(logs.RUNS, data["runs"], strict=True):
+        assert got["label"].endswith(by_arm[run.arm]) and run.kernels in got["label"]
+        assert got["output"] == {"ran": 2, "seconds": 0.1, "verdict": "OK", "rc": 0}
+        reported = run.arm == "stock"
+        assert bool(got["invalid"] or (got["summary"].get("hazards"))) == reported, run
+    # the commands as the page shows them: the tool's options, no host's paths
+    assert all(str(tmp_path) not in c and c.startswith("compute-sanitizer --tool ")
+               for c in data["ran"])  # fmt: skip
+    assert any("kns=qmm_sm80" in c and c.endswith("TestQuantized.test_qmm") for c in data["ran"])
+    new = [f"TestQuantized.{m}" for m in logs.render.pr_test_methods()]
+    assert any(c.endswith(" ".join(new)) and "kns=qmv_mma_kernel" in c for c in data["ran"])
+    assert (tmp_path / "page.md").read_text() == logs.page(data)
+    # control: the build's racecheck reporting a hazard fails the run, by name
+    again = tmp_path / "again"
+    again.mkdir()
+    bad = _run(again, fake, {"FAKE_REPORT": "racecheck:pr"})
+    assert bad.returncode == 1 and "racecheck-new, racecheck-qmm-pr" in bad.stderr
+
+
+def test_run_stops_a_run_at_its_limit_and_refuses_bad_input(tmp_path: Path) -> None:
+    fake = _fake_host(tmp_path)
+    done = _run(tmp_path, fake, {"FAKE_SLEEP": "pr"}, "--limit-s", "3")
+    assert done.returncode == 1
+    data = json.loads((tmp_path / "page.json").read_text())
+    for run, got in zip(logs.RUNS, data["runs"], strict=True):
+        assert (got["output"]["rc"] == logs.STOPPED) == (run.arm == "pr"), run
+    # a folder of logs already used, and an arm missing: one line each, exit 1
+    again = _run(tmp_path, fake, {})
+    assert again.returncode == 1 and "is not empty" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    one_arm = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sanitizer_logs.py"), "run", "--arm",
+         f"pr={fake['pr']}", "--tests", str(fake["tests"]), "--logs", str(tmp_path / "l2"),
+         "--out", str(tmp_path / "p2")], capture_output=True, text=True)  # fmt: skip
+    assert one_arm.returncode == 1 and "--arm stock=" in one_arm.stderr
