@@ -2,15 +2,21 @@
 
 Each mailbox is applied with ``git am`` to a clone of the committed tree, so a change on
 main that conflicts with a waiting one fails here, not on the GPU host. Control: a
-mailbox with one context line changed does not apply.
+mailbox with one context line changed does not apply. With an MLX clone, the applied
+mailbox's ``patches/`` must also be what its own code renders from its templates
+(``patchkit check`` run from that clone), so that a change on main to the renderer does
+not leave a waiting one stale.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from support_git import mlx_clone
 
 ROOT = Path(__file__).resolve().parent.parent
 PENDING = sorted((ROOT / "ci" / "pending").glob("*.mbox"))
@@ -52,3 +58,28 @@ def test_control_a_changed_context_line_does_not_apply(clone: Path, tmp_path: Pa
     broken = tmp_path / "broken.mbox"
     broken.write_text("".join(lines))
     assert git_am(clone, broken).returncode != 0
+
+
+def patchkit_check(repo: Path) -> subprocess.CompletedProcess[str]:
+    """``patchkit check`` of ``repo`` with ``repo``'s own code (not this checkout's)."""
+    code = "from patchkit.cli import main; main()"
+    argv = [sys.executable, "-c", code, "check", "--root", str(repo),
+            "--templates", str(repo / "templates")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(repo), "PATCHKIT_MLX_REPO": str(mlx_clone())}
+    return subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True)
+
+
+@pytest.mark.skipif(
+    mlx_clone() is None,
+    reason="needs a full MLX clone with commit 9a795735: set PATCHKIT_MLX_REPO=/path/to/mlx",
+)
+@pytest.mark.clone
+@pytest.mark.parametrize("mbox", PENDING, ids=[m.stem for m in PENDING])
+def test_pending_change_holds_the_patches_its_templates_render(clone: Path, mbox: Path) -> None:
+    assert git_am(clone, mbox).returncode == 0
+    checked = patchkit_check(clone)
+    assert checked.returncode == 0, f"{mbox.name}: {checked.stdout}{checked.stderr}"
+    # control: its series edited, the same check fails
+    series = next((clone / "patches").glob("*/series"))
+    series.write_text(series.read_text() + "edited\n")
+    assert patchkit_check(clone).returncode == 1
