@@ -294,6 +294,9 @@ def run_all(
     started = []
     for run in runs:
         python, site = proc.interpreter(arms[run.arm])
+        # The runs start in the tests' folder: paths given relative to here must not move.
+        python = os.path.abspath(python) if os.sep in python else python
+        site = os.path.abspath(site) if site else site
         log, out = logs / f"{run.name}.log", logs / f"{run.name}.out"
         argv = sanitizer_argv(sanitizer, run, log, python, list(run.methods) or new)
         # Its own JIT cache: no run reads a kernel another compiled, or one left from before.
@@ -355,6 +358,7 @@ def run_command(args: argparse.Namespace) -> int:
     sanitizer = proc.cuda_tool("compute-sanitizer", args.sanitizer)
     if sanitizer is None:
         raise SystemExit("run: no compute-sanitizer (beside nvcc or on PATH); give --sanitizer")
+    args.tests, args.logs = args.tests.resolve(), args.logs.resolve()
     if not (args.tests / TEST_FILE).is_file():
         raise SystemExit(f"run: {args.tests} has no {TEST_FILE} (bench/mlx_tests.py pr-tests)")
     build_record = json.loads(_read(args.build_record)) if args.build_record else None

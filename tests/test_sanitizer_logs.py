@@ -217,3 +217,21 @@ def test_run_stops_a_run_at_its_limit_and_refuses_bad_input(tmp_path: Path) -> N
          f"pr={fake['pr']}", "--tests", str(fake["tests"]), "--logs", str(tmp_path / "l2"),
          "--out", str(tmp_path / "p2")], capture_output=True, text=True)  # fmt: skip
     assert one_arm.returncode == 1 and "--arm stock=" in one_arm.stderr
+
+
+def test_run_takes_paths_relative_to_where_it_starts(tmp_path: Path) -> None:
+    """The runs start in the tests' folder; an arm, its site, the tests and the logs given
+    relative to the caller's folder still name the same files there."""
+    fake = _fake_host(tmp_path)
+    (tmp_path / "site").mkdir()
+    argv = [sys.executable, str(ROOT / "bench" / "sanitizer_logs.py"), "run",
+            "--arm", "pr=./pr-python:site", "--arm", "stock=./stock-python",
+            "--tests", "tests", "--logs", "logs", "--out", "page",
+            "--sanitizer", str(fake["sanitizer"])]  # fmt: skip
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "logs").glob("*.log")) == sorted(
+        f"{r.name}.log" for r in logs.RUNS
+    )
+    data = json.loads((tmp_path / "page.json").read_text())
+    assert all(r["output"]["rc"] == 0 for r in data["runs"])
