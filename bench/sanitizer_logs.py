@@ -371,10 +371,14 @@ def run_command(args: argparse.Namespace) -> int:
             versions[name] = mlx_of(*proc.interpreter(spec))
         except (OSError, subprocess.CalledProcessError):
             raise SystemExit(f"run: --arm {name}={spec} does not import mlx") from None
+    # the build the PR's arm runs, as the other CUDA pages name it: checked before the runs
+    build = timed_build([{"mlx": {"pr": versions["pr"]}}], build_record) if build_record else None
     done = run_all(arms, args.tests, args.logs, args.limit_s, sanitizer)
+    # as the page shows it: no host's paths, the page where it is committed
     command = ("python3 bench/sanitizer_logs.py run --arm pr=PR_PYTHON[:SITE] --arm "
-               f"stock=STOCK_PYTHON[:SITE] --tests MLX/python/tests --logs LOGS --out "
-               f"{args.out.as_posix()} --limit-s {args.limit_s:g}")  # fmt: skip
+               "stock=STOCK_PYTHON[:SITE] --tests MLX/python/tests --logs LOGS --out "
+               f"docs/results/{args.out.name} --limit-s {args.limit_s:g}"
+               + (" --build-record build-cuda.json" if build else ""))  # fmt: skip
     gpu = hardware()["gpu"]
     data = record(
         "compute-sanitizer on MLX's tests: this build and stock MLX",
@@ -383,8 +387,8 @@ def run_command(args: argparse.Namespace) -> int:
         command,
         list(dict.fromkeys(shown(argv) for _, argv, _, _ in done)),
     )
-    if args.build_record:  # the build the PR's arm ran, as the other CUDA pages name it
-        data["build"] = timed_build([{"mlx": {"pr": versions["pr"]}}], build_record)
+    if build:
+        data["build"] = build
     write_page(args.out, data)
     sys.stdout.write(page(data))
     if bad := failed_runs(data):

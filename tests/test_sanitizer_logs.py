@@ -235,3 +235,29 @@ def test_run_takes_paths_relative_to_where_it_starts(tmp_path: Path) -> None:
     )
     data = json.loads((tmp_path / "page.json").read_text())
     assert all(r["output"]["rc"] == 0 for r in data["runs"])
+
+
+def test_run_names_the_build_record_it_ran_and_refuses_another_first(tmp_path: Path) -> None:
+    """``--build-record``: the page names the build the PR's arm ran (as every CUDA page
+    does); a record of another wheel is refused before any run starts."""
+    fake = _fake_host(tmp_path)
+    record = tmp_path / "build-cuda.json"
+    inputs = {"build_inputs_sha256": "ab" * 32}
+    record.write_text(json.dumps({"wheel_version": "0.32.1+patchkit.0123456789ab",
+                                  "backend": "cuda", "patch": inputs}))  # fmt: skip
+    done = _run(tmp_path, fake, {}, "--build-record", str(record))
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "page.json").read_text())
+    assert data["build"] == {"backend": "cuda", "wheel_version": "0.32.1+patchkit.0123456789ab",
+                             **inputs}  # fmt: skip
+    assert str(tmp_path) not in data["command"] and "--out docs/results/page" in data["command"]
+    assert "- The build: MLX 0.32.1+patchkit.0123456789ab" in logs.page(data)
+    # control: a record of another build stops the run before it starts
+    record.write_text(json.dumps({"wheel_version": "0.32.1+patchkit.other", "patch": inputs}))
+    again = tmp_path / "again"
+    again.mkdir()
+    refused = _run(again, fake, {}, "--build-record", str(record))
+    assert refused.returncode == 1 and "--build-record is of MLX 0.32.1+patchkit.other" in (
+        refused.stderr
+    )
+    assert not any((again / "logs").iterdir()) and not (again / "page.json").exists()
