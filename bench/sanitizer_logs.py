@@ -5,13 +5,13 @@
     python3 bench/sanitizer_logs.py page --out docs/results/cuda-sanitizer-runs \
         --hardware GPU --run LABEL LOG [TEST_OUTPUT] --run ...
 
-``run`` makes the page's runs (:data:`RUNS`) at once, each a compute-sanitizer process over
-one unittest command in DIR (MLX's ``python/tests`` with the PR's tests: ``bench/mlx_tests.py
-pr-tests``), checking only the kernels the run names (``--kernel-name``), with its own JIT
-cache and a time limit; then the page. It exits 1 where a run of the PR's arm reported an
-error or a hazard or did not end on its own (the page says which), 0 where none did: stock's
-arm runs to show what main does, so its reports are findings, not failures. ``page`` makes
-the page from logs made otherwise.
+``run`` makes the page's runs (:data:`RUNS`; all at once, or ``--jobs`` at a time), each a
+compute-sanitizer process over one unittest command in DIR (MLX's ``python/tests`` with the
+PR's tests: ``bench/mlx_tests.py pr-tests``), checking only the kernels the run names
+(``--kernel-name``), with its own JIT cache and a time limit; then the page. It exits 1
+where a run of the PR's arm reported an error or a hazard or did not end on its own (the
+page says which), 0 where none did: stock's arm runs to show what main does, so its reports
+are findings, not failures. ``page`` makes the page from logs made otherwise.
 
 Each run is one compute-sanitizer process over a test command, as its ``--log-file``
 wrote it (LOG) and, optionally, what the test command printed (TEST_OUTPUT: unittest's
@@ -286,12 +286,13 @@ def run_all(
     logs: Path,
     limit_s: float,
     sanitizer: str,
+    jobs: int,
     runs: tuple[Run, ...] = RUNS,
 ) -> list[tuple[Run, list[str], Path, Path]]:
-    """Every run at once, each stopped at ``limit_s``; per run its command, log and output
-    (the test command's, with a last line ``rc EXIT SECONDS s``)."""
+    """The runs, ``jobs`` at a time in order, each stopped ``limit_s`` after it starts; per
+    run its command, log and output (the test command's, then ``rc EXIT SECONDS s``)."""
     new = render.pr_test_methods()
-    started = []
+    planned = []
     for run in runs:
         python, site = proc.interpreter(arms[run.arm])
         # The runs start in the tests' folder: paths given relative to here must not move.
@@ -302,26 +303,35 @@ def run_all(
         # Its own JIT cache: no run reads a kernel another compiled, or one left from before.
         env = {**os.environ, "MLX_PTX_CACHE_DIR": str(logs / f"{run.name}-jit")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH", "")]))
-        with out.open("w") as output:
-            child = subprocess.Popen(argv, cwd=tests, env=env, stdout=output,
-                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        started.append((run, argv, log, out, child, time.monotonic()))
-    deadline = time.monotonic() + limit_s
-    done = []
+        planned.append((run, argv, log, out, env))
+    running: dict[int, tuple[subprocess.Popen, float]] = {}
+    ended: set[int] = set()
     try:
-        for run, argv, log, out, child, t0 in started:
-            try:
-                code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                code = stop(child)
-            with out.open("a") as output:
-                output.write(f"\nrc {code} {time.monotonic() - t0:.0f} s\n")
-            done.append((run, argv, log, out))
+        while len(ended) < len(planned):
+            for i, (_, argv, _, out, env) in enumerate(planned):
+                if len(running) >= jobs:
+                    break
+                if i not in running and i not in ended:
+                    with out.open("w") as output:
+                        child = subprocess.Popen(argv, cwd=tests, env=env, stdout=output,
+                                                 stderr=subprocess.STDOUT,
+                                                 start_new_session=True)  # fmt: skip
+                    running[i] = (child, time.monotonic())
+            time.sleep(0.2)
+            for i, (child, t0) in list(running.items()):
+                code = child.poll()
+                if code is None and time.monotonic() - t0 < limit_s:
+                    continue
+                code = stop(child) if code is None else code
+                with planned[i][3].open("a") as output:
+                    output.write(f"\nrc {code} {time.monotonic() - t0:.0f} s\n")
+                del running[i]
+                ended.add(i)
     finally:  # interrupted: nothing of the runs keeps running
-        for *_, child, _t0 in started:
+        for child, _ in running.values():
             if child.poll() is None:
                 stop(child)
-    return done
+    return [(run, argv, log, out) for run, argv, log, out, _ in planned]
 
 
 def sanitizer_version(sanitizer: str) -> str:
@@ -373,7 +383,7 @@ def run_command(args: argparse.Namespace) -> int:
             raise SystemExit(f"run: --arm {name}={spec} does not import mlx") from None
     # the build the PR's arm runs, as the other CUDA pages name it: checked before the runs
     build = timed_build([{"mlx": {"pr": versions["pr"]}}], build_record) if build_record else None
-    done = run_all(arms, args.tests, args.logs, args.limit_s, sanitizer)
+    done = run_all(arms, args.tests, args.logs, args.limit_s, sanitizer, args.jobs)
     # as the page shows it: no host's paths, the page where it is committed
     command = ("python3 bench/sanitizer_logs.py run --arm pr=PR_PYTHON[:SITE] --arm "
                "stock=STOCK_PYTHON[:SITE] --tests MLX/python/tests --logs LOGS --out "
@@ -415,7 +425,9 @@ def main() -> int:
     r.add_argument("--logs", type=Path, required=True, help="a new or empty folder for the logs")
     r.add_argument("--out", type=Path, required=True, help="the page, path without extension")
     r.add_argument("--limit-s", type=float, default=1200.0,
-                   help="each run's time limit, in seconds (the runs go at once)")  # fmt: skip
+                   help="each run's time limit, in seconds, from its start")  # fmt: skip
+    r.add_argument("--jobs", type=int, default=len(RUNS),
+                   help="runs at once (default: all); fewer on a host short of memory")  # fmt: skip
     r.add_argument("--sanitizer", help="compute-sanitizer (default: beside nvcc, or on PATH)")
     r.add_argument("--build-record", type=Path,
                    help="the pr arm's patchkit build record, named by the page")  # fmt: skip
@@ -431,6 +443,8 @@ def main() -> int:
     if args.cmd == "run":
         if bad := [a for a in args.arm if "=" not in a]:
             raise SystemExit(f"run: --arm {bad[0]}: give NAME=PYTHON[:SITE]")
+        if args.jobs < 1:
+            raise SystemExit(f"run: --jobs {args.jobs}: give 1 or more")
         return run_command(args)
     if bad := [r for r in args.run if len(r) not in (2, 3)]:
         raise SystemExit(f"--run takes LABEL LOG [TEST_OUTPUT], not {bad[0]}")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,23 @@ def test_run_names_the_build_record_it_ran_and_refuses_another_first(tmp_path: P
         refused.stderr
     )
     assert not any((again / "logs").iterdir()) and not (again / "page.json").exists()
+
+
+def test_jobs_bounds_the_runs_at_once_and_each_limit_counts_from_its_start(
+    tmp_path: Path,
+) -> None:
+    """``--jobs 1``: one run after another, each stopped its own limit after it starts, so
+    four runs that hang take four limits; every run still gets its row."""
+    fake = _fake_host(tmp_path)
+    started = time.monotonic()
+    done = _run(tmp_path, fake, {"FAKE_SLEEP": "pr"}, "--limit-s", "1", "--jobs", "1")
+    took = time.monotonic() - started
+    assert done.returncode == 1
+    hung = sum(r.arm == "pr" for r in logs.RUNS)
+    assert took >= hung * 1.0
+    data = json.loads((tmp_path / "page.json").read_text())
+    assert [r["output"]["rc"] == logs.STOPPED for r in data["runs"]] == [
+        r.arm == "pr" for r in logs.RUNS
+    ]
+    bad = _run(tmp_path / "l", fake, {}, "--jobs", "0")
+    assert bad.returncode == 1 and bad.stderr.strip() == "run: --jobs 0: give 1 or more"
