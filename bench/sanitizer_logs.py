@@ -84,16 +84,18 @@ class Run(NamedTuple):
 
 
 # The PR's new tests with its new kernel checked: every vector count and mode they cover.
-# MLX's test_qmm with qmm_sm80 checked: calls with K under three of its tiles, whose first
-# fetches main does not bound, and whose epilogue main lets overlap the last fetch; stock's
-# arm shows main, the PR's arm the qmm_sm90 PR's bound.
+# qmm_sm80 checked: memcheck over test_qmm, whose calls with K under three of its tiles
+# main fetches past K; racecheck over test_gather_qmm_sorted (K of 8 tiles) and test_qmm
+# (2 tiles), where main's epilogue may overlap the loop's last copy. Stock's arm shows
+# main, the PR's arm the qmm_sm90 PR's bound.
+RACE_QMM = ("test_gather_qmm_sorted", "test_qmm")
 RUNS = (
     Run("memcheck-new", "memcheck", "qmv_mma_kernel", (), "pr"),
     Run("racecheck-new", "racecheck", "qmv_mma_kernel", (), "pr"),
     Run("memcheck-qmm-pr", "memcheck", "qmm_sm80", ("test_qmm",), "pr"),
     Run("memcheck-qmm-stock", "memcheck", "qmm_sm80", ("test_qmm",), "stock"),
-    Run("racecheck-qmm-pr", "racecheck", "qmm_sm80", ("test_qmm",), "pr"),
-    Run("racecheck-qmm-stock", "racecheck", "qmm_sm80", ("test_qmm",), "stock"),
+    Run("racecheck-qmm-pr", "racecheck", "qmm_sm80", RACE_QMM, "pr"),
+    Run("racecheck-qmm-stock", "racecheck", "qmm_sm80", RACE_QMM, "stock"),
 )
 
 
