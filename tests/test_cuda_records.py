@@ -322,15 +322,20 @@ def test_skip_refuses_a_page_that_is_not_current(
     assert records.main(argv[2:]) == 0 and (dest / "cuda.md").read_text() == "new speed page"
 
 
-def test_skip_ncu_reads_the_build_its_page_profiled(results) -> None:
-    """The Nsight Compute page names its build as the speed page does (``build``)."""
+@pytest.mark.parametrize("kind", ["ncu", "sanitizer"])
+def test_skip_ncu_or_sanitizer_reads_the_build_its_page_ran(results, kind: str) -> None:
+    """The Nsight Compute and compute-sanitizer pages name their build as the speed page
+    does (``build``); a sanitizer page made without ``--build-record`` names none."""
     records, dest = results
-    assert "does not exist" in records.not_current("ncu")
+    page = dest / records.SKIPPABLE[kind]
+    assert "does not exist" in records.not_current(kind)
     _current_speed_page(records, dest)
-    (dest / "cuda-ncu.json").write_text((dest / "cuda.json").read_text())
-    assert records.not_current("ncu") is None
-    (dest / "cuda-ncu.json").write_text(json.dumps({"build": {"build_inputs_sha256": "0" * 64}}))
-    assert "is of build inputs 0000" in records.not_current("ncu")
+    page.write_text((dest / "cuda.json").read_text())
+    assert records.not_current(kind) is None
+    page.write_text(json.dumps({"build": {"build_inputs_sha256": "0" * 64}}))
+    assert "is of build inputs 0000" in records.not_current(kind)
+    page.write_text(json.dumps({"runs": []}))
+    assert "is of build inputs None" in records.not_current(kind)
 
 
 def test_skip_controls_needs_their_page_of_this_control_diff(results) -> None:
