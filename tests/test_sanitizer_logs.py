@@ -81,6 +81,8 @@ def test_the_test_commands_output() -> None:
     # a run's rc line appended to a line the test left unfinished
     assert logs.parse_output("test_x (T.test_x) ... rc 9 104 s\n")["rc"] == 9
     assert logs.parse_output("FFFrc 124 390 s\n")["rc"] == 124
+    # a process ended by a signal, as Popen reports it
+    assert logs.parse_output("Ran 1 test\nrc -9 104 s\n")["rc"] == -9
 
 
 def test_page_and_refusals(tmp_path: Path) -> None:
