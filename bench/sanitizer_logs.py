@@ -33,6 +33,8 @@ counts them all.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -50,8 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mlx_qmv import hardware, mlx_of, timed_build
 
-from patchkit.carry import render
+from patchkit.carry import mlx_build, render
 from patchkit.util import proc
+
+ROOT = Path(__file__).resolve().parent.parent
 
 HEAD = re.compile(r"^========= (\S.*)$")
 KERNEL = re.compile(r"^=========\s+at (?:void )?(\S+?<.*?>)\(")
@@ -159,6 +163,8 @@ def parse_output(text: str) -> dict[str, Any]:
 
 def _summary_cell(run: dict[str, Any]) -> str:
     s = run["summary"]
+    if run.get("no_log"):
+        return "no log (the tool stopped before writing one)"
     if s is None:
         return "none (stopped before it was written)"
     if "hazards" in s:
@@ -228,12 +234,23 @@ def page(data: dict[str, Any]) -> str:
 
 
 def record(
-    title: str, hardware: str, runs: list[list[str]], command: str, ran: list[str]
+    title: str,
+    hardware: str,
+    runs: list[list[str]],
+    command: str,
+    ran: list[str],
+    missing_log_ok: bool = False,
 ) -> dict[str, Any]:
     """The page's JSON from ``runs`` ([LABEL, LOG, TEST_OUTPUT?], files read here) and the
-    commands that made them (``ran``)."""
+    commands that made them (``ran``). With ``missing_log_ok`` (``run``'s own runs), a run
+    whose tool wrote no log (it stopped first) gets a row saying so."""
     parsed = []
     for label, log, *output in runs:
+        if missing_log_ok and not Path(log).is_file():
+            out = parse_output(_read(Path(output[0]))) if output else None
+            parsed.append({"label": label, "summary": None, "ended": False, "invalid": [],
+                           "api_errors": {}, "no_log": True, "output": out})  # fmt: skip
+            continue
         text = _read(Path(log))
         if "COMPUTE-SANITIZER" not in text:
             raise SystemExit(f"{log}: not a compute-sanitizer log (no COMPUTE-SANITIZER line)")
@@ -267,18 +284,29 @@ def label(run: Run, version: str) -> str:
     return f"{run.tool}, {run.kernels} alone, {tests}, {mlx}"
 
 
+def _end_with_parent() -> None:
+    """In a run's process, before it execs the tool: on Linux the kernel sends it SIGTERM
+    when this script dies, however it dies, so that no run outlives it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _end_by_signal(signum: int, _frame: object) -> None:
+    """SIGTERM and SIGHUP end ``run`` through its ``finally``, as Ctrl-C does."""
+    raise SystemExit(128 + signum)
+
+
 def stop(child: subprocess.Popen) -> int:
-    """End a run's process group (the tool and the Python under it); its exit status."""
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
-        try:
-            os.killpg(child.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            child.wait(timeout=grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    """End a run's process group (the tool and the Python under it), reaping the tool: a
+    polite TERM first, then KILL for whatever of the group is left; its exit status."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):  # the leader gone, its group may not be
+        os.killpg(child.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=30)
     return STOPPED
 
 
@@ -294,6 +322,10 @@ def run_all(
     """The runs, ``jobs`` at a time in order, each stopped ``limit_s`` after it starts; per
     run its command, log and output (the test command's, then ``rc EXIT SECONDS s``)."""
     new = render.pr_test_methods()
+    if not new:  # an empty list would run the whole test file under the tool
+        raise SystemExit("run: templates/ add no test method for the runs of the new tests")
+    if os.sep in sanitizer:
+        sanitizer = os.path.abspath(sanitizer)
     planned = []
     for run in runs:
         python, site = proc.interpreter(arms[run.arm])
@@ -315,9 +347,15 @@ def run_all(
                     break
                 if i not in running and i not in ended:
                     with out.open("w") as output:
-                        child = subprocess.Popen(argv, cwd=tests, env=env, stdout=output,
-                                                 stderr=subprocess.STDOUT,
-                                                 start_new_session=True)  # fmt: skip
+                        try:
+                            child = subprocess.Popen(argv, cwd=tests, env=env, stdout=output,
+                                                     stderr=subprocess.STDOUT,
+                                                     start_new_session=True,
+                                                     preexec_fn=_end_with_parent)  # fmt: skip
+                        except OSError as err:  # its row says so; the other runs go on
+                            output.write(f"could not start {argv[0]}: {err.strerror}\nrc 127 0 s\n")
+                            ended.add(i)
+                            continue
                     running[i] = (child, time.monotonic())
             time.sleep(0.2)
             for i, (child, t0) in list(running.items()):
@@ -398,7 +436,10 @@ def run_command(args: argparse.Namespace) -> int:
         [[label(run, versions[run.arm]), str(log), str(out)] for run, _, log, out in done],
         command,
         list(dict.fromkeys(shown(argv) for _, argv, _, _ in done)),
+        missing_log_ok=True,
     )
+    # the tests the runs ran, as patchkit names the PR's (``--skip sanitizer`` compares it)
+    data["pr_files_sha256"] = mlx_build.pr_files_id(ROOT)
     if build:
         data["build"] = build
     write_page(args.out, data)
@@ -443,6 +484,8 @@ def main() -> int:
                    help="a command the runs ran, for the page (repeat)")  # fmt: skip
     args = ap.parse_args()
     if args.cmd == "run":
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _end_by_signal)
         if bad := [a for a in args.arm if "=" not in a]:
             raise SystemExit(f"run: --arm {bad[0]}: give NAME=PYTHON[:SITE]")
         if args.jobs < 1:

@@ -264,6 +264,8 @@ def not_current(kind: str) -> str | None:
     name, rec, why = committed(SKIPPABLE[kind])
     if why or (why := other_inputs(name, rec if kind == "controls" else rec.get("build") or {})):
         return why
+    if kind == "sanitizer" and rec.get("pr_files_sha256") != mlx_build.pr_files_id(ROOT):
+        return f"{name} ran other PR tests than templates/ renders now"
     if kind == "controls":
         if rec.get("control_sha256") != cuda_controls.control_sha256():
             return f"{name} switched in another control diff"
@@ -380,10 +382,28 @@ def stop(child: subprocess.Popen) -> None:
         child.wait()
 
 
+def run_step(argv: list[str]) -> int:
+    """One step in the run's own process group (Ctrl-C reaches it too), waited for. When the
+    run is stopped (SIGTERM, Ctrl-C) the step gets SIGTERM and time to end through its own
+    cleanup (the sanitizer's runs, in groups of their own), SIGKILL only after 60 s."""
+    child = subprocess.Popen(argv, cwd=ROOT)
+    try:
+        return child.wait()
+    except BaseException:
+        child.terminate()
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stock", help="stock MLX: PYTHON[:SITE], as bench/mlx_qmv.py (for the "
-                    "speed, ncu and tests steps; --only controls runs without)")  # fmt: skip
+                    "speed, ncu, sanitizer and tests steps; --only controls runs "
+                    "without)")  # fmt: skip
     ap.add_argument("--out", type=Path, help="the steps' files (default: a new temporary folder)")
     ap.add_argument("--plan", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPABLE),
@@ -440,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         built = set(args.only) != {"tests"} and not args.patched
         # the branch a build or the PR tests read
         applied = built or bool({"tests", "sanitizer"} & set(args.only))
-        # The PR's test folder is the tests' alone: --patched makes no branch to read it from.
+        # The PR's test folder for the tests beside stock ("pr tests") only where they run;
+        # the sanitizer's is its own step's, from the branch apply leaves.
         plan = [s._replace(argv=[*s.argv, "--no-test"], keep=()) if s.name == "build" else s
                 for s in plan if (s.name == "apply" and applied)
                 or (s.name == "pr tests" and "tests" in args.only)
@@ -508,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"cuda_records: {s.name} runs beside the steps after it; output: {log}")
                 continue
             started = time.monotonic()
-            code = subprocess.run(s.argv, cwd=ROOT).returncode
+            code = run_step(s.argv)
             # Each step's wall time, for planning how long a run takes on a GPU host.
             print(f"cuda_records: {s.name} took {time.monotonic() - started:.0f} s", flush=True)
             if not ended(s, code, out, failures):

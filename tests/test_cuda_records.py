@@ -331,11 +331,21 @@ def test_skip_ncu_or_sanitizer_reads_the_build_its_page_ran(results, kind: str) 
     assert "does not exist" in records.not_current(kind)
     _current_speed_page(records, dest)
     page.write_text((dest / "cuda.json").read_text())
-    assert records.not_current(kind) is None
+    if kind == "ncu":
+        assert records.not_current(kind) is None
     page.write_text(json.dumps({"build": {"build_inputs_sha256": "0" * 64}}))
     assert "is of build inputs 0000" in records.not_current(kind)
     page.write_text(json.dumps({"runs": []}))
     assert "is of build inputs None" in records.not_current(kind)
+    if kind == "sanitizer":  # and the tests it ran are the PR's as they render now
+        from patchkit.carry import mlx_build
+
+        build = json.loads((dest / "cuda.json").read_text())["build"]
+        page.write_text(json.dumps({"build": build, "pr_files_sha256": "0" * 64}))
+        assert "ran other PR tests" in records.not_current(kind)
+        current = mlx_build.pr_files_id(records.ROOT)
+        page.write_text(json.dumps({"build": build, "pr_files_sha256": current}))
+        assert records.not_current(kind) is None
 
 
 def test_skip_controls_needs_their_page_of_this_control_diff(results) -> None:
@@ -647,7 +657,11 @@ def test_sigterm_ends_the_run_and_what_runs_beside_it(results, tmp_path: Path, m
              f"pathlib.Path({str(child)!r}).write_text(str(c.pid))\n"
              f"pathlib.Path({str(pid)!r}).write_text(str(os.getpid()))\n"
              "time.sleep(60)")  # fmt: skip
-    before = {"tests beside stock": spawn, "controls": "time.sleep(60)"}
+    # The step in the run's own group gets SIGTERM first: time to end through its cleanup.
+    termed = tmp_path / "termed"
+    on_term = (f"import signal\nsignal.signal(signal.SIGTERM, lambda *_: (pathlib.Path("
+               f"{str(termed)!r}).write_text('yes'), sys.exit(3)))\ntime.sleep(60)")  # fmt: skip
+    before = {"tests beside stock": spawn, "controls": on_term}
     monkeypatch.setattr(records, "steps", _fake_steps(records, tmp_path, {}, before=before))
 
     def terminate_once_started() -> None:
@@ -667,6 +681,7 @@ def test_sigterm_ends_the_run_and_what_runs_beside_it(results, tmp_path: Path, m
     assert [p.name for p in dest.iterdir()] == ["build-cuda.json"]
     for process in (int(pid.read_text()), int(child.read_text())):
         assert _gone(process), f"process {process} of the step beside outlived the run"
+    assert termed.read_text() == "yes"  # the foreground step ended through its handler
 
 
 def test_stock_is_asked_for_only_where_a_step_runs_it(results, tmp_path: Path, monkeypatch,

@@ -222,3 +222,9 @@ def test_sanitizer_tests_page_ran_the_committed_cuda_build() -> None:
         "cuda-sanitizer-runs.json ran another build than build-cuda.json records: rerun "
         "its commands on the new build"
     )
+    # made by `bench/sanitizer_logs.py run`, it names the PR's tests it ran
+    if "pr_files_sha256" in page:
+        assert page["pr_files_sha256"] == mlx_build.pr_files_id(ROOT), (
+            "cuda-sanitizer-runs.json ran other PR tests than templates/ renders now: rerun "
+            "ci/cuda_records.py --only sanitizer"
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -116,8 +117,9 @@ def test_committed_page_is_its_json() -> None:
 
 
 # A stand-in for compute-sanitizer: writes the log a run's tool and arm call for
-# (FAKE_REPORT names "TOOL:ARM" pairs that report, FAKE_SLEEP a Python that hangs), then
-# runs the test command under it, as the tool does.
+# (FAKE_REPORT names "TOOL:ARM" pairs that report, FAKE_NOLOG pairs that stop before
+# writing one, FAKE_SLEEP a Python that hangs, FAKE_PIDS a folder where each Python
+# leaves its pid), then runs the test command under it, as the tool does.
 FAKE_SANITIZER = """\
 #!/usr/bin/env python3
 import os, subprocess, sys
@@ -128,6 +130,8 @@ opts = dict(zip(args[0:8:2], args[1:8:2]))
 command = args[8:]
 arm = "pr" if command[0].endswith("pr-python") else "stock"
 report = f"{opts['--tool']}:{arm}" in os.environ.get("FAKE_REPORT", "").split(",")
+if f"{opts['--tool']}:{arm}" in os.environ.get("FAKE_NOLOG", "").split(","):
+    print("stand-in: stopped before its log"); sys.exit(3)
 with open(opts["--log-file"], "w") as log:
     log.write("========= COMPUTE-SANITIZER\\n")
     if report and opts["--tool"] == "memcheck":
@@ -145,6 +149,7 @@ sys.exit(subprocess.run(command).returncode)
 FAKE_PYTHON = """\
 #!/bin/sh
 if [ "$1" = -c ]; then echo "{version}"; exit 0; fi
+[ -n "$FAKE_PIDS" ] && echo $$ > "$FAKE_PIDS/$$"
 case ",$FAKE_SLEEP," in *,{arm},*) sleep 60;; esac
 echo "Ran 2 tests in 0.100s"; echo; echo OK
 """
@@ -225,12 +230,12 @@ def test_run_stops_a_run_at_its_limit_and_refuses_bad_input(tmp_path: Path) -> N
 def test_run_takes_paths_relative_to_where_it_starts(tmp_path: Path) -> None:
     """The runs start in the tests' folder; an arm, its site, the tests and the logs given
     relative to the caller's folder still name the same files there."""
-    fake = _fake_host(tmp_path)
+    _fake_host(tmp_path)
     (tmp_path / "site").mkdir()
     argv = [sys.executable, str(ROOT / "bench" / "sanitizer_logs.py"), "run",
             "--arm", "pr=./pr-python:site", "--arm", "stock=./stock-python",
             "--tests", "tests", "--logs", "logs", "--out", "page",
-            "--sanitizer", str(fake["sanitizer"])]  # fmt: skip
+            "--sanitizer", "./compute-sanitizer"]  # fmt: skip
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "logs").glob("*.log")) == sorted(
@@ -284,3 +289,57 @@ def test_jobs_bounds_the_runs_at_once_and_each_limit_counts_from_its_start(
     ]
     bad = _run(tmp_path / "l", fake, {}, "--jobs", "0")
     assert bad.returncode == 1 and bad.stderr.strip() == "run: --jobs 0: give 1 or more"
+
+
+def test_a_run_without_a_log_gets_its_row_and_fails_the_build(tmp_path: Path) -> None:
+    """A tool that stops before writing its log (a refused option, a crash) leaves the
+    page whole: its row says so, and the build's run of it fails the run."""
+    fake = _fake_host(tmp_path)
+    done = _run(tmp_path, fake, {"FAKE_NOLOG": "racecheck:pr,memcheck:stock"})
+    assert done.returncode == 1 and "racecheck-new, racecheck-qmm-pr" in done.stderr
+    data = json.loads((tmp_path / "page.json").read_text())
+    no_log = [r.name for r, got in zip(logs.RUNS, data["runs"], strict=True) if got.get("no_log")]
+    assert no_log == ["racecheck-new", "memcheck-qmm-stock", "racecheck-qmm-pr"]
+    assert "no log (the tool stopped before writing one)" in logs.page(data)
+    # `page`, given logs made elsewhere, still refuses a missing one
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "sanitizer_logs.py"), "page",
+                          "--out", str(tmp_path / "p"), "--title", "t", "--hardware", "h",
+                          "--run", "x", str(tmp_path / "none.log")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 1 and "none.log" in bad.stderr
+
+
+def test_sigterm_ends_run_and_every_run_it_started(tmp_path: Path) -> None:
+    """A time limit or a closed terminal (SIGTERM, SIGHUP) ends ``run`` through its
+    ``finally``: no tool and no test process outlives it."""
+    fake = _fake_host(tmp_path)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    argv = [sys.executable, str(ROOT / "bench" / "sanitizer_logs.py"), "run",
+            "--arm", f"pr={fake['pr']}", "--arm", f"stock={fake['stock']}",
+            "--tests", str(fake["tests"]), "--logs", str(tmp_path / "logs"),
+            "--out", str(tmp_path / "page"), "--sanitizer", str(fake["sanitizer"])]  # fmt: skip
+    env = {**os.environ, "FAKE_SLEEP": "pr,stock", "FAKE_PIDS": str(pids)}
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(list(pids.iterdir())) < len(logs.RUNS) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == len(logs.RUNS)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) != 0
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 15
+    while any(map(alive, started)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in started if alive(pid)]
+    for pid in left:  # a failing test leaves nothing running
+        os.kill(pid, signal.SIGKILL)
+    assert not left
