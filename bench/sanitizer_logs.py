@@ -363,14 +363,15 @@ def run_all(
                 if code is None and time.monotonic() - t0 < limit_s:
                     continue
                 code = stop(child) if code is None else code
+                with contextlib.suppress(ProcessLookupError):  # what the test left behind
+                    os.killpg(child.pid, signal.SIGKILL)
                 with planned[i][3].open("a") as output:
                     output.write(f"\nrc {code} {time.monotonic() - t0:.0f} s\n")
                 del running[i]
                 ended.add(i)
-    finally:  # interrupted: nothing of the runs keeps running
+    finally:  # interrupted: nothing of the runs keeps running, leader or not
         for child, _ in running.values():
-            if child.poll() is None:
-                stop(child)
+            stop(child)
     return [(run, argv, log, out) for run, argv, log, out, _ in planned]
 
 
