@@ -291,25 +291,6 @@ def _end_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _end_by_signal(signum: int, _frame: object) -> None:
-    """SIGTERM and SIGHUP end ``run`` through its ``finally``, as Ctrl-C does."""
-    raise SystemExit(128 + signum)
-
-
-def stop(child: subprocess.Popen) -> int:
-    """End a run's process group (the tool and the Python under it), reaping the tool: a
-    polite TERM first, then KILL for whatever of the group is left; its exit status."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=10)
-    with contextlib.suppress(ProcessLookupError):  # the leader gone, its group may not be
-        os.killpg(child.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=30)
-    return STOPPED
-
-
 def run_all(
     arms: dict[str, str],
     tests: Path,
@@ -362,16 +343,16 @@ def run_all(
                 code = child.poll()
                 if code is None and time.monotonic() - t0 < limit_s:
                     continue
-                code = stop(child) if code is None else code
-                with contextlib.suppress(ProcessLookupError):  # what the test left behind
-                    os.killpg(child.pid, signal.SIGKILL)
+                # stopped at its limit, or ended: either way its whole group ends with it
+                proc.stop_group(child, grace=10)
+                code = STOPPED if code is None else code
                 with planned[i][3].open("a") as output:
                     output.write(f"\nrc {code} {time.monotonic() - t0:.0f} s\n")
                 del running[i]
                 ended.add(i)
     finally:  # interrupted: nothing of the runs keeps running, leader or not
         for child, _ in running.values():
-            stop(child)
+            proc.stop_group(child, grace=10)
     return [(run, argv, log, out) for run, argv, log, out, _ in planned]
 
 
@@ -486,7 +467,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.cmd == "run":
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, _end_by_signal)
+            signal.signal(sig, proc.exit_on_signal)
         if bad := [a for a in args.arm if "=" not in a]:
             raise SystemExit(f"run: --arm {bad[0]}: give NAME=PYTHON[:SITE]")
         if args.jobs < 1:

@@ -75,7 +75,6 @@ with less time to give than a build takes times that build again.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
@@ -363,25 +362,6 @@ def mlx_not_on_gpu(spec: str, version: str | None = None) -> str | None:
     return f"MLX {done.stdout.strip()} does not run on the GPU (is mlx-cuda installed?)"
 
 
-def end_by_signal(signum: int, _frame: object) -> None:
-    """A handler that ends the run as an exception would, running its clean-up."""
-    raise SystemExit(128 + signum)
-
-
-def stop(child: subprocess.Popen) -> None:
-    """End a step that runs beside the others, with its process group: SIGTERM (the tests'
-    runner then kills its methods, which run in groups of their own), SIGKILL if that does
-    not end it within 30 s."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGTERM)
-    try:
-        child.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-
-
 def run_step(argv: list[str]) -> int:
     """One step in the run's own process group (Ctrl-C reaches it too), waited for. When the
     run is stopped (SIGTERM, Ctrl-C) the step gets SIGTERM and time to end through its own
@@ -515,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     beside: list[tuple[Step, subprocess.Popen]] = []
     # SIGTERM and SIGHUP (a time limit, a closed terminal) end the run through `finally`,
     # as Ctrl-C does: the steps beside, in process groups of their own, are stopped too.
-    previous = {sig: signal.signal(sig, end_by_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {
+        sig: signal.signal(sig, proc.exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)
+    }
     try:
         for s in plan:
             print(f"cuda_records: {s.name}: {shlex.join(s.argv)}", flush=True)
@@ -540,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # a run that stops leaves nothing of its own running
         for _, child in beside:
             if child.poll() is None:
-                stop(child)
+                proc.stop_group(child, grace=30)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     publish(records, RESULTS)

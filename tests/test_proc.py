@@ -1,8 +1,13 @@
-"""util.proc.run: a failing tool's error carries the command, the exit code and both streams."""
+"""util.proc.run: a failing tool's error carries the command, the exit code and both streams;
+util.proc.stop_group: a stopped process group leaves nothing behind."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +52,36 @@ def test_missing_executable_exits_127() -> None:
 )
 def test_an_interpreter_spec_is_a_python_and_its_site(spec: str, parts: tuple) -> None:
     assert proc.interpreter(spec) == parts
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("leader", ["ends on TERM", "already ended"])
+def test_stop_group_leaves_nothing_of_the_group(tmp_path: Path, leader: str) -> None:
+    """A straggler that ignores SIGTERM is killed with its group, whether the leader ends on
+    the TERM or had already ended; the leader is reaped."""
+    pid_file = tmp_path / "pid"
+    script = (f"(trap '' TERM; echo $BASHPID > {pid_file}; sleep 60) & "
+              + ("wait" if leader == "ends on TERM" else "sleep 0.3"))  # fmt: skip
+    child = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    straggler = int(pid_file.read_text())
+    if leader == "already ended":
+        child.wait(timeout=10)
+    proc.stop_group(child, grace=2)
+    assert child.returncode is not None
+    deadline = time.monotonic() + 10
+    while _alive(straggler) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(straggler)
+    if alive:  # a failing test leaves nothing running
+        os.kill(straggler, 9)
+    assert not alive

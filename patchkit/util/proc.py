@@ -8,7 +8,10 @@ Project-agnostic, like :mod:`patchkit.util.git` (which runs git itself).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from os import PathLike
@@ -73,3 +76,23 @@ def interpreter(spec: str) -> tuple[str, str]:
     its ``PYTHONPATH`` ("" where none is given). The first colon splits them."""
     python, _, site = spec.partition(":")
     return python, site
+
+
+def exit_on_signal(signum: int, _frame: object) -> None:
+    """A SIGTERM/SIGHUP handler that ends a script as an exception would, running its
+    ``finally`` clean-up (as Ctrl-C does), with the shell's exit status for the signal."""
+    raise SystemExit(128 + signum)
+
+
+def stop_group(child: subprocess.Popen, grace: float) -> None:
+    """End ``child``'s process group (started with ``start_new_session``): SIGTERM, up to
+    ``grace`` seconds for the leader to end through its own clean-up, then SIGKILL for
+    whatever of the group is left, the leader reaped. A leader that already ended still
+    has what it left behind in its group killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
