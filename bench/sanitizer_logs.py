@@ -70,7 +70,13 @@ API = re.compile(r"^Program hit (\w+) .* on CUDA API call to (\w+)\.$")
 FAILED = "Error: process didn't terminate successfully"
 RAN = re.compile(r"^Ran (\d+) tests? in ([\d.]+)s$")
 VERDICT = re.compile(r"^(OK|FAILED)\b.*$")
-RC = re.compile(r"rc (-?\d+) \d+ s$")  # the run's own last line, "rc EXIT SECONDS s"
+# The run's own last line, "rc EXIT SECONDS s" (``run``'s), or a line "rc EXIT" alone.
+RC = re.compile(r"rc (-?\d+) \d+ s$|^rc (-?\d+)$")
+# racecheck's report: one access, then each access it races with and their hazard count.
+RACE = re.compile(r"^========= (Error|Warning): Race reported between (\w+) access at "
+                  r"(?:void )?(\S+?<.*?>)\(.*\)\+(0x[0-9a-f]+)$")  # fmt: skip
+RACE_WITH = re.compile(r"^=========\s+and (\w+) access at (?:void )?(\S+?<.*?>)\(.*\)"
+                       r"\+(0x[0-9a-f]+) \[(\d+) hazards?\]$")  # fmt: skip
 TEST_FILE = "test_quantized.py"
 PRINT_LIMIT = 50  # reports printed per run; the summary counts every one
 STOPPED = 124  # a run's exit where its time limit stopped it (as timeout(1) says)
@@ -107,7 +113,18 @@ def parse_log(text: str) -> dict[str, Any]:
     """One compute-sanitizer log: its summary, invalid accesses by kernel, API errors."""
     reports: list[dict[str, Any]] = []
     summary: dict[str, int] | None = None
+    races: dict[tuple[str, str, str, str], dict[str, int]] = {}
+    race: tuple[str, str, str] | None = None  # (severity, kernel, access) of the open report
     for line in text.splitlines():
+        if m := RACE.match(line):
+            race = (m[1], m[3], f"{m[2]} at +{m[4]}")
+        elif race and (m := RACE_WITH.match(line)):
+            cell = races.setdefault((*race, f"{m[1]} at +{m[3]}"), {"reports": 0, "hazards": 0})
+            cell["reports"] += 1
+            cell["hazards"] += int(m[4])
+            continue
+        elif not line.startswith("=========  "):
+            race = None
         if m := ERRORS.search(line):
             summary = summary or {"errors": int(m[1])}
         elif m := HAZARDS.search(line):
@@ -145,6 +162,12 @@ def parse_log(text: str) -> dict[str, Any]:
             for (head, kernel), cell in access.items()
         ],
         "api_errors": dict(api),
+        # racecheck's reports: each pair of accesses (kernel, offsets in it) and how many
+        # hazards the tool counted between them over the reports it printed
+        "races": [
+            {"severity": sev, "kernel": kernel, "access": access, "with": other, **cell}
+            for (sev, kernel, access, other), cell in races.items()
+        ],
     }
 
 
@@ -157,7 +180,7 @@ def parse_output(text: str) -> dict[str, Any]:
         elif m := VERDICT.match(line):
             out["verdict"] = m[0]
         if m := RC.search(line):
-            out["rc"] = int(m[1])
+            out["rc"] = int(m[1] if m[1] is not None else m[2])
     return out
 
 
@@ -185,6 +208,18 @@ def _invalid_cell(run: dict[str, Any]) -> str:
     return "; ".join(cells)
 
 
+def _races_cell(run: dict[str, Any]) -> str:
+    if "hazards" not in (run["summary"] or {}):
+        return "-"  # not racecheck, or no summary to say it was
+    by_kernel: dict[str, list[str]] = {}
+    for r in run.get("races", []):
+        by_kernel.setdefault(r["kernel"], []).append(
+            f"{r['severity']}: {r['access']} with {r['with']} ({r['reports']} reports, "
+            f"{r['hazards']:,} hazards)"
+        )
+    return "; ".join(f"`{k}`: {', '.join(v)}" for k, v in by_kernel.items()) or "none"
+
+
 def _output_cell(out: dict[str, Any] | None) -> str:
     if not out:
         return "not kept"
@@ -200,10 +235,11 @@ def page(data: dict[str, Any]) -> str:
         "",
         f"- Hardware: {data['hardware']}.",
         "- Each run: one compute-sanitizer process over one test command; its log as the tool "
-        "wrote it. Invalid accesses are the reports the tool printed (`--print-limit`); the "
-        "summary counts all. After memcheck stops a kernel the CUDA context is lost, so every "
-        "later CUDA call fails: those API errors follow the first report, they are not more "
-        "defects.",
+        "wrote it. Invalid accesses and races are the reports the tool printed "
+        "(`--print-limit`; a race: the two accesses, at offsets into the kernel's machine "
+        "code, and the hazards counted between them); the summary counts all. After "
+        "memcheck stops a kernel the CUDA context is lost, so every later CUDA call fails: "
+        "those API errors follow the first report, they are not more defects.",
         f"- Page: `{data['command']}`",
         *(
             [
@@ -220,14 +256,15 @@ def page(data: dict[str, Any]) -> str:
             else []
         ),
         "",
-        "| run | tool's summary | invalid accesses | API errors after | program ended on its "
-        "own | tests |",
-        "|---|---|---|---|---|---|",
+        "| run | tool's summary | invalid accesses | races (racecheck) | API errors after "
+        "| program ended on its own | tests |",
+        "|---|---|---|---|---|---|---|",
     ]
     for run in data["runs"]:
         api = sum(run["api_errors"].values())
         lines.append(
-            f"| {run['label']} | {_summary_cell(run)} | {_invalid_cell(run)} | {api} "
+            f"| {run['label']} | {_summary_cell(run)} | {_invalid_cell(run)} "
+            f"| {_races_cell(run)} | {api} "
             f"| {'yes' if run['ended'] else 'no'} | {_output_cell(run['output'])} |"
         )
     return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ from support_scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "results" / "cuda-sanitizer-runs"
+RACE_PAGE = ROOT / "docs" / "results" / "cuda-qmm-sm80-race"
 logs = load_script("bench/sanitizer_logs.py")
 
 KERNEL = "mlx::core::cu::qmm_sm80_kernel<(int)128, cutlass::half_t>"
@@ -62,7 +63,8 @@ def test_a_memcheck_log_with_reads_past_an_allocation() -> None:
     assert got["api_errors"] == {"cudaErrorLaunchFailure on cudaEventRecord": 2}
     # control: a clean run ends on its own with nothing reported
     clean = logs.parse_log(CLEAN)
-    assert clean == {"summary": {"errors": 0}, "ended": True, "invalid": [], "api_errors": {}}
+    assert clean == {"summary": {"errors": 0}, "ended": True, "invalid": [], "api_errors": {},
+                     "races": []}  # fmt: skip
 
 
 def test_racecheck_and_a_run_stopped_from_outside() -> None:
@@ -71,6 +73,42 @@ def test_racecheck_and_a_run_stopped_from_outside() -> None:
     assert race["ended"] is False  # the program did not end on its own
     stopped = logs.parse_log("========= COMPUTE-SANITIZER\n")
     assert stopped["summary"] is None and stopped["ended"] is False
+
+
+# racecheck's log: a report's first access, then each access it races with.
+RACES = f"""\
+========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at void {KERNEL}(const T2 *, int, bool)+0x3200
+=========     and Write access at void {KERNEL}(const T2 *, int, bool)+0x55b0 [19968 hazards]
+=========     and Write access at void {KERNEL}(const T2 *, int, bool)+0x5630 [19968 hazards]
+=========
+========= Error: Race reported between Write access at void {KERNEL}(const T2 *, int, bool)+0x3200
+=========     and Write access at void {KERNEL}(const T2 *, int, bool)+0x55b0 [16384 hazards]
+=========
+========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)
+"""
+
+
+def test_races_by_their_two_accesses() -> None:
+    got = logs.parse_log(RACES)
+    assert got["summary"] == {"hazards": 2, "errors": 2, "warnings": 0} and got["ended"]
+    first = {"severity": "Error", "kernel": KERNEL, "access": "Write at +0x3200"}
+    assert got["races"] == [
+        {**first, "with": "Write at +0x55b0", "reports": 2, "hazards": 19968 + 16384},
+        {**first, "with": "Write at +0x5630", "reports": 1, "hazards": 19968},
+    ]
+    cell = logs._races_cell(got)
+    assert cell.startswith(f"`{KERNEL}`: Error: Write at +0x3200 with Write at +0x55b0 (2 reports")
+    # controls: a clean racecheck says none; a memcheck run has no races column of its own
+    assert logs.parse_log(RACECHECK)["races"] == []
+    assert logs._races_cell(logs.parse_log(RACECHECK)) == "none"
+    assert logs._races_cell(logs.parse_log(MEMCHECK)) == "-"
+    # a line that is not an access of the open report closes it: no access after it counts
+    stray = f"=========     and Write access at void {KERNEL}(int)+0x9999 [5 hazards]\n"
+    closed = logs.parse_log(RACES + "========= Target application returned an error\n" + stray)
+    assert [r["with"] for r in closed["races"]] == ["Write at +0x55b0", "Write at +0x5630"]
+    opened = logs.parse_log(RACES.replace("=========\n", stray, 1))  # control: inside, it counts
+    assert "Write at +0x9999" in [r["with"] for r in opened["races"]]
 
 
 def test_the_test_commands_output() -> None:
@@ -84,6 +122,9 @@ def test_the_test_commands_output() -> None:
     assert logs.parse_output("FFFrc 124 390 s\n")["rc"] == 124
     # a process ended by a signal, as Popen reports it
     assert logs.parse_output("Ran 1 test\nrc -9 104 s\n")["rc"] == -9
+    # an rc line alone, without the run's seconds; not one inside other words
+    assert logs.parse_output("Ran 1 test in 3.0s\n\nOK\nrc 0\n")["rc"] == 0
+    assert logs.parse_output("Ran 1 test in 3.0s\nsrc 5\n")["rc"] is None
 
 
 def test_page_and_refusals(tmp_path: Path) -> None:
@@ -95,8 +136,8 @@ def test_page_and_refusals(tmp_path: Path) -> None:
     data = logs.record("T", "GPU X", runs, "python3 bench/sanitizer_logs.py page ...", ["cmd"])
     text = logs.page(data)
     assert "| memcheck, A | 1722 errors | 2 x Invalid __global__ read of size 16 bytes in " in text
-    assert "1-113 bytes after an allocation of 8,192 bytes | 2 | no | 1 in 2.0 s, FAILED" in text
-    assert "| memcheck, B | 0 errors | none | 0 | yes | not kept |" in text
+    assert "1-113 bytes after an allocation of 8,192 bytes | - | 2 | no | 1 in 2.0 s, FAI" in text
+    assert "| memcheck, B | 0 errors | none | - | 0 | yes | not kept |" in text
     assert "  - `cmd`" in text
     (tmp_path / "c.log").write_text("Traceback (most recent call last):\n")
     with pytest.raises(SystemExit, match="not a compute-sanitizer log"):
@@ -105,15 +146,28 @@ def test_page_and_refusals(tmp_path: Path) -> None:
         logs.record("T", "G", [["x", str(tmp_path / "missing.log")]], "c", [])
 
 
-def test_committed_page_is_its_json() -> None:
+@pytest.mark.parametrize("page", [PAGE, RACE_PAGE], ids=lambda p: p.name)
+def test_committed_page_is_its_json(page: Path) -> None:
     """The page is what ``page`` makes of its JSON; an edited record renders otherwise."""
-    if not PAGE.with_suffix(".json").exists():
-        pytest.skip("no sanitizer page committed")
-    data = json.loads(PAGE.with_suffix(".json").read_text())
-    text = PAGE.with_suffix(".md").read_text()
+    if not page.with_suffix(".json").exists():
+        pytest.skip(f"no {page.name} page committed")
+    data = json.loads(page.with_suffix(".json").read_text())
+    text = page.with_suffix(".md").read_text()
     assert logs.page(data) == text
     data["runs"][0]["summary"] = {"errors": 5}
     assert logs.page(data) != text  # control
+
+
+def test_committed_race_page_is_its_log() -> None:
+    """The stock racecheck page's run is what its committed log parses to."""
+    raw = RACE_PAGE.with_name(RACE_PAGE.name + ".raw.txt")
+    if not raw.exists():
+        pytest.skip("no stock racecheck log committed")
+    (run,) = json.loads(RACE_PAGE.with_suffix(".json").read_text())["runs"]
+    parsed = logs.parse_log(raw.read_text())
+    assert {k: run[k] for k in parsed} == parsed
+    # each report the summary counts as displayed names its first access once
+    assert run["races"] and max(r["reports"] for r in run["races"]) <= run["summary"]["hazards"]
 
 
 # A stand-in for compute-sanitizer: writes the log a run's tool and arm call for
