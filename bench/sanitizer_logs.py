@@ -211,13 +211,21 @@ def _invalid_cell(run: dict[str, Any]) -> str:
 def _races_cell(run: dict[str, Any]) -> str:
     if "hazards" not in (run["summary"] or {}):
         return "-"  # not racecheck, or no summary to say it was
-    by_kernel: dict[str, list[str]] = {}
+    # A report names one access and each it races with: one phrase per first access, so
+    # that each report counts once, not once per pair.
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in run.get("races", []):
-        by_kernel.setdefault(r["kernel"], []).append(
-            f"{r['severity']}: {r['access']} with {r['with']} ({r['reports']} reports, "
-            f"{r['hazards']:,} hazards)"
+        groups.setdefault((r["kernel"], r["severity"], r["access"]), []).append(r)
+    phrases = []
+    for (kernel, severity, access), pairs in groups.items():
+        most = max(p["reports"] for p in pairs)
+        withs = " and ".join(
+            f"{p['with']} ({p['hazards']:,} hazards"
+            + (f", in {p['reports']} of them)" if p["reports"] != most else ")")
+            for p in pairs
         )
-    return "; ".join(f"`{k}`: {', '.join(v)}" for k, v in by_kernel.items()) or "none"
+        phrases.append(f"`{kernel}`: {severity}: {access}, in {most} reports, with {withs}")
+    return "; ".join(phrases) or "none"
 
 
 def _output_cell(out: dict[str, Any] | None) -> str:

@@ -98,7 +98,10 @@ def test_races_by_their_two_accesses() -> None:
         {**first, "with": "Write at +0x5630", "reports": 1, "hazards": 19968},
     ]
     cell = logs._races_cell(got)
-    assert cell.startswith(f"`{KERNEL}`: Error: Write at +0x3200 with Write at +0x55b0 (2 reports")
+    assert cell == (
+        f"`{KERNEL}`: Error: Write at +0x3200, in 2 reports, with Write at +0x55b0 (36,352 "
+        "hazards) and Write at +0x5630 (19,968 hazards, in 1 of them)"
+    )
     # controls: a clean racecheck says none; a memcheck run has no races column of its own
     assert logs.parse_log(RACECHECK)["races"] == []
     assert logs._races_cell(logs.parse_log(RACECHECK)) == "none"
