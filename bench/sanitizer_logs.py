@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mlx_qmv import hardware, mlx_of, timed_build
 
 from patchkit.carry import mlx_build, render
-from patchkit.util import proc
+from patchkit.util import proc, sanitizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -211,21 +211,7 @@ def _invalid_cell(run: dict[str, Any]) -> str:
 def _races_cell(run: dict[str, Any]) -> str:
     if "hazards" not in (run["summary"] or {}):
         return "-"  # not racecheck, or no summary to say it was
-    # A report names one access and each it races with: one phrase per first access, so
-    # that each report counts once, not once per pair.
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in run.get("races", []):
-        groups.setdefault((r["kernel"], r["severity"], r["access"]), []).append(r)
-    phrases = []
-    for (kernel, severity, access), pairs in groups.items():
-        most = max(p["reports"] for p in pairs)
-        withs = " and ".join(
-            f"{p['with']} ({p['hazards']:,} hazards"
-            + (f", in {p['reports']} of them)" if p["reports"] != most else ")")
-            for p in pairs
-        )
-        phrases.append(f"`{kernel}`: {severity}: {access}, in {most} reports, with {withs}")
-    return "; ".join(phrases) or "none"
+    return "; ".join(sanitizer.race_phrases(run.get("races", []))) or "none"
 
 
 def _output_cell(out: dict[str, Any] | None) -> str:
