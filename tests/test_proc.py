@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support_procs import ends_within
 
 from patchkit.errors import ToolError
 from patchkit.util import proc
@@ -54,14 +55,6 @@ def test_an_interpreter_spec_is_a_python_and_its_site(spec: str, parts: tuple) -
     assert proc.interpreter(spec) == parts
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("leader", ["ends on TERM", "already ended"])
 def test_stop_group_leaves_nothing_of_the_group(tmp_path: Path, leader: str) -> None:
     """A straggler that ignores SIGTERM is killed with its group, whether the leader ends on
@@ -78,10 +71,7 @@ def test_stop_group_leaves_nothing_of_the_group(tmp_path: Path, leader: str) -> 
         child.wait(timeout=10)
     proc.stop_group(child, grace=2)
     assert child.returncode is not None
-    deadline = time.monotonic() + 10
-    while _alive(straggler) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    alive = _alive(straggler)
+    alive = not ends_within(straggler, 10)
     if alive:  # a failing test leaves nothing running
         os.kill(straggler, 9)
     assert not alive

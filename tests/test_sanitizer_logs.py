@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support_procs import running
 from support_scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -386,17 +387,10 @@ def test_sigterm_ends_run_and_every_run_it_started(tmp_path: Path) -> None:
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=60) != 0
 
-    def alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
     deadline = time.monotonic() + 15
-    while any(map(alive, started)) and time.monotonic() < deadline:
+    while any(map(running, started)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = [pid for pid in started if alive(pid)]
+    left = [pid for pid in started if running(pid)]
     for pid in left:  # a failing test leaves nothing running
         os.kill(pid, signal.SIGKILL)
     assert not left
